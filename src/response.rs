@@ -1,0 +1,145 @@
+//! What is stored and replayed: a minimal response.
+
+use std::time::Duration;
+
+use crate::lease::Lease;
+
+/// A pointer to the resource an operation created or touched (e.g. `("order", "ord_123")`), so
+/// a late retry can be answered with "already done: here is where it is".
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Resource {
+    /// The resource type, e.g. `"order"`.
+    pub kind: String,
+    /// The resource id.
+    pub id: String,
+}
+
+/// The minimal answer stored for a finished intent and returned byte for byte on every replay:
+/// a status code, a canonical body and an optional resource pointer.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Response {
+    status: u16,
+    body: Vec<u8>,
+    resource: Option<Resource>,
+    failed: bool,
+}
+
+impl Response {
+    /// A response with a status code (HTTP-style, or any code meaningful to the caller) and a
+    /// canonical body.
+    pub fn new(status: u16, body: impl Into<Vec<u8>>) -> Self {
+        Response {
+            status,
+            body: body.into(),
+            resource: None,
+            failed: false,
+        }
+    }
+
+    /// Adds a pointer to the resource this operation created.
+    pub fn with_resource(mut self, kind: impl Into<String>, id: impl Into<String>) -> Self {
+        self.resource = Some(Resource {
+            kind: kind.into(),
+            id: id.into(),
+        });
+        self
+    }
+
+    /// The status code.
+    pub fn status(&self) -> u16 {
+        self.status
+    }
+
+    /// The body bytes.
+    pub fn body(&self) -> &[u8] {
+        &self.body
+    }
+
+    /// The resource pointer, if any.
+    pub fn resource(&self) -> Option<&Resource> {
+        self.resource.as_ref()
+    }
+
+    /// True when this response records a terminal failure ([`crate::Abort::Terminal`] or
+    /// [`Lease::fail`]): the intent is finished and will not run again.
+    pub fn is_failure(&self) -> bool {
+        self.failed
+    }
+
+    /// Size counted against the store's response cap: body plus resource fields.
+    pub(crate) fn stored_len(&self) -> usize {
+        self.body.len()
+            + self
+                .resource
+                .as_ref()
+                .map_or(0, |r| r.kind.len() + r.id.len())
+    }
+
+    pub(crate) fn from_parts(
+        status: u16,
+        body: Vec<u8>,
+        resource: Option<Resource>,
+        failed: bool,
+    ) -> Self {
+        Response {
+            status,
+            body,
+            resource,
+            failed,
+        }
+    }
+
+    pub(crate) fn mark_failed(mut self) -> Self {
+        self.failed = true;
+        self
+    }
+}
+
+/// The answer to [`crate::Store::execute`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub enum Outcome {
+    /// The closure ran now and its result was committed with its writes. A terminal failure
+    /// ([`crate::Abort::Terminal`]) also ends here, with [`Response::is_failure`] true.
+    Executed(Response),
+    /// The intent had already finished: the stored response, byte for byte. The closure did
+    /// not run and no write transaction was opened.
+    Replayed(Response),
+    /// Another attempt holds a live lease on this key (flow B). Retry after the hint, or use
+    /// [`crate::Store::begin_wait`] to wait for its result.
+    InFlight {
+        /// Suggested wait before retrying.
+        retry_after: Duration,
+    },
+}
+
+impl Outcome {
+    /// The response, unless the key is in flight.
+    pub fn response(&self) -> Option<&Response> {
+        match self {
+            Outcome::Executed(r) | Outcome::Replayed(r) => Some(r),
+            Outcome::InFlight { .. } => None,
+        }
+    }
+
+    /// True for [`Outcome::Replayed`].
+    pub fn is_replay(&self) -> bool {
+        matches!(self, Outcome::Replayed(_))
+    }
+}
+
+/// The answer to [`crate::Store::begin`].
+#[derive(Debug)]
+#[must_use]
+pub enum Begin {
+    /// This attempt holds the lease: do the external work, then [`Lease::complete`] or
+    /// [`Lease::fail`]. [`Lease::takeover_of`] tells whether an earlier attempt held it first.
+    Acquired(Lease),
+    /// The intent had already finished: its stored response.
+    Replayed(Response),
+    /// Another attempt holds a live lease.
+    InFlight {
+        /// Suggested wait before retrying.
+        retry_after: Duration,
+    },
+}
