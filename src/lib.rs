@@ -71,5 +71,10 @@ pub use store::{Store, StoreBuilder};
 pub use tables::RESERVED_PREFIX;
 pub use tx::Tx;
 
+/// README.md's code blocks compile and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 /// Re-export of the redb version idem is built on, so callers name the same table types.
 pub use redb;

@@ -426,6 +426,12 @@ impl Store {
         self.read_record(&key)
     }
 
+    /// A read transaction on the store's file, for reading your own tables (e.g. to serve a
+    /// `GET` of a resource a flow-A closure created). It sees a consistent snapshot.
+    pub fn begin_read(&self) -> Result<redb::ReadTransaction, Error> {
+        self.inner.db.begin_read().map_err(|e| self.storage(e))
+    }
+
     /// The store's current time.
     pub fn now(&self) -> Timestamp {
         self.inner.clock.now()
