@@ -15,10 +15,6 @@ pub enum Field {
     Operation,
     /// The idempotency key itself.
     Key,
-    /// The `kind` of a [`crate::Resource`] pointer.
-    ResourceKind,
-    /// The `id` of a [`crate::Resource`] pointer.
-    ResourceId,
 }
 
 impl std::fmt::Display for Field {
@@ -27,8 +23,6 @@ impl std::fmt::Display for Field {
             Field::Tenant => "tenant",
             Field::Operation => "operation",
             Field::Key => "idempotency key",
-            Field::ResourceKind => "resource kind",
-            Field::ResourceId => "resource id",
         })
     }
 }
@@ -52,7 +46,7 @@ pub enum Error {
         field: Field,
     },
 
-    /// A tenant, operation, key or resource field exceeded its configured limit.
+    /// A tenant, operation or key exceeded its configured limit.
     #[error(
         "the {field} is {len} bytes, over the limit of {max}: shorten it, or raise the limit with the store builder"
     )]

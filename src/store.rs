@@ -495,7 +495,8 @@ impl Store {
             Decision::InFlight { lease_deadline } => Some(Early::InFlight {
                 retry_after: lease_deadline
                     .saturating_since(self.now())
-                    .clamp(Duration::from_millis(1), self.inner.config.retry_after_cap),
+                    .min(self.inner.config.retry_after_cap)
+                    .max(Duration::from_millis(1)),
             }),
         }
     }
