@@ -174,6 +174,13 @@ pub enum Error {
         source: redb::Error,
     },
 
+    /// A write call (execute, begin, a lease call) was made on a store from inside a closure
+    /// that is running in that same store's write transaction. Nothing was done.
+    #[error(
+        "a store write was called from inside a closure running in the same store's write transaction, which would deadlock: do that work through the Tx handle, or after the closure returns"
+    )]
+    Reentrant,
+
     /// The operating system's random source failed (needed for lease holder tokens).
     #[error("the operating system's random source failed ({reason}): check the platform")]
     Random {

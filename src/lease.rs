@@ -149,7 +149,7 @@ impl Lease {
                 return Err(e);
             }
         };
-        let (state, response) = match f(&Tx::new(&txn, now)) {
+        let (state, response) = match store.run_closure(|| f(&Tx::new(&txn, now))) {
             Ok(r) => (State::Completed(r.clone()), r),
             Err(Abort::Terminal(r)) => {
                 let r = r.mark_failed();

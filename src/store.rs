@@ -314,7 +314,7 @@ impl Store {
             Claimed::Early(early) => return early.into_outcome(),
             Claimed::Free { created_at, .. } => created_at,
         };
-        let result = f(&Tx::new(&txn, now));
+        let result = self.run_closure(|| f(&Tx::new(&txn, now)));
         let (state, response) = match result {
             Ok(response) => (State::Completed(response.clone()), response),
             Err(Abort::Terminal(response)) => {
@@ -397,16 +397,18 @@ impl Store {
     /// over). Returns [`Begin::InFlight`] if it is still in flight after `max_wait`. Woken at
     /// once by completions in this process; polls every 20 ms for other processes.
     pub fn begin_wait(&self, request: Request, max_wait: Duration) -> Result<Begin, Error> {
-        let give_up = Instant::now() + max_wait;
+        // `None`: a wait so long that the deadline is not representable, i.e. no deadline.
+        let give_up = Instant::now().checked_add(max_wait);
         loop {
             let seen = *self.inner.commits.lock();
             match self.begin(request.clone())? {
                 Begin::InFlight { retry_after } => {
                     let now = Instant::now();
-                    if now >= give_up {
-                        return Ok(Begin::InFlight { retry_after });
-                    }
-                    let slice = (give_up - now).min(WAIT_POLL);
+                    let slice = match give_up {
+                        Some(t) if now >= t => return Ok(Begin::InFlight { retry_after }),
+                        Some(t) => (t - now).min(WAIT_POLL),
+                        None => WAIT_POLL,
+                    };
                     let mut commits = self.inner.commits.lock();
                     if *commits == seen {
                         let _ = self.inner.committed.wait_for(&mut commits, slice);
@@ -552,7 +554,40 @@ impl Store {
     }
 
     pub(crate) fn begin_write(&self) -> Result<WriteTransaction, Error> {
+        if self.in_closure() {
+            return Err(Error::Reentrant);
+        }
         self.inner.db.begin_write().map_err(|e| self.storage(e))
+    }
+
+    /// Runs the caller's closure, marking this thread as inside this store's write
+    /// transaction so a nested write call fails fast with [`Error::Reentrant`] instead of
+    /// waiting forever on redb's writer lock.
+    pub(crate) fn run_closure<T>(&self, f: impl FnOnce() -> T) -> T {
+        struct Unmark(usize);
+        impl Drop for Unmark {
+            fn drop(&mut self) {
+                IN_CLOSURE.with_borrow_mut(|v| {
+                    if let Some(i) = v.iter().rposition(|&p| p == self.0) {
+                        v.remove(i);
+                    }
+                });
+            }
+        }
+        let id = self.id();
+        IN_CLOSURE.with_borrow_mut(|v| v.push(id));
+        let _unmark = Unmark(id);
+        f()
+    }
+
+    fn in_closure(&self) -> bool {
+        let id = self.id();
+        IN_CLOSURE.with_borrow(|v| v.contains(&id))
+    }
+
+    /// Identity of the shared store state (clones of a Store share it).
+    fn id(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
     }
 
     /// Commits; any failure latches fail-stop and reports an unknown outcome.
@@ -604,6 +639,11 @@ impl Store {
         t[8..].copy_from_slice(&n.to_be_bytes());
         HolderToken(t)
     }
+}
+
+thread_local! {
+    /// Stores whose write transaction is running a caller closure on this thread.
+    static IN_CLOSURE: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// redb errors that mean the file or the disk misbehaved (as opposed to misuse).

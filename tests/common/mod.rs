@@ -1,0 +1,191 @@
+//! Shared helpers for the integration tests: a store on a temp file with a manual clock, an
+//! effects table the closures write to, and ways to count those effects and to poke at the
+//! raw file.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use idem::redb::{ReadableDatabase, ReadableTable, TableDefinition};
+use idem::{
+    Abort, Begin, Error, Lease, ManualClock, Outcome, Request, Response, Scope, Store,
+    StoreBuilder, Timestamp, Tx,
+};
+use tempfile::TempDir;
+
+/// A fixed, realistic start time for every manual clock (2023-11-14).
+pub const T0: Timestamp = Timestamp(1_700_000_000_000);
+
+/// The caller's own table: effect label → how many times the effect happened.
+pub const EFFECTS: TableDefinition<&str, u64> = TableDefinition::new("test.effects");
+
+/// idem's record table, as documented in docs/FORMAT.md (only opened on a closed store).
+pub const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idem.records.v1");
+
+/// idem's metadata table.
+pub const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idem.meta.v1");
+
+/// A store on a fresh temp file, driven by a manual clock.
+pub struct Harness {
+    pub dir: TempDir,
+    pub path: PathBuf,
+    pub clock: ManualClock,
+    builder: StoreBuilder,
+    store: Option<Store>,
+}
+
+impl Harness {
+    /// Default settings, manual clock at [`T0`].
+    pub fn new() -> Self {
+        Self::with(|b| b)
+    }
+
+    /// Custom settings; the manual clock is added by the harness.
+    pub fn with(configure: impl FnOnce(StoreBuilder) -> StoreBuilder) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("idem.redb");
+        let clock = ManualClock::new(T0);
+        let builder = configure(Store::builder()).clock(clock.clone());
+        let store = builder.clone().open(&path).expect("open store");
+        Harness {
+            dir,
+            path,
+            clock,
+            builder,
+            store: Some(store),
+        }
+    }
+
+    /// The open store.
+    pub fn store(&self) -> &Store {
+        self.store.as_ref().expect("store is closed")
+    }
+
+    /// Drops the store (releasing the file), so the raw file can be read or edited.
+    pub fn close(&mut self) {
+        self.store = None;
+    }
+
+    /// Opens the store again on the same file, with the same settings and clock.
+    pub fn reopen(&mut self) {
+        self.store = None;
+        self.store = Some(self.builder.clone().open(&self.path).expect("reopen store"));
+    }
+}
+
+/// A request whose payload is canonical bytes.
+pub fn req(tenant: &str, operation: &str, key: &str, payload: &[u8]) -> Request {
+    Request::from_canonical_bytes(Scope::new(tenant, operation), key, payload)
+}
+
+/// Increments the effect counter `label` in the caller's table, inside the closure's
+/// transaction.
+pub fn bump(tx: &Tx<'_>, label: &str) -> Result<(), Abort> {
+    let mut table = tx.open_table(EFFECTS)?;
+    let n = table.get(label)?.map_or(0, |v| v.value());
+    table.insert(label, n + 1)?;
+    Ok(())
+}
+
+/// Reads the effect counter `label` through the open store's read snapshot.
+pub fn effects(store: &Store, label: &str) -> u64 {
+    let read = store.begin_read().expect("read txn");
+    let table = match read.open_table(EFFECTS) {
+        Ok(t) => t,
+        Err(idem::redb::TableError::TableDoesNotExist(_)) => return 0,
+        Err(e) => panic!("open effects table: {e}"),
+    };
+    table
+        .get(label)
+        .expect("read effects")
+        .map_or(0, |v| v.value())
+}
+
+/// Reads the effect counter `label` straight from a closed store file.
+pub fn effects_in_file(path: &Path, label: &str) -> u64 {
+    let db = idem::redb::Database::open(path).expect("open redb file");
+    let read = db.begin_read().expect("read txn");
+    let table = match read.open_table(EFFECTS) {
+        Ok(t) => t,
+        Err(idem::redb::TableError::TableDoesNotExist(_)) => return 0,
+        Err(e) => panic!("open effects table: {e}"),
+    };
+    table
+        .get(label)
+        .expect("read effects")
+        .map_or(0, |v| v.value())
+}
+
+/// The record key of docs/FORMAT.md: `0x01`, then tenant, operation and key, each as a
+/// big-endian u16 length followed by the bytes.
+pub fn record_key(tenant: &str, operation: &str, key: &[u8]) -> Vec<u8> {
+    let mut out = vec![0x01];
+    for part in [tenant.as_bytes(), operation.as_bytes(), key] {
+        let len = u16::try_from(part.len()).expect("part fits u16");
+        out.extend_from_slice(&len.to_be_bytes());
+        out.extend_from_slice(part);
+    }
+    out
+}
+
+/// Reads the raw stored value of a record from a closed store file.
+pub fn raw_record(path: &Path, record_key: &[u8]) -> Option<Vec<u8>> {
+    let db = idem::redb::Database::open(path).expect("open redb file");
+    let read = db.begin_read().expect("read txn");
+    let table = read.open_table(RECORDS).expect("records table");
+    table
+        .get(record_key)
+        .expect("read record")
+        .map(|v| v.value().to_vec())
+}
+
+/// Overwrites the raw stored value of a record in a closed store file.
+pub fn overwrite_record(path: &Path, record_key: &[u8], value: &[u8]) {
+    let db = idem::redb::Database::open(path).expect("open redb file");
+    let write = db.begin_write().expect("write txn");
+    {
+        let mut table = write.open_table(RECORDS).expect("records table");
+        table.insert(record_key, value).expect("overwrite record");
+    }
+    write.commit().expect("commit");
+}
+
+#[track_caller]
+pub fn executed(outcome: Result<Outcome, Error>) -> Response {
+    match outcome {
+        Ok(Outcome::Executed(r)) => r,
+        other => panic!("expected Outcome::Executed, got {other:?}"),
+    }
+}
+
+#[track_caller]
+pub fn replayed(outcome: Result<Outcome, Error>) -> Response {
+    match outcome {
+        Ok(Outcome::Replayed(r)) => r,
+        other => panic!("expected Outcome::Replayed, got {other:?}"),
+    }
+}
+
+#[track_caller]
+pub fn acquired(begin: Result<Begin, Error>) -> Lease {
+    match begin {
+        Ok(Begin::Acquired(lease)) => lease,
+        other => panic!("expected Begin::Acquired, got {other:?}"),
+    }
+}
+
+#[track_caller]
+pub fn begin_replayed(begin: Result<Begin, Error>) -> Response {
+    match begin {
+        Ok(Begin::Replayed(r)) => r,
+        other => panic!("expected Begin::Replayed, got {other:?}"),
+    }
+}
+
+#[track_caller]
+pub fn begin_in_flight(begin: Result<Begin, Error>) -> std::time::Duration {
+    match begin {
+        Ok(Begin::InFlight { retry_after }) => retry_after,
+        other => panic!("expected Begin::InFlight, got {other:?}"),
+    }
+}
