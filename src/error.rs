@@ -123,7 +123,7 @@ pub enum Error {
 
     /// A stored record could not be decoded. The record is left untouched.
     #[error(
-        "the stored record for this key is corrupt ({reason}): the file was damaged or written by other software; inspect it, restore from backup, or remove the key"
+        "the stored record for this key is corrupt ({reason}): the file was damaged or written by other software; inspect it (Store::get), restore from backup, or remove it with Store::purge"
     )]
     CorruptRecord {
         /// What was wrong with it.
@@ -141,6 +141,15 @@ pub enum Error {
         supported: u8,
     },
 
+    /// The file's idem metadata is damaged or was written by other software.
+    #[error(
+        "the store's metadata is damaged ({reason}): this file was not written by idem, or it was damaged; restore it from backup or use another path"
+    )]
+    CorruptStore {
+        /// What was wrong with it.
+        reason: String,
+    },
+
     /// The store's configuration is invalid.
     #[error("invalid store configuration: {reason}")]
     Config {
@@ -151,7 +160,7 @@ pub enum Error {
     /// A commit failed. Whether it reached the disk is unknown; the store is now fail-stopped.
     /// Reopen the store, then retry with the same key: the retry replays if the commit did land.
     #[error(
-        "the commit failed and its outcome is unknown ({source}); the store has stopped accepting writes: reopen it and retry with the same key"
+        "the commit failed and its outcome is unknown ({source}); the store has stopped accepting writes: drop every clone of the Store and every Lease, reopen the file, and retry with the same key"
     )]
     OutcomeUnknown {
         /// The storage error.
@@ -160,7 +169,7 @@ pub enum Error {
 
     /// An earlier I/O failure latched the store; it refuses writes until reopened.
     #[error(
-        "the store stopped accepting writes after an earlier I/O failure ({cause}): reopen the store (and check the disk) before retrying"
+        "the store stopped accepting writes after an earlier I/O failure ({cause}): check the disk, drop every clone of the Store and every Lease, and reopen the file before retrying"
     )]
     FailStopped {
         /// The first failure, as text.

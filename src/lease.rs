@@ -64,9 +64,10 @@ impl Lease {
         self.attempt
     }
 
-    /// `Some(previous attempt number)` when this lease took over a lapsed one: the earlier
-    /// attempt may already have made the external call, so make it again only with
-    /// [`Lease::downstream_key`].
+    /// `Some(previous attempt number)` when this lease took over a lapsed one. Informational
+    /// only: an earlier attempt may also have made the external call before releasing the key
+    /// or before its record expired, in which case this attempt is numbered 1 again. Always
+    /// call downstream with [`Lease::downstream_key`].
     pub fn takeover_of(&self) -> Option<u32> {
         (self.attempt > 1).then(|| self.attempt - 1)
     }
@@ -150,7 +151,10 @@ impl Lease {
             }
         };
         let (state, response) = match store.run_closure(|| f(&Tx::new(&txn, now))) {
-            Ok(r) => (State::Completed(r.clone()), r),
+            Ok(r) => {
+                let r = r.mark_succeeded();
+                (State::Completed(r.clone()), r)
+            }
             Err(Abort::Terminal(r)) => {
                 let r = r.mark_failed();
                 (State::Failed(r.clone()), r)

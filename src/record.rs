@@ -45,7 +45,7 @@ pub struct Record {
     pub fingerprint: Fingerprint,
     /// When the first attempt claimed the key.
     pub created_at: Timestamp,
-    /// After this instant the record is treated as absent, sweep or not.
+    /// From this instant on the record is treated as absent, whether or not it was deleted.
     pub expires_at: Timestamp,
     /// Pending, Completed or Failed.
     pub state: State,

@@ -93,6 +93,13 @@ impl Response {
         self.failed = true;
         self
     }
+
+    /// The failure flag always follows the stored state: a response recorded as Completed is
+    /// never reported as a failure, whatever the caller passed in.
+    pub(crate) fn mark_succeeded(mut self) -> Self {
+        self.failed = false;
+        self
+    }
 }
 
 /// The answer to [`crate::Store::execute`].
@@ -103,7 +110,7 @@ pub enum Outcome {
     /// ([`crate::Abort::Terminal`]) also ends here, with [`Response::is_failure`] true.
     Executed(Response),
     /// The intent had already finished: the stored response, byte for byte. The closure did
-    /// not run and no write transaction was opened.
+    /// not run and nothing was written.
     Replayed(Response),
     /// Another attempt holds a live lease on this key (flow B). Retry after the hint, or use
     /// [`crate::Store::begin_wait`] to wait for its result.

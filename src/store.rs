@@ -262,7 +262,7 @@ impl Store {
                     });
                 }
                 Some(other) => {
-                    return Err(Error::CorruptRecord {
+                    return Err(Error::CorruptStore {
                         reason: format!("format marker is {} bytes, expected 1", other.len()),
                     });
                 }
@@ -297,8 +297,13 @@ impl Store {
     /// - another attempt's live lease → [`Outcome::InFlight`];
     /// - the key used with a different payload → [`Error::PayloadMismatch`].
     ///
-    /// `f` may be called more than once if a transaction has to be retried, so it must only
-    /// have effects through the [`Tx`]; only the committed call's writes persist.
+    /// The contract allows `f` to be called more than once per call (a batched commit path may
+    /// have to re-run it); today it is called at most once. Either way it must only have effects
+    /// through the [`Tx`]: only the committed call's writes persist.
+    ///
+    /// A replay normally comes from a read transaction. If the intent finishes while this call
+    /// waits for redb's writer lock, the replay is read inside that write transaction, which is
+    /// then aborted without writing anything.
     pub fn execute<F>(&self, request: Request, mut f: F) -> Result<Outcome, Error>
     where
         F: FnMut(&Tx<'_>) -> Result<Response, Abort>,
@@ -316,7 +321,10 @@ impl Store {
         };
         let result = self.run_closure(|| f(&Tx::new(&txn, now)));
         let (state, response) = match result {
-            Ok(response) => (State::Completed(response.clone()), response),
+            Ok(response) => {
+                let response = response.mark_succeeded();
+                (State::Completed(response.clone()), response)
+            }
             Err(Abort::Terminal(response)) => {
                 let response = response.mark_failed();
                 (State::Failed(response.clone()), response)
@@ -395,7 +403,8 @@ impl Store {
     /// Like [`Store::begin`], but when another attempt is in flight, waits up to `max_wait` for
     /// it to finish (returning its result), release (acquiring the key) or lapse (taking it
     /// over). Returns [`Begin::InFlight`] if it is still in flight after `max_wait`. Woken at
-    /// once by completions in this process; polls every 20 ms for other processes.
+    /// once by every commit of this store; re-checks every 20 ms to notice a lapsing lease.
+    /// `Duration::MAX` waits without a deadline.
     pub fn begin_wait(&self, request: Request, max_wait: Duration) -> Result<Begin, Error> {
         // `None`: a wait so long that the deadline is not representable, i.e. no deadline.
         let give_up = Instant::now().checked_add(max_wait);
@@ -432,6 +441,26 @@ impl Store {
     /// `GET` of a resource a flow-A closure created). It sees a consistent snapshot.
     pub fn begin_read(&self) -> Result<redb::ReadTransaction, Error> {
         self.inner.db.begin_read().map_err(|e| self.storage(e))
+    }
+
+    /// Removes the record for `key` in `scope`, whatever its state, and returns whether one
+    /// existed. An operator's tool for a record that fails to decode ([`Error::CorruptRecord`])
+    /// or must be forgotten: the key becomes free, so a retry of the intent **runs again**, and a
+    /// live lease on it is fenced out ([`Error::LeaseLost`]).
+    pub fn purge(&self, scope: &Scope, key: impl AsRef<[u8]>) -> Result<bool, Error> {
+        let request = Request::with_fingerprint(scope.clone(), key, crate::Fingerprint([0; 32]));
+        let key = self.admit(&request)?;
+        self.check_writable()?;
+        let txn = self.begin_write()?;
+        let existed = {
+            let mut table = txn.open_table(RECORDS).map_err(|e| self.storage(e))?;
+            table
+                .remove(key.as_slice())
+                .map_err(|e| self.storage(e))?
+                .is_some()
+        };
+        self.commit(txn)?;
+        Ok(existed)
     }
 
     /// The store's current time.

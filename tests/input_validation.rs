@@ -422,3 +422,60 @@ fn opening_a_directory_is_an_error_not_a_panic() {
     let dir = tempfile::tempdir().expect("tempdir");
     assert!(Store::open(dir.path()).is_err());
 }
+
+#[test]
+fn purge_frees_a_corrupt_key_so_the_intent_can_run_again() {
+    let h = with_corrupt_victim(|_| vec![FORMAT_VERSION, 0xff, 0xff]);
+    let store = h.store();
+    assert!(
+        store
+            .purge(&Scope::new("t", "op"), "victim")
+            .expect("purge")
+    );
+    assert!(
+        !store
+            .purge(&Scope::new("t", "op"), "victim")
+            .expect("purge again")
+    );
+    executed(store.execute(req("t", "op", "victim", b"p"), |tx| {
+        bump(tx, "victim")?;
+        Ok(Response::new(201, "again"))
+    }));
+    assert_eq!(effects(store, "victim"), 1);
+    // The bystander was not touched.
+    let r = replayed(store.execute(req("t", "op", "bystander", b"p"), |_| {
+        Ok(Response::new(500, "must not run"))
+    }));
+    assert_eq!(r.body(), b"bystander created");
+}
+
+#[test]
+fn a_damaged_metadata_marker_is_a_typed_error_at_open() {
+    let mut h = Harness::new();
+    h.close();
+    {
+        let db = idem::redb::Database::open(&h.path).expect("open raw");
+        let txn = db.begin_write().expect("write");
+        txn.open_table(META)
+            .expect("meta")
+            .insert("format", [1u8, 2, 3].as_slice())
+            .expect("insert");
+        txn.commit().expect("commit");
+    }
+    let err = Store::open(&h.path).expect_err("damaged marker");
+    assert!(matches!(err, Error::CorruptStore { .. }), "got {err:?}");
+    {
+        let db = idem::redb::Database::open(&h.path).expect("open raw");
+        let txn = db.begin_write().expect("write");
+        txn.open_table(META)
+            .expect("meta")
+            .insert("format", [9u8].as_slice())
+            .expect("insert");
+        txn.commit().expect("commit");
+    }
+    let err = Store::open(&h.path).expect_err("newer format");
+    assert!(
+        matches!(err, Error::UnsupportedFormat { found: 9, .. }),
+        "got {err:?}"
+    );
+}

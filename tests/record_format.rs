@@ -1,0 +1,667 @@
+//! Golden tests for the stored format described in `docs/FORMAT.md`.
+//!
+//! Pins, through the public API only: the exact bytes of a Completed, a Failed and a Pending
+//! record; the decoder's behaviour on truncated, mutated, versioned, empty and over-long input;
+//! the fingerprint and downstream-key derivations; the table names, record key and meta marker
+//! as found in a real store file. An independent decoder written from `docs/FORMAT.md`
+//! (`walk`) must agree with `Record::decode` on every input tried here, and the annotated hex
+//! dumps in `docs/FORMAT.md` must be exactly what `walk` prints for the golden values.
+//!
+//! To regenerate the dumps after an intended format change:
+//! `cargo test --test record_format -- --ignored --nocapture print_format_dumps`.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use idem::redb::{
+    ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle,
+};
+use idem::{
+    Begin, Error, FORMAT_VERSION, Fingerprint, HolderToken, ManualClock, Record, Request, Response,
+    Scope, State, Store, Timestamp,
+};
+
+/// 2026-01-01T00:00:00Z in milliseconds since the Unix epoch.
+const T0: u64 = 1_767_225_600_000;
+const DAY_MS: u64 = 86_400_000;
+
+/// A fingerprint whose bytes are 0x00, 0x01, …, 0x1f, so the dump shows their order.
+fn counting_fingerprint() -> Fingerprint {
+    let mut b = [0u8; 32];
+    for (i, x) in (0u8..).zip(b.iter_mut()) {
+        *x = i;
+    }
+    Fingerprint(b)
+}
+
+fn completed_record() -> Record {
+    Record {
+        fingerprint: counting_fingerprint(),
+        created_at: Timestamp(T0),
+        expires_at: Timestamp(T0 + DAY_MS),
+        state: State::Completed(
+            Response::new(201, r#"{"id":"ord_1"}"#).with_resource("order", "ord_1"),
+        ),
+    }
+}
+
+fn failed_record() -> Record {
+    Record {
+        fingerprint: counting_fingerprint(),
+        created_at: Timestamp(T0),
+        expires_at: Timestamp(T0 + DAY_MS),
+        state: State::Failed(Response::new(402, "card_declined")),
+    }
+}
+
+fn pending_record() -> Record {
+    Record {
+        fingerprint: counting_fingerprint(),
+        created_at: Timestamp(T0),
+        expires_at: Timestamp(T0 + DAY_MS),
+        state: State::Pending {
+            // 8 bytes of store-instance id, then the instance's counter, big-endian.
+            holder: HolderToken([
+                0xa1, 0xb2, 0xc3, 0xd4, 0xe5, 0xf6, 0x07, 0x18, 0, 0, 0, 0, 0, 0, 0, 1,
+            ]),
+            lease_deadline: Timestamp(T0 + 30_000),
+            attempt: 1,
+        },
+    }
+}
+
+fn golden_completed() -> Vec<u8> {
+    vec![
+        0x01, // version
+        0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e,
+        0x0f, 0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d,
+        0x1e, 0x1f, // fingerprint
+        0x80, 0xd0, 0xea, 0xb6, 0xb7, 0x33, // created_at
+        0x80, 0x88, 0x84, 0xe0, 0xb7, 0x33, // expires_at
+        0x01, // Completed
+        0xc9, 0x01, // status 201
+        0x0e, 0x7b, 0x22, 0x69, 0x64, 0x22, 0x3a, 0x22, 0x6f, 0x72, 0x64, 0x5f, 0x31, 0x22,
+        0x7d, // body
+        0x01, // Some(resource)
+        0x05, 0x6f, 0x72, 0x64, 0x65, 0x72, // "order"
+        0x05, 0x6f, 0x72, 0x64, 0x5f, 0x31, // "ord_1"
+    ]
+}
+
+fn golden_failed() -> Vec<u8> {
+    vec![
+        0x01, // version
+        0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e,
+        0x0f, 0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d,
+        0x1e, 0x1f, // fingerprint
+        0x80, 0xd0, 0xea, 0xb6, 0xb7, 0x33, // created_at
+        0x80, 0x88, 0x84, 0xe0, 0xb7, 0x33, // expires_at
+        0x02, // Failed
+        0x92, 0x03, // status 402
+        0x0d, 0x63, 0x61, 0x72, 0x64, 0x5f, 0x64, 0x65, 0x63, 0x6c, 0x69, 0x6e, 0x65,
+        0x64, // body
+        0x00, // None
+    ]
+}
+
+fn golden_pending() -> Vec<u8> {
+    vec![
+        0x01, // version
+        0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e,
+        0x0f, 0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d,
+        0x1e, 0x1f, // fingerprint
+        0x80, 0xd0, 0xea, 0xb6, 0xb7, 0x33, // created_at
+        0x80, 0x88, 0x84, 0xe0, 0xb7, 0x33, // expires_at
+        0x00, // Pending
+        0xa1, 0xb2, 0xc3, 0xd4, 0xe5, 0xf6, 0x07, 0x18, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+        0x01, // holder
+        0xb0, 0xba, 0xec, 0xb6, 0xb7, 0x33, // lease_deadline
+        0x01, // attempt
+    ]
+}
+
+/// The record key of tenant "t", operation "op", key "k".
+fn golden_record_key() -> Vec<u8> {
+    vec![
+        0x01, // key layout version
+        0x00, 0x01, b't', // tenant
+        0x00, 0x02, b'o', b'p', // operation
+        0x00, 0x01, b'k', // idempotency key
+    ]
+}
+
+fn goldens() -> [(&'static str, Record, Vec<u8>); 3] {
+    [
+        ("completed", completed_record(), golden_completed()),
+        ("failed", failed_record(), golden_failed()),
+        ("pending", pending_record(), golden_pending()),
+    ]
+}
+
+// ---- exact bytes ----
+
+#[test]
+fn format_version_is_one() {
+    assert_eq!(FORMAT_VERSION, 1);
+}
+
+#[test]
+fn completed_with_resource_encodes_to_golden_bytes() {
+    assert_eq!(completed_record().encode(), golden_completed());
+}
+
+#[test]
+fn failed_encodes_to_golden_bytes() {
+    assert_eq!(failed_record().encode(), golden_failed());
+}
+
+#[test]
+fn pending_encodes_to_golden_bytes() {
+    assert_eq!(pending_record().encode(), golden_pending());
+}
+
+// ---- round trips ----
+
+#[test]
+fn completed_round_trips() {
+    let decoded = Record::decode(&golden_completed()).expect("golden value decodes");
+    assert_eq!(decoded, completed_record());
+    let State::Completed(r) = &decoded.state else {
+        panic!("expected Completed, got {:?}", decoded.state)
+    };
+    assert!(!r.is_failure());
+    assert_eq!(decoded.encode(), golden_completed());
+}
+
+#[test]
+fn failed_round_trips() {
+    let decoded = Record::decode(&golden_failed()).expect("golden value decodes");
+    let State::Failed(r) = &decoded.state else {
+        panic!("expected Failed, got {:?}", decoded.state)
+    };
+    // The state, not a stored flag, says "failure": a decoded Failed response reports it.
+    assert!(r.is_failure());
+    assert_eq!(r.status(), 402);
+    assert_eq!(r.body(), b"card_declined");
+    assert_eq!(r.resource(), None);
+    assert_eq!(decoded.fingerprint, failed_record().fingerprint);
+    assert_eq!(decoded.created_at, failed_record().created_at);
+    assert_eq!(decoded.expires_at, failed_record().expires_at);
+    assert_eq!(decoded.encode(), golden_failed());
+    assert_eq!(
+        Record::decode(&decoded.encode()).expect("re-encoded value decodes"),
+        decoded
+    );
+}
+
+#[test]
+fn pending_round_trips() {
+    let decoded = Record::decode(&golden_pending()).expect("golden value decodes");
+    assert_eq!(decoded, pending_record());
+    assert_eq!(decoded.encode(), golden_pending());
+}
+
+// ---- hostile input ----
+
+#[test]
+fn every_truncation_is_a_corrupt_record() {
+    for (name, _, golden) in goldens() {
+        for n in 0..golden.len() {
+            let got = catch_unwind(|| Record::decode(&golden[..n]))
+                .unwrap_or_else(|_| panic!("{name}: decode panicked on the first {n} bytes"));
+            assert!(
+                matches!(got, Err(Error::CorruptRecord { .. })),
+                "{name}: the first {n} bytes gave {got:?}"
+            );
+            assert!(
+                walk(&golden[..n]).is_err(),
+                "{name}: the reference decoder accepted the first {n} bytes"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_single_byte_substitution_is_ok_or_typed_error() {
+    let mut accepted = 0usize;
+    for (name, _, golden) in goldens() {
+        for pos in 0..golden.len() {
+            for value in 0..=u8::MAX {
+                if value == golden[pos] {
+                    continue;
+                }
+                let mut bytes = golden.clone();
+                bytes[pos] = value;
+                let got = catch_unwind(AssertUnwindSafe(|| Record::decode(&bytes))).unwrap_or_else(
+                    |_| panic!("{name}: decode panicked with byte {pos} set to {value:#04x}"),
+                );
+                if (1..33).contains(&pos) {
+                    assert!(
+                        got.is_ok(),
+                        "{name}: any fingerprint byte is valid, got {got:?}"
+                    );
+                }
+                let reference = walk(&bytes);
+                match (&got, &reference) {
+                    (Ok(record), Ok((_, model))) => {
+                        accepted += 1;
+                        assert_eq!(
+                            record.encode(),
+                            model.encode(),
+                            "{name}: byte {pos} = {value:#04x}: decoders disagree on the fields"
+                        );
+                    }
+                    (Err(Error::UnsupportedFormat { found, supported }), Err(_)) => {
+                        assert_eq!(pos, 0, "{name}: only the first byte is the version");
+                        assert_eq!((*found, *supported), (value, 1));
+                    }
+                    (Err(Error::CorruptRecord { .. }), Err(_)) => {
+                        assert_ne!(
+                            pos, 0,
+                            "{name}: a bad version byte must be UnsupportedFormat"
+                        );
+                    }
+                    _ => panic!(
+                        "{name}: byte {pos} = {value:#04x}: decode gave {got:?}, \
+                         the reference decoder gave {:?}",
+                        reference.map(|(_, r)| r)
+                    ),
+                }
+            }
+        }
+    }
+    // At least every fingerprint substitution decoded.
+    assert!(accepted >= 3 * 32 * 255);
+}
+
+#[test]
+fn unknown_versions_are_unsupported_format() {
+    for version in [0u8, 2, 0xff] {
+        let mut bytes = golden_completed();
+        bytes[0] = version;
+        let got = Record::decode(&bytes);
+        assert!(
+            matches!(
+                got,
+                Err(Error::UnsupportedFormat {
+                    found,
+                    supported: 1
+                }) if found == version
+            ),
+            "version {version}: {got:?}"
+        );
+        // The version alone decides: nothing after it is looked at.
+        assert!(matches!(
+            Record::decode(&[version]),
+            Err(Error::UnsupportedFormat {
+                found,
+                supported: 1
+            }) if found == version
+        ));
+    }
+}
+
+#[test]
+fn empty_value_is_a_corrupt_record() {
+    assert!(matches!(
+        Record::decode(&[]),
+        Err(Error::CorruptRecord { .. })
+    ));
+}
+
+#[test]
+fn trailing_bytes_are_a_corrupt_record() {
+    for (name, _, golden) in goldens() {
+        for extra in [0x00u8, 0x01, 0xff] {
+            let mut bytes = golden.clone();
+            bytes.push(extra);
+            let got = Record::decode(&bytes);
+            assert!(
+                matches!(got, Err(Error::CorruptRecord { .. })),
+                "{name} + {extra:#04x}: {got:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn overlong_varints_are_accepted_and_reencoded_short() {
+    // docs/FORMAT.md, "Decoding rules": postcard accepts a varint padded with 0x80 continuation
+    // bytes (within the type's maximum length); idem re-encodes it in the shortest form.
+    let mut bytes = golden_pending();
+    let attempt_at = bytes.len() - 1;
+    assert_eq!(bytes[attempt_at], 0x01);
+    bytes[attempt_at] = 0x81;
+    bytes.push(0x00);
+    let record = Record::decode(&bytes).expect("overlong attempt decodes");
+    assert_eq!(record, pending_record());
+    assert_eq!(record.encode(), golden_pending());
+    // u32 allows at most 5 varint bytes; a 6th is an error.
+    let mut too_long = golden_pending();
+    too_long.truncate(attempt_at);
+    too_long.extend_from_slice(&[0x81, 0x80, 0x80, 0x80, 0x80, 0x00]);
+    assert!(matches!(
+        Record::decode(&too_long),
+        Err(Error::CorruptRecord { .. })
+    ));
+}
+
+// ---- fingerprints and downstream keys ----
+
+#[test]
+fn fingerprint_of_bytes_is_pinned() {
+    assert_eq!(
+        Fingerprint::of_bytes(b"hello").to_hex(),
+        "4428712e59fe5064237c1456762839ab4c07d1cada76bf958732e1420c744215"
+    );
+}
+
+#[test]
+fn fingerprint_of_serialize_is_pinned() {
+    assert_eq!(
+        Fingerprint::of_serialize(&("a", 1u32))
+            .expect("a tuple serializes")
+            .to_hex(),
+        "420ab93fd15c512c13965f379a210d416caf696b66d080dc99cf3b7add958dea"
+    );
+}
+
+#[test]
+fn downstream_key_is_pinned() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path().join("idem.redb")).expect("open");
+    let begin = store
+        .begin(Request::from_canonical_bytes(
+            Scope::new("t", "op"),
+            "k",
+            b"x",
+        ))
+        .expect("begin");
+    let Begin::Acquired(lease) = begin else {
+        panic!("a fresh key is acquired, got {begin:?}")
+    };
+    assert_eq!(
+        lease.downstream_key().to_hex(),
+        "f8d96a82ae80dcdb12bc77cc9a3a76d2a1235abba5181f153c874292cf063656"
+    );
+}
+
+// ---- the store file ----
+
+const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idem.records.v1");
+const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idem.meta.v1");
+
+#[test]
+fn store_file_has_the_documented_tables_key_and_value() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("idem.redb");
+    {
+        let store = Store::builder()
+            .clock(ManualClock::new(Timestamp(T0)))
+            .open(&path)
+            .expect("open");
+        let begin = store
+            .begin(Request::from_canonical_bytes(
+                Scope::new("t", "op"),
+                "k",
+                b"x",
+            ))
+            .expect("begin");
+        let Begin::Acquired(lease) = begin else {
+            panic!("a fresh key is acquired, got {begin:?}")
+        };
+        lease.complete(Response::new(200, "ok")).expect("complete");
+    }
+    let db = idem::redb::Database::open(&path).expect("reopen with redb");
+    let read = db.begin_read().expect("read");
+    let mut tables: Vec<String> = read
+        .list_tables()
+        .expect("list")
+        .map(|t| t.name().to_owned())
+        .collect();
+    tables.sort();
+    assert_eq!(tables, ["idem.meta.v1", "idem.records.v1"]);
+
+    let meta = read.open_table(META).expect("meta table");
+    let marker = meta.get("format").expect("get").expect("format marker");
+    assert_eq!(marker.value(), [1u8]);
+    assert_eq!(meta.len().expect("len"), 1);
+
+    let records = read.open_table(RECORDS).expect("records table");
+    let rows: Vec<(Vec<u8>, Vec<u8>)> = records
+        .iter()
+        .expect("iter")
+        .map(|row| {
+            let (k, v) = row.expect("row");
+            (k.value().to_vec(), v.value().to_vec())
+        })
+        .collect();
+    let expected_key = golden_record_key();
+    let expected_value = Record {
+        fingerprint: Fingerprint::of_bytes(b"x"),
+        created_at: Timestamp(T0),
+        expires_at: Timestamp(T0 + DAY_MS),
+        state: State::Completed(Response::new(200, "ok")),
+    }
+    .encode();
+    assert_eq!(rows, vec![(expected_key, expected_value)]);
+}
+
+// ---- the reference decoder and the dumps in docs/FORMAT.md ----
+
+/// One annotated field: where it starts, its bytes, what they mean.
+struct Seg {
+    offset: usize,
+    bytes: Vec<u8>,
+    what: String,
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+    segs: Vec<Seg>,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize, what: impl Into<String>) -> Result<&'a [u8], String> {
+        let end = self.at.checked_add(n).ok_or("length overflow")?;
+        let s = self.bytes.get(self.at..end).ok_or("unexpected end")?;
+        self.segs.push(Seg {
+            offset: self.at,
+            bytes: s.to_vec(),
+            what: what.into(),
+        });
+        self.at = end;
+        Ok(s)
+    }
+
+    /// LEB128, at most `ceil(bits / 7)` bytes, no bits beyond `bits` in the last one.
+    fn varint(&mut self, bits: u32, what: &str) -> Result<u64, String> {
+        let max_len = bits.div_ceil(7);
+        let start = self.at;
+        let mut value = 0u64;
+        for i in 0..max_len {
+            let b = *self.bytes.get(self.at).ok_or("unexpected end")?;
+            self.at += 1;
+            value |= u64::from(b & 0x7f) << (7 * i);
+            if b & 0x80 == 0 {
+                if i == max_len - 1 && u32::from(b) >= 1 << (bits - 7 * i) {
+                    return Err(format!("{what}: varint overflows u{bits}"));
+                }
+                self.segs.push(Seg {
+                    offset: start,
+                    bytes: self.bytes[start..self.at].to_vec(),
+                    what: format!("{what} = {value}"),
+                });
+                return Ok(value);
+            }
+        }
+        Err(format!("{what}: varint longer than {max_len} bytes"))
+    }
+
+    fn raw<const N: usize>(&mut self, what: &str) -> Result<[u8; N], String> {
+        let mut out = [0u8; N];
+        for (i, chunk) in (0..N).step_by(16).enumerate() {
+            let n = (N - chunk).min(16);
+            let part = self.take(n, format!("{what}[{}..{}]", i * 16, i * 16 + n))?;
+            out[chunk..chunk + n].copy_from_slice(part);
+        }
+        Ok(out)
+    }
+
+    fn bytes(&mut self, what: &str) -> Result<&'a [u8], String> {
+        let len = self.varint(64, &format!("{what} length"))?;
+        let len = usize::try_from(len).map_err(|_| "length overflows usize")?;
+        let mut rest = len;
+        let start = self.at;
+        while rest > 0 {
+            let n = rest.min(16);
+            let s = self.take(n, "")?;
+            let seg = self.segs.last_mut().ok_or("no segment")?;
+            seg.what = format!("{what} = {}", printable(s));
+            rest -= n;
+        }
+        Ok(&self.bytes[start..start + len])
+    }
+
+    fn str(&mut self, what: &str) -> Result<String, String> {
+        let b = self.bytes(what)?;
+        let s = std::str::from_utf8(b).map_err(|e| format!("{what}: {e}"))?;
+        Ok(s.to_owned())
+    }
+}
+
+/// Printable ASCII as itself, anything else as `\xNN`.
+fn printable(bytes: &[u8]) -> String {
+    bytes
+        .iter()
+        .map(|&b| match b {
+            0x20..=0x7e => char::from(b).to_string(),
+            _ => format!("\\x{b:02x}"),
+        })
+        .collect()
+}
+
+/// Decodes a record value following docs/FORMAT.md alone (no postcard, no serde), returning
+/// the annotated fields and the record.
+fn walk(bytes: &[u8]) -> Result<(Vec<Seg>, Record), String> {
+    let mut r = Reader {
+        bytes,
+        at: 0,
+        segs: Vec::new(),
+    };
+    let version = r.take(1, "format version = 1")?[0];
+    if version != 1 {
+        return Err(format!("unsupported version {version}"));
+    }
+    let fingerprint = Fingerprint(r.raw::<32>("fingerprint")?);
+    let created_at = Timestamp(r.varint(64, "created_at (ms)")?);
+    let expires_at = Timestamp(r.varint(64, "expires_at (ms)")?);
+    let state = match r.varint(32, "state variant")? {
+        0 => {
+            r.segs.last_mut().ok_or("no segment")?.what += " (Pending)";
+            let holder = HolderToken(r.raw::<16>("holder")?);
+            let lease_deadline = Timestamp(r.varint(64, "lease_deadline (ms)")?);
+            let attempt = r.varint(32, "attempt")?;
+            State::Pending {
+                holder,
+                lease_deadline,
+                attempt: u32::try_from(attempt).map_err(|e| e.to_string())?,
+            }
+        }
+        tag @ (1 | 2) => {
+            r.segs.last_mut().ok_or("no segment")?.what += if tag == 1 {
+                " (Completed)"
+            } else {
+                " (Failed)"
+            };
+            let status = r.varint(16, "status")?;
+            let body = r.bytes("body")?.to_vec();
+            let mut response =
+                Response::new(u16::try_from(status).map_err(|e| e.to_string())?, body);
+            match r.take(1, "resource")?[0] {
+                0 => r.segs.last_mut().ok_or("no segment")?.what += " = None",
+                1 => {
+                    r.segs.last_mut().ok_or("no segment")?.what += " = Some";
+                    let kind = r.str("resource.kind")?;
+                    let id = r.str("resource.id")?;
+                    response = response.with_resource(kind, id);
+                }
+                other => return Err(format!("bad option tag {other}")),
+            }
+            if tag == 1 {
+                State::Completed(response)
+            } else {
+                State::Failed(response)
+            }
+        }
+        other => return Err(format!("unknown state variant {other}")),
+    };
+    if r.at != bytes.len() {
+        return Err(format!("{} trailing bytes", bytes.len() - r.at));
+    }
+    let record = Record {
+        fingerprint,
+        created_at,
+        expires_at,
+        state,
+    };
+    Ok((r.segs, record))
+}
+
+/// Bytes as space-separated lowercase hex pairs.
+fn hex_row(bytes: &[u8]) -> String {
+    let hex: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    hex.join(" ")
+}
+
+/// The annotated dump of a golden value, as it appears in docs/FORMAT.md.
+fn dump(bytes: &[u8]) -> String {
+    let (segs, _) = walk(bytes).unwrap_or_else(|e| panic!("golden value rejected: {e}"));
+    let mut out = String::from(" off  bytes                                            field\n");
+    for s in segs {
+        out += &format!("{:>4}  {:<47}  {}\n", s.offset, hex_row(&s.bytes), s.what);
+    }
+    out
+}
+
+#[test]
+fn reference_decoder_agrees_on_the_goldens() {
+    for (name, record, golden) in goldens() {
+        let (segs, model) = walk(&golden).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(model.encode(), golden, "{name}");
+        assert_eq!(model.encode(), record.encode(), "{name}");
+        let covered: usize = segs.iter().map(|s| s.bytes.len()).sum();
+        assert_eq!(
+            covered,
+            golden.len(),
+            "{name}: every byte is annotated once"
+        );
+    }
+}
+
+#[test]
+fn format_md_shows_the_golden_dumps() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/FORMAT.md");
+    let doc = std::fs::read_to_string(path).expect("docs/FORMAT.md exists");
+    let key = hex_row(&golden_record_key());
+    assert!(
+        doc.contains(&key),
+        "docs/FORMAT.md must show the record key {key}"
+    );
+    for (name, _, golden) in goldens() {
+        let d = dump(&golden);
+        assert!(
+            doc.contains(&d),
+            "docs/FORMAT.md must contain this dump of the {name} record:\n{d}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "prints the dumps for docs/FORMAT.md"]
+fn print_format_dumps() {
+    println!("record key: {}\n", hex_row(&golden_record_key()));
+    for (name, _, golden) in goldens() {
+        println!("{name} ({} bytes):\n{}", golden.len(), dump(&golden));
+    }
+}
