@@ -163,8 +163,27 @@ pub enum Error {
         "the commit failed and its outcome is unknown ({source}); the store has stopped accepting writes: drop every clone of the Store and every Lease, reopen the file, and retry with the same key"
     )]
     OutcomeUnknown {
-        /// The storage error.
-        source: redb::Error,
+        /// The storage error (shared by every caller whose request was in the failed batch).
+        source: std::sync::Arc<redb::Error>,
+    },
+
+    /// The write queue stayed full for the configured wait: the store is overloaded. Nothing
+    /// was done; retry later (HTTP 503).
+    #[error(
+        "the store is overloaded: {queued} requests were queued for the next commit and no room freed up within {waited:?}; retry later, or raise max_queue / queue_timeout"
+    )]
+    Busy {
+        /// Requests queued when this one gave up.
+        queued: usize,
+        /// How long it waited for room.
+        waited: std::time::Duration,
+    },
+
+    /// An internal invariant was broken: a bug in idem. Nothing was committed for this call.
+    #[error("internal error in idem ({what}); please report it")]
+    Internal {
+        /// What went wrong.
+        what: &'static str,
     },
 
     /// An earlier I/O failure latched the store; it refuses writes until reopened.
@@ -205,6 +224,7 @@ impl Error {
         matches!(
             self,
             Error::Aborted { .. }
+                | Error::Busy { .. }
                 | Error::OutcomeUnknown { .. }
                 | Error::FailStopped { .. }
                 | Error::Storage { .. }

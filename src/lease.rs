@@ -1,6 +1,7 @@
 //! Flow B's fenced lease.
 
 use crate::clock::Timestamp;
+use crate::commit::Step;
 use crate::decision::holds_lease;
 use crate::error::{Abort, Error};
 use crate::fingerprint::DownstreamKey;
@@ -91,17 +92,22 @@ impl Lease {
     /// A lapsed lease that nobody took over can still be extended.
     pub fn heartbeat(&mut self) -> Result<Timestamp, Error> {
         let store = &self.store;
-        store.check_writable()?;
-        let txn = store.begin_write()?;
-        let now = store.now();
-        let mut record = self.held(&txn, now)?;
-        let deadline = now.saturating_add(store.inner.config.lease_duration);
-        if let State::Pending { lease_deadline, .. } = &mut record.state {
-            *lease_deadline = deadline;
-        }
-        record.expires_at = record.expires_at.max(deadline);
-        store.put(&txn, &self.key, &record)?;
-        store.commit(txn)?;
+        let lease = store.inner.config.lease_duration;
+        let deadline = store.write(false, |txn, now| {
+            let mut record = match self.held(txn, now) {
+                Ok(r) => r,
+                Err(e) => return Step::Done(Err(e)),
+            };
+            let deadline = now.saturating_add(lease);
+            if let State::Pending { lease_deadline, .. } = &mut record.state {
+                *lease_deadline = deadline;
+            }
+            record.expires_at = record.expires_at.max(deadline);
+            match store.put(txn, &self.key, &record) {
+                Ok(()) => Step::Done(Ok(deadline)),
+                Err(e) => Step::Abort(e),
+            }
+        })??;
         self.deadline = deadline;
         Ok(deadline)
     }
@@ -139,54 +145,53 @@ impl Lease {
         F: FnMut(&Tx<'_>) -> Result<Response, Abort>,
     {
         let store = self.store.clone();
-        store.check_writable()?;
-        let txn = store.begin_write()?;
-        let now = store.now();
-        let record = match self.held(&txn, now) {
-            Ok(r) => r,
-            Err(e) => {
-                // Lost: nothing of ours to release.
-                self.finished = matches!(e, Error::LeaseLost { .. });
-                return Err(e);
+        let retention = store
+            .inner
+            .config
+            .retention_for(self.request.scope().operation());
+        let result = store.write(false, |txn, now| {
+            let record = match self.held(txn, now) {
+                Ok(r) => r,
+                Err(e) => return Step::Done(Err(e)),
+            };
+            let (state, response) = match store.run_closure(|| f(&Tx::new(txn, now))) {
+                Ok(r) => {
+                    let r = r.mark_succeeded();
+                    (State::Completed(r.clone()), r)
+                }
+                Err(Abort::Terminal(r)) => {
+                    let r = r.mark_failed();
+                    (State::Failed(r.clone()), r)
+                }
+                Err(Abort::Retryable(source)) => return Step::Abort(Error::Aborted { source }),
+                Err(Abort::Store(e)) => return Step::Abort(e),
+            };
+            if let Err(e) = store.check_response(&response) {
+                return Step::Abort(e);
             }
-        };
-        let (state, response) = match store.run_closure(|| f(&Tx::new(&txn, now))) {
-            Ok(r) => {
-                let r = r.mark_succeeded();
-                (State::Completed(r.clone()), r)
+            let finished = Record {
+                fingerprint: record.fingerprint,
+                created_at: record.created_at,
+                expires_at: now.saturating_add(retention),
+                state,
+            };
+            match store.put(txn, &self.key, &finished) {
+                Ok(()) => Step::Done(Ok(response)),
+                Err(e) => Step::Abort(e),
             }
-            Err(Abort::Terminal(r)) => {
-                let r = r.mark_failed();
-                (State::Failed(r.clone()), r)
+        });
+        match result {
+            Ok(Ok(response)) => {
+                self.finished = true;
+                Ok(response)
             }
-            Err(Abort::Retryable(source)) => {
-                store.abort(txn);
-                return Err(Error::Aborted { source });
+            // Lost: nothing of ours to release on drop.
+            Ok(Err(e @ Error::LeaseLost { .. })) => {
+                self.finished = true;
+                Err(e)
             }
-            Err(Abort::Store(e)) => {
-                store.abort(txn);
-                return Err(store.observe(e));
-            }
-        };
-        if let Err(e) = store.check_response(&response) {
-            store.abort(txn);
-            return Err(e);
+            Ok(Err(e)) | Err(e) => Err(e),
         }
-        let finished = Record {
-            fingerprint: record.fingerprint,
-            created_at: record.created_at,
-            expires_at: now.saturating_add(
-                store
-                    .inner
-                    .config
-                    .retention_for(self.request.scope().operation()),
-            ),
-            state,
-        };
-        store.put(&txn, &self.key, &finished)?;
-        store.commit(txn)?;
-        self.finished = true;
-        Ok(response)
     }
 
     /// Reads the record inside `txn` and returns it if this lease still holds the key.
@@ -201,20 +206,15 @@ impl Lease {
 
     fn release_inner(&self) -> Result<(), Error> {
         let store = &self.store;
-        store.check_writable()?;
-        let txn = store.begin_write()?;
-        let now = store.now();
-        match self.held(&txn, now) {
-            Ok(_) => {
-                store.remove(&txn, &self.key)?;
-                store.commit(txn)
-            }
-            Err(Error::LeaseLost { .. }) => {
-                store.abort(txn);
-                Ok(())
-            }
-            Err(e) => Err(e),
-        }
+        store.write(false, |txn, now| match self.held(txn, now) {
+            Ok(_) => match store.remove(txn, &self.key) {
+                Ok(_) => Step::Done(Ok(())),
+                Err(e) => Step::Abort(e),
+            },
+            // Already lost: nothing to release.
+            Err(Error::LeaseLost { .. }) => Step::Done(Ok(())),
+            Err(e) => Step::Done(Err(e)),
+        })?
     }
 }
 

@@ -48,6 +48,7 @@
 )]
 
 mod clock;
+mod commit;
 mod decision;
 mod error;
 mod fingerprint;
@@ -67,7 +68,7 @@ pub use lease::Lease;
 pub use record::{FORMAT_VERSION, HolderToken, Record, State};
 pub use response::{Begin, Outcome, Resource, Response};
 pub use scope::{Limits, Request, Scope};
-pub use store::{Store, StoreBuilder};
+pub use store::{Durability, Metrics, Store, StoreBuilder};
 pub use tables::RESERVED_PREFIX;
 pub use tx::Tx;
 

@@ -3,13 +3,15 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Weak;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use redb::{ReadableDatabase, ReadableTable, StorageBackend, WriteTransaction};
 
 use crate::clock::{Clock, SystemClock, Timestamp};
+use crate::commit::{Group, GroupConfig, Step};
 use crate::decision::{Decision, decide};
 use crate::error::{Abort, Error};
 use crate::lease::Lease;
@@ -51,11 +53,37 @@ impl Config {
 /// | [`max_response_bytes`](Self::max_response_bytes) | 64 KiB |
 /// | [`clock`](Self::clock) | [`SystemClock`] |
 /// | [`cache_size`](Self::cache_size) | redb's default |
+/// | [`durability`](Self::durability) | [`Durability::Immediate`]: fsync before every answer |
+/// | [`max_batch`](Self::max_batch) | 1,024 requests per shared commit |
+/// | [`max_queue`](Self::max_queue) | 4,096 requests waiting for the next commit |
+/// | [`queue_timeout`](Self::queue_timeout) | 5 s, then [`Error::Busy`] |
+/// | [`multi_process`](Self::multi_process) | off: one process opens the file |
 #[derive(Debug, Clone)]
 pub struct StoreBuilder {
     config: Config,
     clock: Arc<dyn Clock>,
     cache_size: Option<usize>,
+    durability: Durability,
+    group: GroupConfig,
+    multi_process: bool,
+}
+
+/// When a committed answer is on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Durability {
+    /// Every commit is fsynced before any caller in its batch gets an answer. An answer you
+    /// received survives any crash. The default.
+    Immediate,
+    /// Commits are not fsynced; a background thread fsyncs every `interval` (and the store
+    /// fsyncs when its last handle is dropped). **Loss window:** if the process or the machine
+    /// dies, the answers of the commits made in the last `interval` before the crash (plus the
+    /// time one fsync takes) may be lost, together with the caller writes of those same
+    /// transactions. What is lost is lost whole: a lost flow-A intent lost its effect too and
+    /// runs again on retry (no double effect); a lost flow-B completion is retried and reaches
+    /// the provider with the same downstream key. Not available with
+    /// [`StoreBuilder::multi_process`].
+    Periodic(Duration),
 }
 
 impl Default for StoreBuilder {
@@ -71,6 +99,13 @@ impl Default for StoreBuilder {
             },
             clock: Arc::new(SystemClock),
             cache_size: None,
+            durability: Durability::Immediate,
+            group: GroupConfig {
+                max_batch: 1024,
+                max_queue: 4096,
+                queue_timeout: Duration::from_secs(5),
+            },
+            multi_process: false,
         }
     }
 }
@@ -135,7 +170,58 @@ impl StoreBuilder {
         self
     }
 
+    /// When a committed answer reaches the disk (see [`Durability`] for the exact loss window
+    /// of the relaxed mode).
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// The most requests that share one write transaction and one fsync.
+    pub fn max_batch(mut self, requests: usize) -> Self {
+        self.group.max_batch = requests;
+        self
+    }
+
+    /// The most requests that may wait for the next commit; beyond it callers block up to
+    /// [`queue_timeout`](Self::queue_timeout), then get [`Error::Busy`].
+    pub fn max_queue(mut self, requests: usize) -> Self {
+        self.group.max_queue = requests;
+        self
+    }
+
+    /// How long a caller waits for room in a full queue before [`Error::Busy`].
+    pub fn queue_timeout(mut self, wait: Duration) -> Self {
+        self.group.queue_timeout = wait;
+        self
+    }
+
+    /// Lets several processes open the same file at once (redb's `MultiWriter` mode, Linux,
+    /// macOS and Windows). Each process batches its own callers; processes take turns for the
+    /// writer. Requires [`Durability::Immediate`].
+    pub fn multi_process(mut self, enabled: bool) -> Self {
+        self.multi_process = enabled;
+        self
+    }
+
     fn validate(&self) -> Result<(), Error> {
+        if self.group.max_batch == 0 || self.group.max_queue == 0 {
+            return Err(Error::Config {
+                reason: "max_batch and max_queue must be at least 1".into(),
+            });
+        }
+        if let Durability::Periodic(interval) = self.durability {
+            if interval.is_zero() {
+                return Err(Error::Config {
+                    reason: "Durability::Periodic needs a non-zero interval; use Durability::Immediate to fsync every commit".into(),
+                });
+            }
+            if self.multi_process {
+                return Err(Error::Config {
+                    reason: "Durability::Periodic is not available with multi_process: redb refuses non-durable commits when several processes share a file".into(),
+                });
+            }
+        }
         let c = &self.config;
         c.limits.validate()?;
         if c.lease_duration.is_zero() {
@@ -174,6 +260,9 @@ impl StoreBuilder {
         if let Some(bytes) = self.cache_size {
             b.set_cache_size(bytes);
         }
+        if self.multi_process {
+            b.set_concurrency_mode(redb::ConcurrencyMode::MultiWriter);
+        }
         b
     }
 
@@ -209,8 +298,56 @@ pub(crate) struct Inner {
     instance: [u8; 8],
     next_token: AtomicU64,
     /// Bumped and broadcast after every commit, so `begin_wait` wakes at once.
-    commits: Mutex<u64>,
-    committed: Condvar,
+    pub(crate) commits: Mutex<u64>,
+    pub(crate) committed: Condvar,
+    /// The group-commit state.
+    pub(crate) group: Group,
+    pub(crate) durability: Durability,
+    /// A non-durable commit happened since the flusher last looked.
+    pub(crate) unflushed: AtomicBool,
+    /// Dropping it stops the flusher thread (if any).
+    _stop_flusher: Option<crossbeam_channel::Sender<()>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Relaxed durability: make every acknowledged commit durable on close. No other handle
+        // exists any more, so this is the only writer.
+        if self.unflushed.load(Ordering::Acquire)
+            && self.failure.lock().is_none()
+            && let Ok(mut txn) = self.db.begin_write()
+        {
+            let _ = txn.set_durability(redb::Durability::Immediate);
+            let _ = txn.commit();
+        }
+    }
+}
+
+/// Performance counters since the store was opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Metrics {
+    /// Write transactions committed by the group-commit path.
+    pub commits: u64,
+    /// Requests answered by those commits (claims, completions, heartbeats, releases, …).
+    pub committed_requests: u64,
+    /// Batches re-run because one member's closure failed after writing.
+    pub reruns: u64,
+    /// Callers turned away with [`Error::Busy`].
+    pub busy: u64,
+    /// Callers waiting for the next commit at the moment of the snapshot.
+    pub queued: usize,
+}
+
+impl Metrics {
+    /// Average requests per commit (0 before the first commit).
+    pub fn average_batch(&self) -> f64 {
+        if self.commits == 0 {
+            0.0
+        } else {
+            self.committed_requests as f64 / self.commits as f64
+        }
+    }
 }
 
 /// An embedded idempotency store on one redb file. Cheap to clone (clones share the file);
@@ -269,9 +406,17 @@ impl Store {
             }
             txn.open_table(RECORDS)?;
         }
-        txn.commit()
-            .map_err(|e| Error::OutcomeUnknown { source: e.into() })?;
-        Ok(Store {
+        txn.commit().map_err(|e| Error::OutcomeUnknown {
+            source: Arc::new(e.into()),
+        })?;
+        let (stop_tx, stop_rx) = match b.durability {
+            Durability::Periodic(_) => {
+                let (tx, rx) = crossbeam_channel::bounded::<()>(0);
+                (Some(tx), Some(rx))
+            }
+            Durability::Immediate => (None, None),
+        };
+        let store = Store {
             inner: Arc::new(Inner {
                 db,
                 config: b.config,
@@ -281,8 +426,34 @@ impl Store {
                 next_token: AtomicU64::new(0),
                 commits: Mutex::new(0),
                 committed: Condvar::new(),
+                group: Group::new(b.group),
+                durability: b.durability,
+                unflushed: AtomicBool::new(false),
+                _stop_flusher: stop_tx,
             }),
-        })
+        };
+        if let (Durability::Periodic(interval), Some(stop)) = (b.durability, stop_rx) {
+            let weak = Arc::downgrade(&store.inner);
+            std::thread::Builder::new()
+                .name("idem-flusher".into())
+                .spawn(move || flusher(weak, interval, stop))
+                .map_err(|e| Error::Config {
+                    reason: format!("could not start the flusher thread: {e}"),
+                })?;
+        }
+        Ok(store)
+    }
+
+    /// Commit-path counters since open.
+    pub fn metrics(&self) -> Metrics {
+        let c = &self.inner.group.counters;
+        Metrics {
+            commits: c.commits.load(Ordering::Relaxed),
+            committed_requests: c.committed_ops.load(Ordering::Relaxed),
+            reruns: c.reruns.load(Ordering::Relaxed),
+            busy: c.busy.load(Ordering::Relaxed),
+            queued: self.inner.group.queued(),
+        }
     }
 
     /// Flow A: runs `f` at most once per intent, in the same write transaction that records the
@@ -312,46 +483,39 @@ impl Store {
         if let Some(early) = self.read_path(&request, &key)? {
             return early.into_outcome();
         }
-        self.check_writable()?;
-        let txn = self.begin_write()?;
-        let now = self.now();
-        let created_at = match self.decide_in(&txn, &request, &key, now)? {
-            Claimed::Early(early) => return early.into_outcome(),
-            Claimed::Free { created_at, .. } => created_at,
-        };
-        let result = self.run_closure(|| f(&Tx::new(&txn, now)));
-        let (state, response) = match result {
-            Ok(response) => {
-                let response = response.mark_succeeded();
-                (State::Completed(response.clone()), response)
+        let retention = self.inner.config.retention_for(request.scope().operation());
+        self.write(false, |txn, now| {
+            let created_at = match self.decide_in(txn, &request, &key, now) {
+                Ok(Claimed::Free { created_at, .. }) => created_at,
+                Ok(Claimed::Early(early)) => return Step::Done(early.into_outcome()),
+                Err(e) => return Step::Done(Err(e)),
+            };
+            let (state, response) = match self.run_closure(|| f(&Tx::new(txn, now))) {
+                Ok(response) => {
+                    let response = response.mark_succeeded();
+                    (State::Completed(response.clone()), response)
+                }
+                Err(Abort::Terminal(response)) => {
+                    let response = response.mark_failed();
+                    (State::Failed(response.clone()), response)
+                }
+                Err(Abort::Retryable(source)) => return Step::Abort(Error::Aborted { source }),
+                Err(Abort::Store(e)) => return Step::Abort(e),
+            };
+            if let Err(e) = self.check_response(&response) {
+                return Step::Abort(e);
             }
-            Err(Abort::Terminal(response)) => {
-                let response = response.mark_failed();
-                (State::Failed(response.clone()), response)
+            let record = Record {
+                fingerprint: *request.fingerprint(),
+                created_at,
+                expires_at: now.saturating_add(retention),
+                state,
+            };
+            match self.put(txn, &key, &record) {
+                Ok(()) => Step::Done(Ok(Outcome::Executed(response))),
+                Err(e) => Step::Abort(e),
             }
-            Err(Abort::Retryable(source)) => {
-                self.abort(txn);
-                return Err(Error::Aborted { source });
-            }
-            Err(Abort::Store(e)) => {
-                self.abort(txn);
-                return Err(self.observe(e));
-            }
-        };
-        if let Err(e) = self.check_response(&response) {
-            self.abort(txn);
-            return Err(e);
-        }
-        let record = Record {
-            fingerprint: *request.fingerprint(),
-            created_at,
-            expires_at: now
-                .saturating_add(self.inner.config.retention_for(request.scope().operation())),
-            state,
-        };
-        self.put(&txn, &key, &record)?;
-        self.commit(txn)?;
-        Ok(Outcome::Executed(response))
+        })?
     }
 
     /// Flow B: claims the key with a lease for work that calls the outside world. Returns
@@ -363,41 +527,47 @@ impl Store {
         if let Some(early) = self.read_path(&request, &key)? {
             return early.into_begin();
         }
-        self.check_writable()?;
-        let txn = self.begin_write()?;
-        let now = self.now();
-        let (created_at, attempt) = match self.decide_in(&txn, &request, &key, now)? {
-            Claimed::Early(early) => return early.into_begin(),
-            Claimed::Free {
+        let config = &self.inner.config;
+        let retention = config.retention_for(request.scope().operation());
+        let claimed = self.write(false, |txn, now| {
+            let (created_at, attempt) = match self.decide_in(txn, &request, &key, now) {
+                Ok(Claimed::Free {
+                    created_at,
+                    attempt,
+                }) => (created_at, attempt),
+                Ok(Claimed::Early(early)) => return Step::Done(Err(early)),
+                Err(e) => return Step::Done(Err(Early::Error(e))),
+            };
+            let holder = self.new_token();
+            let lease_deadline = now.saturating_add(config.lease_duration);
+            let record = Record {
+                fingerprint: *request.fingerprint(),
                 created_at,
-                attempt,
-            } => (created_at, attempt),
-        };
-        let holder = self.new_token();
-        let lease_deadline = now.saturating_add(self.inner.config.lease_duration);
-        let expires_at = now
-            .saturating_add(self.inner.config.retention_for(request.scope().operation()))
-            .max(lease_deadline);
-        let record = Record {
-            fingerprint: *request.fingerprint(),
-            created_at,
-            expires_at,
-            state: State::Pending {
+                expires_at: now.saturating_add(retention).max(lease_deadline),
+                state: State::Pending {
+                    holder,
+                    lease_deadline,
+                    attempt,
+                },
+            };
+            match self.put(txn, &key, &record) {
+                Ok(()) => Step::Done(Ok((holder, lease_deadline, attempt))),
+                Err(e) => Step::Abort(e),
+            }
+        })?;
+        // The Lease is built only after the commit: a Lease releases its key on drop, so one
+        // must never exist for a claim that did not commit.
+        match claimed {
+            Ok((holder, deadline, attempt)) => Ok(Begin::Acquired(Lease::new(
+                self.clone(),
+                request,
+                key,
                 holder,
-                lease_deadline,
+                deadline,
                 attempt,
-            },
-        };
-        self.put(&txn, &key, &record)?;
-        self.commit(txn)?;
-        Ok(Begin::Acquired(Lease::new(
-            self.clone(),
-            request,
-            key,
-            holder,
-            lease_deadline,
-            attempt,
-        )))
+            ))),
+            Err(early) => early.into_begin(),
+        }
     }
 
     /// Like [`Store::begin`], but when another attempt is in flight, waits up to `max_wait` for
@@ -450,17 +620,10 @@ impl Store {
     pub fn purge(&self, scope: &Scope, key: impl AsRef<[u8]>) -> Result<bool, Error> {
         let request = Request::with_fingerprint(scope.clone(), key, crate::Fingerprint([0; 32]));
         let key = self.admit(&request)?;
-        self.check_writable()?;
-        let txn = self.begin_write()?;
-        let existed = {
-            let mut table = txn.open_table(RECORDS).map_err(|e| self.storage(e))?;
-            table
-                .remove(key.as_slice())
-                .map_err(|e| self.storage(e))?
-                .is_some()
-        };
-        self.commit(txn)?;
-        Ok(existed)
+        self.write(false, |txn, _| match self.remove(txn, &key) {
+            Ok(existed) => Step::Done(existed),
+            Err(e) => Step::Abort(e),
+        })
     }
 
     /// The store's current time.
@@ -518,7 +681,7 @@ impl Store {
         match decision {
             Decision::Claim | Decision::Takeover { .. } => None,
             Decision::Replay(r) => Some(Early::Replay(r.clone())),
-            Decision::Mismatch => Some(Early::Mismatch(Error::PayloadMismatch {
+            Decision::Mismatch => Some(Early::Error(Error::PayloadMismatch {
                 tenant: request.scope().tenant().to_owned(),
                 operation: request.scope().operation().to_owned(),
                 key: request.key_display(),
@@ -558,10 +721,11 @@ impl Store {
         Ok(())
     }
 
-    pub(crate) fn remove(&self, txn: &WriteTransaction, key: &[u8]) -> Result<(), Error> {
+    /// Removes a record; returns whether one existed.
+    pub(crate) fn remove(&self, txn: &WriteTransaction, key: &[u8]) -> Result<bool, Error> {
         let mut table = txn.open_table(RECORDS).map_err(|e| self.storage(e))?;
-        table.remove(key).map_err(|e| self.storage(e))?;
-        Ok(())
+        let existed = table.remove(key).map_err(|e| self.storage(e))?.is_some();
+        Ok(existed)
     }
 
     pub(crate) fn check_response(&self, response: &Response) -> Result<(), Error> {
@@ -582,11 +746,24 @@ impl Store {
         }
     }
 
-    pub(crate) fn begin_write(&self) -> Result<WriteTransaction, Error> {
-        if self.in_closure() {
-            return Err(Error::Reentrant);
+    /// Begins the write transaction of a batch, in the store's durability mode.
+    pub(crate) fn begin_batch_txn(&self) -> Result<WriteTransaction, Error> {
+        let mut txn = self.inner.db.begin_write().map_err(|e| self.storage(e))?;
+        if let Durability::Periodic(_) = self.inner.durability {
+            txn.set_durability(redb::Durability::None)
+                .map_err(|e| self.storage(e))?;
+            self.inner.unflushed.store(true, Ordering::Release);
         }
-        self.inner.db.begin_write().map_err(|e| self.storage(e))
+        Ok(txn)
+    }
+
+    /// Makes this batch's commit durable (fsync) whatever the durability mode.
+    pub(crate) fn force_durable(&self, txn: &mut WriteTransaction) {
+        if let Durability::Periodic(_) = self.inner.durability {
+            // Raising durability cannot conflict with a savepoint (idem takes none); if redb
+            // refuses anyway, the commit stays non-durable and the flusher covers it.
+            let _ = txn.set_durability(redb::Durability::Immediate);
+        }
     }
 
     /// Runs the caller's closure, marking this thread as inside this store's write
@@ -609,7 +786,7 @@ impl Store {
         f()
     }
 
-    fn in_closure(&self) -> bool {
+    pub(crate) fn in_closure(&self) -> bool {
         let id = self.id();
         IN_CLOSURE.with_borrow(|v| v.contains(&id))
     }
@@ -624,7 +801,9 @@ impl Store {
         if let Err(e) = txn.commit() {
             let source: redb::Error = e.into();
             self.latch(&source);
-            return Err(Error::OutcomeUnknown { source });
+            return Err(Error::OutcomeUnknown {
+                source: Arc::new(source),
+            });
         }
         let mut commits = self.inner.commits.lock();
         *commits = commits.wrapping_add(1);
@@ -670,6 +849,23 @@ impl Store {
     }
 }
 
+/// The relaxed-durability flusher: every `interval`, one durable (fsync) commit if anything
+/// was committed without one. Ends when the store is dropped (the stop channel disconnects).
+fn flusher(weak: Weak<Inner>, interval: Duration, stop: crossbeam_channel::Receiver<()>) {
+    loop {
+        match stop.recv_timeout(interval) {
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+            _ => return,
+        }
+        let Some(inner) = weak.upgrade() else { return };
+        let store = Store { inner };
+        if store.inner.unflushed.swap(false, Ordering::AcqRel) {
+            // Failures latch the store; the next tick finds it fail-stopped and does nothing.
+            let _ = store.write(true, |_, _| Step::Done(()));
+        }
+    }
+}
+
 thread_local! {
     /// Stores whose write transaction is running a caller closure on this thread.
     static IN_CLOSURE: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -691,7 +887,7 @@ fn is_io_failure(e: &redb::Error) -> bool {
 /// An answer reached without running anything.
 enum Early {
     Replay(Response),
-    Mismatch(Error),
+    Error(Error),
     InFlight { retry_after: Duration },
 }
 
@@ -699,7 +895,7 @@ impl Early {
     fn into_outcome(self) -> Result<Outcome, Error> {
         match self {
             Early::Replay(r) => Ok(Outcome::Replayed(r)),
-            Early::Mismatch(e) => Err(e),
+            Early::Error(e) => Err(e),
             Early::InFlight { retry_after } => Ok(Outcome::InFlight { retry_after }),
         }
     }
@@ -707,7 +903,7 @@ impl Early {
     fn into_begin(self) -> Result<Begin, Error> {
         match self {
             Early::Replay(r) => Ok(Begin::Replayed(r)),
-            Early::Mismatch(e) => Err(e),
+            Early::Error(e) => Err(e),
             Early::InFlight { retry_after } => Ok(Begin::InFlight { retry_after }),
         }
     }

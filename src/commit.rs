@@ -1,0 +1,392 @@
+//! Group commit: concurrent writers share one redb write transaction and one fsync.
+//!
+//! Every caller runs its own work on its own thread (closures need neither `Send` nor
+//! `'static`); what moves between threads is the write transaction itself, passed as a baton.
+//!
+//! Protocol (one [`Group`] per store):
+//! - A caller that finds the group idle becomes the leader at once: a lone request opens its
+//!   transaction and commits immediately, with no timer and no thread hand-off.
+//! - A caller that finds the group active queues up. Batching comes only from callers that
+//!   arrive while a batch is running or committing.
+//! - When a batch has committed, its last member hands leadership to the oldest queued caller,
+//!   which drains the queue (up to `max_batch`) into the next batch and opens its transaction.
+//! - Within a batch the transaction visits members in order; each member runs its work (which
+//!   re-reads records inside the shared transaction, so two requests for one key in a batch
+//!   behave exactly as if serialised), then passes it on. The last member commits and tells
+//!   every member the result. Nobody learns success before the commit returned.
+//! - A member whose work fails after writing (a retryable abort, a store error, a panic) must
+//!   leave nothing behind, and redb cannot roll back part of a dirty transaction. So the
+//!   transaction is aborted; the members before it (the prefix) re-run once in a fresh
+//!   transaction and commit; the members after it (which have not run yet) go back to the head
+//!   of the queue for the next batch. No other member fails, and none runs more than once more.
+//! - A failed begin or commit fails every member of the batch (`OutcomeUnknown` after a failed
+//!   commit) and latches fail-stop; queued callers then fail fast. No member ever waits without
+//!   a thread that will signal it: every member is either queued (signalled by a leader), or in
+//!   a batch (signalled by the baton or the committer).
+
+use std::collections::VecDeque;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use redb::WriteTransaction;
+
+use crate::clock::Timestamp;
+use crate::error::Error;
+use crate::store::Store;
+
+/// What a member's work reports.
+pub(crate) enum Step<T> {
+    /// Keep my writes (if any) in the batch; give me `T` once the batch has committed.
+    Done(T),
+    /// Roll back my writes (the batch re-runs without me) and give me this error now.
+    Abort(Error),
+}
+
+/// Commit-path settings.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GroupConfig {
+    pub max_batch: usize,
+    pub max_queue: usize,
+    pub queue_timeout: Duration,
+}
+
+/// Counters of the commit path (monotonic since open).
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub commits: AtomicU64,
+    pub committed_ops: AtomicU64,
+    pub reruns: AtomicU64,
+    pub busy: AtomicU64,
+}
+
+pub(crate) struct Group {
+    state: Mutex<GroupState>,
+    /// Signalled when queued callers are taken into a batch (room for backpressured callers).
+    space: Condvar,
+    pub(crate) config: GroupConfig,
+    pub(crate) counters: Counters,
+}
+
+struct GroupState {
+    /// A thread owns the writer: a batch is being formed, run or committed.
+    active: bool,
+    queue: VecDeque<Arc<Member>>,
+}
+
+pub(crate) struct Member {
+    signal: Mutex<Signal>,
+    cv: Condvar,
+    /// This member asks for an fsync even in a relaxed durability mode.
+    durable: bool,
+}
+
+enum Signal {
+    Wait,
+    Lead,
+    /// Boxed: a redb write transaction is several hundred bytes; the baton moves by pointer.
+    Turn(Box<Baton>),
+    Committed,
+    Failed(Error),
+}
+
+struct Baton {
+    txn: WriteTransaction,
+    batch: Vec<Arc<Member>>,
+    pos: usize,
+    durable: bool,
+}
+
+impl Member {
+    fn new(durable: bool) -> Arc<Self> {
+        Arc::new(Member {
+            signal: Mutex::new(Signal::Wait),
+            cv: Condvar::new(),
+            durable,
+        })
+    }
+
+    fn send(&self, s: Signal) {
+        *self.signal.lock() = s;
+        self.cv.notify_one();
+    }
+
+    fn wait(&self) -> Signal {
+        let mut g = self.signal.lock();
+        loop {
+            match std::mem::replace(&mut *g, Signal::Wait) {
+                Signal::Wait => self.cv.wait(&mut g),
+                s => return s,
+            }
+        }
+    }
+}
+
+impl Group {
+    pub(crate) fn new(config: GroupConfig) -> Self {
+        Group {
+            state: Mutex::new(GroupState {
+                active: false,
+                queue: VecDeque::new(),
+            }),
+            space: Condvar::new(),
+            config,
+            counters: Counters::default(),
+        }
+    }
+
+    /// Enters the group: `Lead` if it was idle, otherwise queued (`Wait`), waiting up to
+    /// `queue_timeout` for room in a full queue.
+    fn join(&self, me: &Arc<Member>) -> Result<Signal, Error> {
+        let mut g = self.state.lock();
+        let deadline = Instant::now().checked_add(self.config.queue_timeout);
+        loop {
+            if !g.active {
+                g.active = true;
+                return Ok(Signal::Lead);
+            }
+            if g.queue.len() < self.config.max_queue {
+                g.queue.push_back(me.clone());
+                return Ok(Signal::Wait);
+            }
+            let timed_out = match deadline {
+                Some(d) => self.space.wait_until(&mut g, d).timed_out(),
+                None => {
+                    self.space.wait(&mut g);
+                    false
+                }
+            };
+            if timed_out && g.active && g.queue.len() >= self.config.max_queue {
+                self.counters.busy.fetch_add(1, Ordering::Relaxed);
+                return Err(Error::Busy {
+                    queued: g.queue.len(),
+                    waited: self.config.queue_timeout,
+                });
+            }
+        }
+    }
+
+    /// Hands leadership to the oldest queued caller, or marks the group idle.
+    fn hand_off(&self) {
+        let next = {
+            let mut g = self.state.lock();
+            let next = g.queue.pop_front();
+            if next.is_none() {
+                g.active = false;
+            }
+            next
+        };
+        self.space.notify_all();
+        if let Some(next) = next {
+            next.send(Signal::Lead);
+        }
+    }
+
+    /// The new leader `me` takes the oldest queued callers into a batch with itself first.
+    fn form_batch(&self, me: &Arc<Member>) -> Vec<Arc<Member>> {
+        let mut batch = vec![me.clone()];
+        {
+            let mut g = self.state.lock();
+            while batch.len() < self.config.max_batch {
+                match g.queue.pop_front() {
+                    Some(m) => batch.push(m),
+                    None => break,
+                }
+            }
+        }
+        self.space.notify_all();
+        batch
+    }
+
+    /// Callers waiting for the next batch right now.
+    pub(crate) fn queued(&self) -> usize {
+        self.state.lock().queue.len()
+    }
+
+    fn requeue_front(&self, members: &[Arc<Member>]) {
+        let mut g = self.state.lock();
+        for m in members.iter().rev() {
+            g.queue.push_front(m.clone());
+        }
+    }
+}
+
+impl Store {
+    /// Runs `work` in a write transaction shared with concurrent callers, and returns its value
+    /// only after that transaction committed. `work` may run more than once (when another
+    /// member of its batch fails); only the committed run's writes and value count.
+    pub(crate) fn write<T>(
+        &self,
+        durable: bool,
+        mut work: impl FnMut(&WriteTransaction, Timestamp) -> Step<T>,
+    ) -> Result<T, Error> {
+        if self.in_closure() {
+            return Err(Error::Reentrant);
+        }
+        self.check_writable()?;
+        let group = &self.inner.group;
+        let me = Member::new(durable);
+        let mut signal = group.join(&me)?;
+        let mut value: Option<T> = None;
+        loop {
+            signal = match signal {
+                Signal::Wait => me.wait(),
+                Signal::Lead => {
+                    let batch = group.form_batch(&me);
+                    match self.open_batch(batch) {
+                        // `me` is first in the batch it formed.
+                        Some(baton) => Signal::Turn(baton),
+                        None => me.wait(),
+                    }
+                }
+                Signal::Turn(mut baton) => {
+                    let now = self.now();
+                    let step = catch_unwind(AssertUnwindSafe(|| work(&baton.txn, now)));
+                    match step {
+                        Ok(Step::Done(v)) => {
+                            value = Some(v);
+                            baton.durable |= me.durable;
+                            if baton.pos + 1 < baton.batch.len() {
+                                baton.pos += 1;
+                                let next = baton.batch[baton.pos].clone();
+                                next.send(Signal::Turn(baton));
+                                me.wait()
+                            } else {
+                                self.commit_batch(baton)
+                            }
+                        }
+                        Ok(Step::Abort(e)) => {
+                            self.shrink(baton);
+                            return Err(self.observe(e));
+                        }
+                        Err(panic) => {
+                            self.shrink(baton);
+                            resume_unwind(panic);
+                        }
+                    }
+                }
+                Signal::Committed => {
+                    return match value {
+                        Some(v) => Ok(v),
+                        // Invariant: Committed is only sent to members whose turn ran in the
+                        // committed transaction, and each run sets `value`.
+                        None => Err(Error::Internal {
+                            what: "a batch member was told of a commit it did not take part in",
+                        }),
+                    };
+                }
+                Signal::Failed(e) => return Err(e),
+            };
+        }
+    }
+
+    /// Opens the transaction for a new batch and passes it to the first member. Returns the
+    /// baton if the first member is the caller (always the case for a new leader).
+    fn open_batch(&self, batch: Vec<Arc<Member>>) -> Option<Box<Baton>> {
+        let txn = self.check_writable().and_then(|()| self.begin_batch_txn());
+        match txn {
+            Ok(txn) => Some(Box::new(Baton {
+                txn,
+                batch,
+                pos: 0,
+                durable: false,
+            })),
+            Err(e) => {
+                self.fail_all(&batch, &e);
+                self.inner.group.hand_off();
+                None
+            }
+        }
+    }
+
+    /// Commits the batch (called by its last member) and answers every member.
+    fn commit_batch(&self, baton: Box<Baton>) -> Signal {
+        let Baton {
+            mut txn,
+            batch,
+            durable,
+            ..
+        } = *baton;
+        if durable {
+            self.force_durable(&mut txn);
+        }
+        let n = batch.len() as u64;
+        let result = self.commit(txn);
+        let counters = &self.inner.group.counters;
+        let mine = match result {
+            Ok(()) => {
+                counters.commits.fetch_add(1, Ordering::Relaxed);
+                counters.committed_ops.fetch_add(n, Ordering::Relaxed);
+                for m in &batch[..batch.len() - 1] {
+                    m.send(Signal::Committed);
+                }
+                Signal::Committed
+            }
+            Err(e) => {
+                let others = &batch[..batch.len() - 1];
+                self.fail_all(others, &e);
+                Signal::Failed(e)
+            }
+        };
+        self.inner.group.hand_off();
+        mine
+    }
+
+    /// Removes the member at `baton.pos` (whose work failed) from its batch: aborts the shared
+    /// transaction, re-runs the members before it in a fresh one, and queues the ones after it
+    /// at the head of the queue.
+    fn shrink(&self, baton: Box<Baton>) {
+        let Baton {
+            txn, batch, pos, ..
+        } = *baton;
+        self.abort(txn);
+        let group = &self.inner.group;
+        group.requeue_front(&batch[pos + 1..]);
+        let prefix = &batch[..pos];
+        if prefix.is_empty() {
+            group.hand_off();
+            return;
+        }
+        group.counters.reruns.fetch_add(1, Ordering::Relaxed);
+        match self.check_writable().and_then(|()| self.begin_batch_txn()) {
+            Ok(txn) => {
+                let first = prefix[0].clone();
+                first.send(Signal::Turn(Box::new(Baton {
+                    txn,
+                    batch: prefix.to_vec(),
+                    pos: 0,
+                    durable: false,
+                })));
+            }
+            Err(e) => {
+                self.fail_all(prefix, &e);
+                group.hand_off();
+            }
+        }
+    }
+
+    fn fail_all(&self, members: &[Arc<Member>], e: &Error) {
+        for m in members {
+            m.send(Signal::Failed(e.for_another_caller()));
+        }
+    }
+}
+
+impl Error {
+    /// The same failure, as reported to another member of the batch it hit.
+    pub(crate) fn for_another_caller(&self) -> Error {
+        match self {
+            Error::OutcomeUnknown { source } => Error::OutcomeUnknown {
+                source: source.clone(),
+            },
+            Error::FailStopped { cause } => Error::FailStopped {
+                cause: cause.clone(),
+            },
+            other => Error::FailStopped {
+                cause: other.to_string(),
+            },
+        }
+    }
+}
