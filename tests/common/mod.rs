@@ -189,3 +189,86 @@ pub fn begin_in_flight(begin: Result<Begin, Error>) -> std::time::Duration {
         other => panic!("expected Begin::InFlight, got {other:?}"),
     }
 }
+
+/// An in-memory redb backend that keeps two images — what was written (live) and what the
+/// last `sync_data` made durable — and can fail writes and syncs on demand. A "crash" opens a
+/// new backend over the durable image only.
+#[derive(Debug, Clone, Default)]
+pub struct CrashBackend {
+    images: std::sync::Arc<std::sync::Mutex<Images>>,
+    pub failing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+#[derive(Debug, Default)]
+struct Images {
+    live: Vec<u8>,
+    durable: Vec<u8>,
+}
+
+impl CrashBackend {
+    fn images(&self) -> std::sync::MutexGuard<'_, Images> {
+        // A poisoned lock only means another test thread panicked; the bytes are still valid.
+        self.images.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn check(&self) -> std::io::Result<()> {
+        if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(std::io::Error::other("injected I/O failure"));
+        }
+        Ok(())
+    }
+
+    /// A new backend holding only what was durable: what a reopen after power loss sees.
+    pub fn crash(&self) -> CrashBackend {
+        let durable = self.images().durable.clone();
+        CrashBackend {
+            images: std::sync::Arc::new(std::sync::Mutex::new(Images {
+                live: durable.clone(),
+                durable,
+            })),
+            failing: Default::default(),
+        }
+    }
+}
+
+impl idem::redb::StorageBackend for CrashBackend {
+    fn len(&self) -> std::io::Result<u64> {
+        Ok(self.images().live.len() as u64)
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        let images = self.images();
+        let start = usize::try_from(offset).map_err(std::io::Error::other)?;
+        let end = start + out.len();
+        if end > images.live.len() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "read past the end",
+            ));
+        }
+        out.copy_from_slice(&images.live[start..end]);
+        Ok(())
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.check()?;
+        let len = usize::try_from(len).map_err(std::io::Error::other)?;
+        self.images().live.resize(len, 0);
+        Ok(())
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.check()?;
+        let mut images = self.images();
+        images.durable = images.live.clone();
+        Ok(())
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.check()?;
+        let mut images = self.images();
+        let start = usize::try_from(offset).map_err(std::io::Error::other)?;
+        let end = start + data.len();
+        if end > images.live.len() {
+            images.live.resize(end, 0);
+        }
+        images.live[start..end].copy_from_slice(data);
+        Ok(())
+    }
+}

@@ -1,0 +1,132 @@
+//! Two processes share one store file (`multi_process(true)`, redb's MultiWriter mode) and race
+//! four threads each over the same 1,000 keys, every claim writing its effect row in the same
+//! transaction: the file ends with exactly 1,000 effects, one per key.
+//!
+//! The test re-executes its own binary as the two child processes.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::thread;
+
+use common::*;
+use idem::{Outcome, Response, Store};
+
+const KEYS: usize = 1000;
+const THREADS: usize = 4;
+const CHILD_ENV: &str = "IDEM_MULTI_PROCESS_CHILD";
+
+#[test]
+fn two_processes_racing_on_the_same_keys_cause_one_effect_per_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("shared.redb");
+    // Create the file first so both children open an existing store.
+    drop(
+        Store::builder()
+            .multi_process(true)
+            .open(&path)
+            .expect("create"),
+    );
+    let exe = std::env::current_exe().expect("test binary");
+    // Both children are started before either is waited for: they run at the same time.
+    let running: Vec<_> = (0..2)
+        .map(|seed| {
+            Command::new(&exe)
+                .args(["--exact", "child_process_entry", "--ignored", "--nocapture"])
+                .env(CHILD_ENV, &path)
+                .env("IDEM_CHILD_SEED", seed.to_string())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn child")
+        })
+        .collect();
+    let children: Vec<_> = running
+        .into_iter()
+        .map(|c| c.wait_with_output().expect("child output"))
+        .collect();
+    let mut executed_total = 0;
+    for out in &children {
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "child failed: {}\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let n: usize = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("executed="))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no executed= line in child output:\n{stdout}"));
+        executed_total += n;
+    }
+    assert_eq!(
+        executed_total, KEYS,
+        "exactly one execution per key across both processes"
+    );
+    let store = Store::builder()
+        .multi_process(true)
+        .open(&path)
+        .expect("reopen");
+    for i in 0..KEYS {
+        assert_eq!(effects(&store, &format!("k{i}")), 1, "key k{i}");
+    }
+}
+
+/// The body of each child process; does nothing when run directly.
+#[test]
+#[ignore = "entry point of the child processes of the multi-process test"]
+fn child_process_entry() {
+    let Some(path) = std::env::var_os(CHILD_ENV) else {
+        return;
+    };
+    let seed: usize = std::env::var("IDEM_CHILD_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let store = Store::builder()
+        .multi_process(true)
+        .open(path)
+        .expect("child opens the shared store");
+    let executed: usize = thread::scope(|s| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let store = &store;
+                s.spawn(move || {
+                    let mut n = 0;
+                    // Each thread walks all keys from a different offset and direction, so the
+                    // two processes and their threads collide on every key.
+                    for j in 0..KEYS {
+                        let i = if (seed + t).is_multiple_of(2) {
+                            (j + t * 250) % KEYS
+                        } else {
+                            (KEYS - 1 - j + t * 250) % KEYS
+                        };
+                        let key = format!("k{i}");
+                        let outcome = store
+                            .execute(req("t", "op", &key, b"p"), |tx| {
+                                bump(tx, &key)?;
+                                Ok(Response::new(201, key.clone()))
+                            })
+                            .expect("execute");
+                        match outcome {
+                            Outcome::Executed(_) => n += 1,
+                            Outcome::Replayed(r) => assert_eq!(r.body(), key.as_bytes()),
+                            Outcome::InFlight { .. } => panic!("flow A never leaves a lease"),
+                        }
+                    }
+                    n
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("thread")).sum()
+    });
+    let m = store.metrics();
+    println!("executed={executed}");
+    println!(
+        "commits={} average_batch={:.1}",
+        m.commits,
+        m.average_batch()
+    );
+}
