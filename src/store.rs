@@ -468,9 +468,11 @@ impl Store {
     /// - another attempt's live lease → [`Outcome::InFlight`];
     /// - the key used with a different payload → [`Error::PayloadMismatch`].
     ///
-    /// The contract allows `f` to be called more than once per call (a batched commit path may
-    /// have to re-run it); today it is called at most once. Either way it must only have effects
-    /// through the [`Tx`]: only the committed call's writes persist.
+    /// `f` may be called more than once per call: concurrent calls share one write transaction
+    /// (group commit), and when another caller's closure in that transaction fails, the
+    /// transaction is rolled back and `f` runs again in a fresh one. It must therefore only have
+    /// effects through the [`Tx`]: only the committed run's writes persist, and only its
+    /// result is returned.
     ///
     /// A replay normally comes from a read transaction. If the intent finishes while this call
     /// waits for redb's writer lock, the replay is read inside that write transaction, which is
