@@ -149,6 +149,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         Begin::Replayed(r) => println!("  already charged earlier: {}", text(&r)),
         Begin::InFlight { retry_after } => println!("  in flight, retry after {retry_after:?}"),
+        Begin::Expired(t) => println!("  charged long ago (status {})", t.status()),
     }
     match store.begin(charge)? {
         Begin::Replayed(r) => println!("  a client retry replays: {} {}", r.status(), text(&r)),
@@ -187,6 +188,10 @@ fn show(what: &str, result: &Result<Outcome, Error>) {
         Ok(Outcome::InFlight { retry_after }) => {
             println!("  {what:<38} -> InFlight, retry after {retry_after:?}")
         }
+        Ok(Outcome::Expired(t)) => println!(
+            "  {what:<38} -> Expired            {} (done long ago; the body is gone)",
+            t.status()
+        ),
         Err(e) => println!("  {what:<38} -> Err: {e}"),
     }
 }

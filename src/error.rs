@@ -35,7 +35,7 @@ impl std::fmt::Display for Field {
 /// - the attempt lost its right to finish (`LeaseLost`): stop, another attempt owns the key;
 /// - the caller's closure asked for a retry (`Aborted`): nothing was written, retry later;
 /// - storage trouble (`Storage`, `OutcomeUnknown`, `FailStopped`, `CorruptRecord`,
-///   `UnsupportedFormat`, `Config`): see each variant.
+///   `UnsupportedFormat`, `Config`, `InUse`): see each variant.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -208,6 +208,16 @@ pub enum Error {
         "a store write was called from inside a closure running in the same store's write transaction, which would deadlock: do that work through the Tx handle, or after the closure returns"
     )]
     Reentrant,
+
+    /// [`crate::Store::compact`] needs the store to itself, and something else still uses it.
+    /// Nothing was done.
+    #[error(
+        "compaction needs exclusive use of the store, but {reason}: finish or release every Lease, drop every other Store clone and every read transaction, then call compact again"
+    )]
+    InUse {
+        /// What still uses the store.
+        reason: String,
+    },
 
     /// The operating system's random source failed (needed for lease holder tokens).
     #[error("the operating system's random source failed ({reason}): check the platform")]

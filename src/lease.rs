@@ -102,7 +102,10 @@ impl Lease {
             if let State::Pending { lease_deadline, .. } = &mut record.state {
                 *lease_deadline = deadline;
             }
+            // A Pending record stays until at least its lease deadline (and is never due for
+            // a sweep before it); it leaves no tombstone, so forget_at follows expires_at.
             record.expires_at = record.expires_at.max(deadline);
+            record.forget_at = record.forget_at.max(record.expires_at);
             match store.put(txn, &self.key, &record) {
                 Ok(()) => Step::Done(Ok(deadline)),
                 Err(e) => Step::Abort(e),
@@ -145,10 +148,10 @@ impl Lease {
         F: FnMut(&Tx<'_>) -> Result<Response, Abort>,
     {
         let store = self.store.clone();
-        let retention = store
+        let windows = store
             .inner
             .config
-            .retention_for(self.request.scope().operation());
+            .windows_for(self.request.scope().operation());
         let result = store.write(false, |txn, now| {
             let record = match self.held(txn, now) {
                 Ok(r) => r,
@@ -172,7 +175,8 @@ impl Lease {
             let finished = Record {
                 fingerprint: record.fingerprint,
                 created_at: record.created_at,
-                expires_at: now.saturating_add(retention),
+                expires_at: now.saturating_add(windows.response),
+                forget_at: now.saturating_add(windows.forget),
                 state,
             };
             match store.put(txn, &self.key, &finished) {

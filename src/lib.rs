@@ -51,24 +51,32 @@ mod clock;
 mod commit;
 mod decision;
 mod error;
+mod expiry;
 mod fingerprint;
 mod lease;
 mod record;
 mod response;
+mod retention;
 mod scope;
 mod store;
+mod sweep;
 mod tables;
 mod tx;
 
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
-pub use decision::{Decision, decide, holds_lease, is_expired};
+pub use decision::{
+    Decision, SweepAction, decide, holds_lease, is_expired, is_forgotten, sweep_action, sweep_due,
+};
 pub use error::{Abort, BoxError, Error, Field};
+pub use expiry::Stats;
 pub use fingerprint::{DownstreamKey, Fingerprint};
 pub use lease::Lease;
 pub use record::{FORMAT_VERSION, HolderToken, Record, State};
-pub use response::{Begin, Outcome, Resource, Response};
+pub use response::{Begin, Outcome, Resource, Response, Tombstone};
+pub use retention::RetentionPolicy;
 pub use scope::{Limits, Request, Scope};
 pub use store::{Durability, Metrics, Store, StoreBuilder};
+pub use sweep::SweepReport;
 pub use tables::RESERVED_PREFIX;
 pub use tx::Tx;
 

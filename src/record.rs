@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::clock::Timestamp;
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
-use crate::response::{Resource, Response};
+use crate::response::{Resource, Response, Tombstone};
 
 /// The record format version this build writes and reads.
 pub const FORMAT_VERSION: u8 = 1;
@@ -36,18 +36,46 @@ pub enum State {
     Completed(Response),
     /// Finished with a terminal failure; the response is replayed.
     Failed(Response),
+    /// A finished intent whose response window is over: the body is gone, the status, the
+    /// resource pointer and whether it failed are kept, so a late retry learns that the intent
+    /// already happened (`Outcome::Expired`) instead of running it again. Written by the sweep;
+    /// a Completed or Failed record past its `expires_at` is decided as one even before that.
+    Tombstone(Tombstone),
+}
+
+impl State {
+    /// The state's number on the wire (docs/FORMAT.md), also the value of its expiry-index
+    /// entry: 0 Pending, 1 Completed, 2 Failed, 3 Tombstone.
+    pub(crate) fn tag(&self) -> u8 {
+        match self {
+            State::Pending { .. } => 0,
+            State::Completed(_) => 1,
+            State::Failed(_) => 2,
+            State::Tombstone(_) => 3,
+        }
+    }
 }
 
 /// One idempotency record. The request payload is never stored, only its fingerprint.
+///
+/// Two instants bound its life (docs/design.md, "Record lifecycle"): until `expires_at` a
+/// finished record replays its response; from `expires_at` to `forget_at` it answers as a
+/// tombstone (the intent happened, the body is gone); from `forget_at` on it counts as absent.
+/// A Pending record has `forget_at == expires_at`: a lease that never finished leaves no
+/// tombstone. Every rule reads these stored instants, whether or not a sweep has run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
     /// Fingerprint of the request that first used the key.
     pub fingerprint: Fingerprint,
     /// When the first attempt claimed the key.
     pub created_at: Timestamp,
-    /// From this instant on the record is treated as absent, whether or not it was deleted.
+    /// End of the response window: from this instant a finished record no longer replays its
+    /// response (it answers `Expired`), whether or not a sweep shrank it.
     pub expires_at: Timestamp,
-    /// Pending, Completed or Failed.
+    /// From this instant the record counts as absent and its key is free, whether or not a
+    /// sweep deleted it. Never before `expires_at`: it is stored as the difference.
+    pub forget_at: Timestamp,
+    /// Pending, Completed, Failed or Tombstone.
     pub state: State,
 }
 
@@ -56,6 +84,8 @@ struct WireRecord<'a> {
     fingerprint: [u8; 32],
     created_at: u64,
     expires_at: u64,
+    /// `forget_at - expires_at` in ms (0 for Pending).
+    forget_after: u64,
     #[serde(borrow)]
     state: WireState<'a>,
 }
@@ -69,6 +99,15 @@ enum WireState<'a> {
     },
     Completed(#[serde(borrow)] WireResponse<'a>),
     Failed(#[serde(borrow)] WireResponse<'a>),
+    Tombstone(#[serde(borrow)] WireTombstone<'a>),
+}
+
+#[derive(Serialize, Deserialize)]
+struct WireTombstone<'a> {
+    status: u16,
+    failed: bool,
+    #[serde(borrow)]
+    resource: Option<(&'a str, &'a str)>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -99,18 +138,26 @@ fn wire_response(r: &Response) -> WireResponse<'_> {
     WireResponse {
         status: r.status(),
         body: Bytes(r.body()),
-        resource: r.resource().map(|x| (x.kind.as_str(), x.id.as_str())),
+        resource: wire_resource(r.resource()),
     }
+}
+
+fn wire_resource(r: Option<&Resource>) -> Option<(&str, &str)> {
+    r.map(|x| (x.kind.as_str(), x.id.as_str()))
+}
+
+fn owned_resource(r: Option<(&str, &str)>) -> Option<Resource> {
+    r.map(|(k, i)| Resource {
+        kind: k.to_owned(),
+        id: i.to_owned(),
+    })
 }
 
 fn owned_response(w: WireResponse<'_>, failed: bool) -> Response {
     Response::from_parts(
         w.status,
         w.body.0.to_vec(),
-        w.resource.map(|(k, i)| Resource {
-            kind: k.to_owned(),
-            id: i.to_owned(),
-        }),
+        owned_resource(w.resource),
         failed,
     )
 }
@@ -130,11 +177,18 @@ impl Record {
             },
             State::Completed(r) => WireState::Completed(wire_response(r)),
             State::Failed(r) => WireState::Failed(wire_response(r)),
+            State::Tombstone(t) => WireState::Tombstone(WireTombstone {
+                status: t.status(),
+                failed: t.is_failure(),
+                resource: wire_resource(t.resource()),
+            }),
         };
         let wire = WireRecord {
             fingerprint: self.fingerprint.0,
             created_at: self.created_at.0,
             expires_at: self.expires_at.0,
+            // A `forget_at` before `expires_at` cannot be stored; it is read back as equal.
+            forget_after: self.forget_at.0.saturating_sub(self.expires_at.0),
             state,
         };
         let out = vec![FORMAT_VERSION];
@@ -178,11 +232,17 @@ impl Record {
             },
             WireState::Completed(r) => State::Completed(owned_response(r, false)),
             WireState::Failed(r) => State::Failed(owned_response(r, true)),
+            WireState::Tombstone(t) => State::Tombstone(Tombstone::new(
+                t.status,
+                owned_resource(t.resource),
+                t.failed,
+            )),
         };
         Ok(Record {
             fingerprint: Fingerprint(wire.fingerprint),
             created_at: Timestamp(wire.created_at),
             expires_at: Timestamp(wire.expires_at),
+            forget_at: Timestamp(wire.expires_at.saturating_add(wire.forget_after)),
             state,
         })
     }

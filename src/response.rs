@@ -102,6 +102,44 @@ impl Response {
     }
 }
 
+/// What is kept of a finished intent after its response window: the status, the resource
+/// pointer and whether it was a terminal failure — not the body. A late retry that finds one
+/// gets [`Outcome::Expired`] / [`Begin::Expired`]: the intent already happened and does not
+/// run again.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Tombstone {
+    status: u16,
+    resource: Option<Resource>,
+    failed: bool,
+}
+
+impl Tombstone {
+    /// A tombstone with a status, an optional resource pointer and the failure flag.
+    pub fn new(status: u16, resource: Option<Resource>, failed: bool) -> Self {
+        Tombstone {
+            status,
+            resource,
+            failed,
+        }
+    }
+
+    /// The status code of the original response.
+    pub fn status(&self) -> u16 {
+        self.status
+    }
+
+    /// The resource pointer of the original response, if it had one.
+    pub fn resource(&self) -> Option<&Resource> {
+        self.resource.as_ref()
+    }
+
+    /// True when the intent ended in a terminal failure ([`crate::Abort::Terminal`],
+    /// [`Lease::fail`]).
+    pub fn is_failure(&self) -> bool {
+        self.failed
+    }
+}
+
 /// The answer to [`crate::Store::execute`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use]
@@ -118,20 +156,33 @@ pub enum Outcome {
         /// Suggested wait before retrying.
         retry_after: Duration,
     },
+    /// The intent already finished, but so long ago that its response window is over: only
+    /// its [`Tombstone`] (status, resource pointer, failure flag) is left. The closure did not
+    /// run and nothing was written. Answer "already done" (e.g. the status with the resource
+    /// pointer and no body, or HTTP 303 to the resource); never run the operation again.
+    Expired(Tombstone),
 }
 
 impl Outcome {
-    /// The response, unless the key is in flight.
+    /// The response, unless the key is in flight or only a tombstone is left.
     pub fn response(&self) -> Option<&Response> {
         match self {
             Outcome::Executed(r) | Outcome::Replayed(r) => Some(r),
-            Outcome::InFlight { .. } => None,
+            Outcome::InFlight { .. } | Outcome::Expired(_) => None,
         }
     }
 
     /// True for [`Outcome::Replayed`].
     pub fn is_replay(&self) -> bool {
         matches!(self, Outcome::Replayed(_))
+    }
+
+    /// The tombstone, for [`Outcome::Expired`].
+    pub fn tombstone(&self) -> Option<&Tombstone> {
+        match self {
+            Outcome::Expired(t) => Some(t),
+            _ => None,
+        }
     }
 }
 
@@ -149,4 +200,7 @@ pub enum Begin {
         /// Suggested wait before retrying.
         retry_after: Duration,
     },
+    /// The intent already finished and its response window is over: only its [`Tombstone`]
+    /// is left. Do not make the external call again (see [`Outcome::Expired`]).
+    Expired(Tombstone),
 }

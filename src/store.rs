@@ -14,30 +14,43 @@ use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::commit::{Group, GroupConfig, Step};
 use crate::decision::{Decision, decide};
 use crate::error::{Abort, Error};
+use crate::expiry::{put_in, remove_in};
 use crate::lease::Lease;
 use crate::record::{FORMAT_VERSION, HolderToken, Record, State};
-use crate::response::{Begin, Outcome, Response};
+use crate::response::{Begin, Outcome, Response, Tombstone};
+use crate::retention::{Retention, RetentionPolicy, Windows};
 use crate::scope::{Limits, Request, Scope, record_key};
-use crate::tables::{META, META_FORMAT, RECORDS};
+use crate::sweep::{SweepReport, SweepTotals, sweeper};
+use crate::tables::{EXPIRY, META, META_FORMAT, RECORDS};
 use crate::tx::Tx;
 
 /// Settings, fixed when the store opens. See [`StoreBuilder`] for defaults.
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
-    pub retention: Duration,
-    pub retention_overrides: HashMap<String, Duration>,
+    pub retention: Retention,
+    pub retention_overrides: HashMap<String, Retention>,
+    pub tombstone_horizon: Duration,
     pub lease_duration: Duration,
     pub retry_after_cap: Duration,
     pub limits: Limits,
     pub max_response_bytes: usize,
+    pub sweep_interval: Option<Duration>,
+    pub sweep_batch: usize,
 }
 
 impl Config {
-    pub(crate) fn retention_for(&self, operation: &str) -> Duration {
-        self.retention_overrides
+    /// The response window and the forget horizon of `operation`'s records, counted from the
+    /// moment an intent finishes. The horizon is never shorter than the response window.
+    pub(crate) fn windows_for(&self, operation: &str) -> Windows {
+        let r = self
+            .retention_overrides
             .get(operation)
-            .copied()
-            .unwrap_or(self.retention)
+            .unwrap_or(&self.retention);
+        let horizon = r.horizon.unwrap_or(self.tombstone_horizon);
+        Windows {
+            response: r.response,
+            forget: horizon.max(r.response),
+        }
     }
 }
 
@@ -45,8 +58,11 @@ impl Config {
 ///
 /// | setting | default |
 /// |---|---|
-/// | [`retention`](Self::retention) | 24 h (Stripe keeps keys ≥ 24 h) |
-/// | [`retention_for`](Self::retention_for) | none (per-operation override) |
+/// | [`retention`](Self::retention) / [`retention_policy`](Self::retention_policy) | 24 h (Stripe keeps keys ≥ 24 h) |
+/// | [`retention_for`](Self::retention_for) / [`retention_policy_for`](Self::retention_policy_for) | none (per-operation override) |
+/// | [`tombstone_horizon`](Self::tombstone_horizon) | 7 days |
+/// | [`sweep_interval`](Self::sweep_interval) | off: no background sweeper (call [`Store::sweep`]) |
+/// | [`sweep_batch`](Self::sweep_batch) | 1,000 records per sweep write transaction |
 /// | [`lease_duration`](Self::lease_duration) | 30 s |
 /// | [`retry_after_cap`](Self::retry_after_cap) | 1 s |
 /// | [`limits`](Self::limits) | key ≤ 255 B, tenant ≤ 128 B, operation ≤ 128 B |
@@ -90,12 +106,15 @@ impl Default for StoreBuilder {
     fn default() -> Self {
         StoreBuilder {
             config: Config {
-                retention: Duration::from_secs(24 * 3600),
+                retention: Retention::plain(Duration::from_secs(24 * 3600)),
                 retention_overrides: HashMap::new(),
+                tombstone_horizon: Duration::from_secs(7 * 24 * 3600),
                 lease_duration: Duration::from_secs(30),
                 retry_after_cap: Duration::from_secs(1),
                 limits: Limits::default(),
                 max_response_bytes: 64 * 1024,
+                sweep_interval: None,
+                sweep_batch: 1000,
             },
             clock: Arc::new(SystemClock),
             cache_size: None,
@@ -116,19 +135,67 @@ impl StoreBuilder {
         Self::default()
     }
 
-    /// How long a finished record is kept (and replayed) after it finished. Choose the longest
-    /// of your client-retry, queue-redrive, webhook-replay, operator-replay and settlement
-    /// windows. Must be at least the lease duration.
+    /// How long a finished record is replayed in full after it finished (its response
+    /// window); then it is a tombstone until the [`tombstone_horizon`](Self::tombstone_horizon).
+    /// Choose the longest of your client-retry, queue-redrive, webhook-replay, operator-replay
+    /// and settlement windows, or state them with [`retention_policy`](Self::retention_policy).
+    /// Must be at least the lease duration.
     pub fn retention(mut self, retention: Duration) -> Self {
-        self.config.retention = retention;
+        self.config.retention = Retention::plain(retention);
         self
     }
 
-    /// A retention for one operation, overriding [`retention`](Self::retention).
+    /// A retention for one operation, overriding [`retention`](Self::retention). Its tombstone
+    /// horizon is the store's.
     pub fn retention_for(mut self, operation: impl Into<String>, retention: Duration) -> Self {
         self.config
             .retention_overrides
-            .insert(operation.into(), retention);
+            .insert(operation.into(), Retention::plain(retention));
+        self
+    }
+
+    /// The default retention as named windows: the longest one is the retention. A horizon set
+    /// on the policy replaces the store's [`tombstone_horizon`](Self::tombstone_horizon) for
+    /// operations without an override.
+    pub fn retention_policy(mut self, policy: RetentionPolicy) -> Self {
+        self.config.retention = Retention::of(&policy);
+        self
+    }
+
+    /// The retention of one operation as named windows, overriding the default.
+    pub fn retention_policy_for(
+        mut self,
+        operation: impl Into<String>,
+        policy: RetentionPolicy,
+    ) -> Self {
+        self.config
+            .retention_overrides
+            .insert(operation.into(), Retention::of(&policy));
+        self
+    }
+
+    /// How long after an intent finished its key stays bound, counted like the retention. After
+    /// the response window the record is a tombstone (fingerprint, status, resource pointer, no
+    /// body) until this horizon: a late retry gets [`Outcome::Expired`] instead of running
+    /// again, and a different payload is still [`Error::PayloadMismatch`]. After it the key is
+    /// free. A horizon not longer than an operation's retention means no tombstone phase for
+    /// it. Default 7 days.
+    pub fn tombstone_horizon(mut self, horizon: Duration) -> Self {
+        self.config.tombstone_horizon = horizon;
+        self
+    }
+
+    /// Runs a sweep pass ([`Store::sweep`]) every `interval` on a background thread, which
+    /// stops when the last handle to the store is dropped. Default: no background sweeper.
+    pub fn sweep_interval(mut self, interval: Duration) -> Self {
+        self.config.sweep_interval = Some(interval);
+        self
+    }
+
+    /// The most records one sweep write transaction shrinks or deletes (a claim waits behind at
+    /// most one such batch). Default 1,000.
+    pub fn sweep_batch(mut self, records: usize) -> Self {
+        self.config.sweep_batch = records;
         self
     }
 
@@ -229,20 +296,39 @@ impl StoreBuilder {
                 reason: "lease_duration is zero; give leases time to finish (default 30 s)".into(),
             });
         }
-        let too_short = std::iter::once(("the default retention", c.retention)).chain(
+        let retentions = std::iter::once((None, &c.retention)).chain(
             c.retention_overrides
-                .values()
-                .map(|d| ("a per-operation retention", *d)),
+                .iter()
+                .map(|(op, r)| (Some(op.as_str()), r)),
         );
-        for (what, r) in too_short {
-            if r < c.lease_duration {
+        for (operation, r) in retentions {
+            if r.response < c.lease_duration {
+                let whose = match operation {
+                    None => "the default retention".to_owned(),
+                    Some(op) => format!("the retention of operation {op:?}"),
+                };
+                let window = match r.window {
+                    Some(_) if r.response.is_zero() => " (its policy sets no window)".to_owned(),
+                    Some(w) => format!(" (its longest window is {w})"),
+                    None => String::new(),
+                };
                 return Err(Error::Config {
                     reason: format!(
-                        "{what} ({r:?}) is shorter than the lease duration ({:?}): a record must outlive its lease",
-                        c.lease_duration
+                        "{whose} is {:?}{window}, shorter than the lease duration ({:?}): a record must outlive its lease; lengthen the retention or shorten the lease",
+                        r.response, c.lease_duration
                     ),
                 });
             }
+        }
+        if c.sweep_batch == 0 {
+            return Err(Error::Config {
+                reason: "sweep_batch is 0; a sweep must be allowed at least one record per transaction (default 1,000)".into(),
+            });
+        }
+        if c.sweep_interval.is_some_and(|i| i.is_zero()) {
+            return Err(Error::Config {
+                reason: "sweep_interval is zero; give the background sweeper a period (e.g. one minute), or leave it unset and call Store::sweep".into(),
+            });
         }
         if c.max_response_bytes > MAX_RESPONSE_CEILING {
             return Err(Error::Config {
@@ -305,12 +391,47 @@ pub(crate) struct Inner {
     pub(crate) durability: Durability,
     /// A non-durable commit happened since the flusher last looked.
     pub(crate) unflushed: AtomicBool,
-    /// Dropping it stops the flusher thread (if any).
-    _stop_flusher: Option<crossbeam_channel::Sender<()>>,
+    /// The flusher and sweeper threads.
+    background: Mutex<Background>,
+    /// Held for the length of a sweep pass: one pass at a time.
+    pub(crate) sweep_lock: Mutex<()>,
+    /// Sweep figures for [`Metrics`].
+    pub(crate) sweeps: Mutex<SweepTotals>,
+}
+
+/// The background threads of one store (the relaxed-durability flusher, the sweeper).
+#[derive(Default)]
+struct Background {
+    /// Dropping a sender stops its thread at once.
+    stops: Vec<crossbeam_channel::Sender<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    /// Upgradable exactly while the sweeper thread runs.
+    sweeper_alive: Option<Weak<()>>,
+}
+
+impl Inner {
+    /// Stops the background threads and waits for them to end (they hold no handle between
+    /// ticks, so this is immediate unless a sweep pass or a flush is running).
+    fn stop_background(&self) {
+        let threads = {
+            let mut bg = self.background.lock();
+            bg.stops.clear();
+            bg.sweeper_alive = None;
+            std::mem::take(&mut bg.threads)
+        };
+        let me = std::thread::current().id();
+        for t in threads {
+            // The last handle may be dropped by a background thread itself; it ends on its own.
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
+        }
+    }
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        self.stop_background();
         // Relaxed durability: make every acknowledged commit durable on close. No other handle
         // exists any more, so this is the only writer.
         if self.unflushed.load(Ordering::Acquire)
@@ -337,6 +458,14 @@ pub struct Metrics {
     pub busy: u64,
     /// Callers waiting for the next commit at the moment of the snapshot.
     pub queued: usize,
+    /// Sweep passes run (by [`Store::sweep`] or the background sweeper), failed ones included.
+    pub sweep_passes: u64,
+    /// Records deleted or shrunk to tombstones by all passes.
+    pub swept_records: u64,
+    /// Sweep passes that returned an error.
+    pub sweep_failures: u64,
+    /// The last pass: records swept by it, its batches and its duration.
+    pub last_sweep: SweepReport,
 }
 
 impl Metrics {
@@ -405,17 +534,11 @@ impl Store {
                 }
             }
             txn.open_table(RECORDS)?;
+            txn.open_table(EXPIRY)?;
         }
         txn.commit().map_err(|e| Error::OutcomeUnknown {
             source: Arc::new(e.into()),
         })?;
-        let (stop_tx, stop_rx) = match b.durability {
-            Durability::Periodic(_) => {
-                let (tx, rx) = crossbeam_channel::bounded::<()>(0);
-                (Some(tx), Some(rx))
-            }
-            Durability::Immediate => (None, None),
-        };
         let store = Store {
             inner: Arc::new(Inner {
                 db,
@@ -429,31 +552,127 @@ impl Store {
                 group: Group::new(b.group),
                 durability: b.durability,
                 unflushed: AtomicBool::new(false),
-                _stop_flusher: stop_tx,
+                background: Mutex::new(Background::default()),
+                sweep_lock: Mutex::new(()),
+                sweeps: Mutex::new(SweepTotals::default()),
             }),
         };
-        if let (Durability::Periodic(interval), Some(stop)) = (b.durability, stop_rx) {
-            let weak = Arc::downgrade(&store.inner);
-            std::thread::Builder::new()
-                .name("idem-flusher".into())
-                .spawn(move || flusher(weak, interval, stop))
-                .map_err(|e| Error::Config {
-                    reason: format!("could not start the flusher thread: {e}"),
-                })?;
-        }
+        store.start_background()?;
         Ok(store)
     }
 
-    /// Commit-path counters since open.
+    /// Starts the flusher (relaxed durability) and the sweeper (if configured). Each holds only
+    /// a `Weak` between ticks and stops when its channel's sender, kept in `Inner`, is dropped.
+    fn start_background(&self) -> Result<(), Error> {
+        let mut bg = self.inner.background.lock();
+        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(f)
+                .map_err(|e| Error::Config {
+                    reason: format!("could not start the {name} thread: {e}"),
+                })
+        };
+        if let Durability::Periodic(interval) = self.inner.durability {
+            let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
+            let weak = Arc::downgrade(&self.inner);
+            let t = spawn(
+                "idem-flusher",
+                Box::new(move || flusher(weak, interval, stopped)),
+            )?;
+            bg.stops.push(stop);
+            bg.threads.push(t);
+        }
+        if let Some(interval) = self.inner.config.sweep_interval {
+            let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
+            let weak = Arc::downgrade(&self.inner);
+            let alive = Arc::new(());
+            bg.sweeper_alive = Some(Arc::downgrade(&alive));
+            let t = spawn(
+                "idem-sweeper",
+                Box::new(move || sweeper(weak, interval, stopped, alive)),
+            )?;
+            bg.stops.push(stop);
+            bg.threads.push(t);
+        }
+        Ok(())
+    }
+
+    /// A token that can be upgraded exactly while this store's background sweeper thread runs
+    /// (`None` without one): lets tests see the thread end when the store is dropped.
+    #[doc(hidden)]
+    pub fn sweeper_liveness(&self) -> Option<Weak<()>> {
+        self.inner.background.lock().sweeper_alive.clone()
+    }
+
+    /// Counters since open: the commit path (commits, requests per commit, re-runs, callers
+    /// turned away, queue length) and the sweeps (passes, records swept, failures, the last
+    /// pass's figures and duration). Reads in-memory counters only, no I/O. For record counts by
+    /// state see [`Store::stats`].
     pub fn metrics(&self) -> Metrics {
         let c = &self.inner.group.counters;
+        let sweeps = self.inner.sweeps.lock();
         Metrics {
             commits: c.commits.load(Ordering::Relaxed),
             committed_requests: c.committed_ops.load(Ordering::Relaxed),
             reruns: c.reruns.load(Ordering::Relaxed),
             busy: c.busy.load(Ordering::Relaxed),
             queued: self.inner.group.queued(),
+            sweep_passes: sweeps.passes,
+            swept_records: sweeps.swept,
+            sweep_failures: sweeps.failures,
+            last_sweep: sweeps.last,
         }
+    }
+
+    /// Compacts the file: redb moves live pages to the front and truncates the free space at
+    /// the end. Returns whether anything was moved.
+    ///
+    /// **When it is worth it.** Rarely. redb reuses freed pages, so under a steady load with
+    /// sweeps running the file stops growing by itself and compaction gains little. Call it
+    /// after the file held far more records than it does now — a traffic spike, a backlog that
+    /// a first sweep cleared, a retention you shortened — and you want the disk space back:
+    /// run [`Store::sweep`] first, then compact (compare the file's size before and after).
+    /// It rewrites much of the file with durable commits, and nothing else can use the store
+    /// meanwhile, so do it at a quiet moment (e.g. at startup, before handing out clones).
+    ///
+    /// It needs the store to itself: `&mut self`, no other clone of this `Store`, no live
+    /// [`Lease`], and no read transaction from [`Store::begin_read`]; otherwise it does nothing
+    /// and returns [`Error::InUse`]. Background threads are stopped for its duration and
+    /// restarted after. A fail-stopped store must be reopened first.
+    pub fn compact(&mut self) -> Result<bool, Error> {
+        if self.in_closure() {
+            return Err(Error::Reentrant);
+        }
+        self.check_writable()?;
+        // Background threads hold `Weak`s, which `Arc::get_mut` refuses too.
+        self.inner.stop_background();
+        let compacted = self.compact_exclusive();
+        let restarted = self.start_background();
+        let compacted = compacted?;
+        restarted?;
+        Ok(compacted)
+    }
+
+    fn compact_exclusive(&mut self) -> Result<bool, Error> {
+        let others = Arc::strong_count(&self.inner).saturating_sub(1);
+        let Some(inner) = Arc::get_mut(&mut self.inner) else {
+            return Err(Error::InUse {
+                reason: format!("{others} other Store clone(s) or Lease(s) are alive"),
+            });
+        };
+        let result = inner.db.compact();
+        if result.is_ok() {
+            // Compaction commits durably, which makes every earlier commit durable too.
+            inner.unflushed.store(false, Ordering::Release);
+        }
+        result.map_err(|e| match e {
+            redb::CompactionError::TransactionInProgress => Error::InUse {
+                reason: "a read transaction (Store::begin_read) is still open".into(),
+            },
+            redb::CompactionError::Storage(e) => self.storage(e),
+            other => self.storage(other),
+        })
     }
 
     /// Flow A: runs `f` at most once per intent, in the same write transaction that records the
@@ -465,6 +684,8 @@ impl Store {
     ///   redb's writer lock (no check-then-act gap), and its result decides what commits:
     ///   `Ok(response)` → Completed; [`Abort::Terminal`] → Failed (replayed later);
     ///   [`Abort::Retryable`] / [`Abort::Store`] → nothing, not even `f`'s own writes;
+    /// - an intent that finished longer ago than its retention, within the tombstone horizon →
+    ///   [`Outcome::Expired`]: `f` does not run (the intent already happened);
     /// - another attempt's live lease → [`Outcome::InFlight`];
     /// - the key used with a different payload → [`Error::PayloadMismatch`].
     ///
@@ -485,7 +706,7 @@ impl Store {
         if let Some(early) = self.read_path(&request, &key)? {
             return early.into_outcome();
         }
-        let retention = self.inner.config.retention_for(request.scope().operation());
+        let windows = self.inner.config.windows_for(request.scope().operation());
         self.write(false, |txn, now| {
             let created_at = match self.decide_in(txn, &request, &key, now) {
                 Ok(Claimed::Free { created_at, .. }) => created_at,
@@ -510,7 +731,8 @@ impl Store {
             let record = Record {
                 fingerprint: *request.fingerprint(),
                 created_at,
-                expires_at: now.saturating_add(retention),
+                expires_at: now.saturating_add(windows.response),
+                forget_at: now.saturating_add(windows.forget),
                 state,
             };
             match self.put(txn, &key, &record) {
@@ -522,7 +744,8 @@ impl Store {
 
     /// Flow B: claims the key with a lease for work that calls the outside world. Returns
     /// [`Begin::Acquired`] with a [`Lease`] (the attempt may now make the external call, using
-    /// [`Lease::downstream_key`]), or the stored result, or [`Begin::InFlight`]; a different
+    /// [`Lease::downstream_key`]), or the stored result ([`Begin::Replayed`], or
+    /// [`Begin::Expired`] past the retention), or [`Begin::InFlight`]; a different
     /// payload is [`Error::PayloadMismatch`]. Fails fast; see [`Store::begin_wait`] to wait.
     pub fn begin(&self, request: Request) -> Result<Begin, Error> {
         let key = self.admit(&request)?;
@@ -530,7 +753,7 @@ impl Store {
             return early.into_begin();
         }
         let config = &self.inner.config;
-        let retention = config.retention_for(request.scope().operation());
+        let retention = config.windows_for(request.scope().operation()).response;
         let claimed = self.write(false, |txn, now| {
             let (created_at, attempt) = match self.decide_in(txn, &request, &key, now) {
                 Ok(Claimed::Free {
@@ -542,10 +765,14 @@ impl Store {
             };
             let holder = self.new_token();
             let lease_deadline = now.saturating_add(config.lease_duration);
+            // A lease that never finishes leaves no tombstone: forget_at = expires_at, never
+            // before the lease deadline (so a live lease is never absent, nor swept).
+            let expires_at = now.saturating_add(retention).max(lease_deadline);
             let record = Record {
                 fingerprint: *request.fingerprint(),
                 created_at,
-                expires_at: now.saturating_add(retention).max(lease_deadline),
+                expires_at,
+                forget_at: expires_at,
                 state: State::Pending {
                     holder,
                     lease_deadline,
@@ -601,7 +828,8 @@ impl Store {
     }
 
     /// The stored record for `key` in `scope`, exactly as stored (it may be past its
-    /// `expires_at`; see [`crate::is_expired`]). For inspection and tests; never needed to
+    /// `expires_at` or `forget_at` if no sweep has run since; see [`crate::is_expired`] and
+    /// [`crate::is_forgotten`]). For inspection and tests; never needed to
     /// use the store correctly.
     pub fn get(&self, scope: &Scope, key: impl AsRef<[u8]>) -> Result<Option<Record>, Error> {
         let request = Request::with_fingerprint(scope.clone(), key, crate::Fingerprint([0; 32]));
@@ -683,6 +911,7 @@ impl Store {
         match decision {
             Decision::Claim | Decision::Takeover { .. } => None,
             Decision::Replay(r) => Some(Early::Replay(r.clone())),
+            expired @ Decision::Expired { .. } => expired.tombstone().map(Early::Expired),
             Decision::Mismatch => Some(Early::Error(Error::PayloadMismatch {
                 tenant: request.scope().tenant().to_owned(),
                 operation: request.scope().operation().to_owned(),
@@ -710,24 +939,23 @@ impl Store {
         value.map(|v| Record::decode(v.value())).transpose()
     }
 
+    /// Writes a record, moving its expiry-index entry in the same transaction.
     pub(crate) fn put(
         &self,
         txn: &WriteTransaction,
         key: &[u8],
         record: &Record,
     ) -> Result<(), Error> {
-        let mut table = txn.open_table(RECORDS).map_err(|e| self.storage(e))?;
-        table
-            .insert(key, record.encode().as_slice())
-            .map_err(|e| self.storage(e))?;
-        Ok(())
+        let mut records = txn.open_table(RECORDS).map_err(|e| self.storage(e))?;
+        let mut expiry = txn.open_table(EXPIRY).map_err(|e| self.storage(e))?;
+        put_in(&mut records, &mut expiry, key, record).map_err(|e| self.storage(e))
     }
 
-    /// Removes a record; returns whether one existed.
+    /// Removes a record and its expiry-index entry; returns whether one existed.
     pub(crate) fn remove(&self, txn: &WriteTransaction, key: &[u8]) -> Result<bool, Error> {
-        let mut table = txn.open_table(RECORDS).map_err(|e| self.storage(e))?;
-        let existed = table.remove(key).map_err(|e| self.storage(e))?.is_some();
-        Ok(existed)
+        let mut records = txn.open_table(RECORDS).map_err(|e| self.storage(e))?;
+        let mut expiry = txn.open_table(EXPIRY).map_err(|e| self.storage(e))?;
+        remove_in(&mut records, &mut expiry, key).map_err(|e| self.storage(e))
     }
 
     pub(crate) fn check_response(&self, response: &Response) -> Result<(), Error> {
@@ -889,6 +1117,7 @@ fn is_io_failure(e: &redb::Error) -> bool {
 /// An answer reached without running anything.
 enum Early {
     Replay(Response),
+    Expired(Tombstone),
     Error(Error),
     InFlight { retry_after: Duration },
 }
@@ -897,6 +1126,7 @@ impl Early {
     fn into_outcome(self) -> Result<Outcome, Error> {
         match self {
             Early::Replay(r) => Ok(Outcome::Replayed(r)),
+            Early::Expired(t) => Ok(Outcome::Expired(t)),
             Early::Error(e) => Err(e),
             Early::InFlight { retry_after } => Ok(Outcome::InFlight { retry_after }),
         }
@@ -905,6 +1135,7 @@ impl Early {
     fn into_begin(self) -> Result<Begin, Error> {
         match self {
             Early::Replay(r) => Ok(Begin::Replayed(r)),
+            Early::Expired(t) => Ok(Begin::Expired(t)),
             Early::Error(e) => Err(e),
             Early::InFlight { retry_after } => Ok(Begin::InFlight { retry_after }),
         }

@@ -146,6 +146,7 @@ fn racing_begin_grants_exactly_one_lease() {
                     );
                     assert_eq!(r.body(), body_for(round).as_slice());
                 }
+                Ok(Begin::Expired(t)) => panic!("round {round}: no time passed, yet {t:?}"),
                 Err(e) => panic!("round {round}: begin failed: {e}"),
             }
         }
@@ -199,6 +200,7 @@ fn execute_and_begin_racing_on_one_key_have_one_winner() {
                                 assert_eq!(r.body(), body_for(round).as_slice())
                             }
                             Ok(Outcome::InFlight { .. }) => {}
+                            Ok(Outcome::Expired(t)) => panic!("no time passed, yet {t:?}"),
                             Err(e) => panic!("execute failed: {e}"),
                         }
                     } else {
@@ -216,6 +218,7 @@ fn execute_and_begin_racing_on_one_key_have_one_winner() {
                                 assert_eq!(r.body(), body_for(round).as_slice())
                             }
                             Ok(Begin::InFlight { .. }) => {}
+                            Ok(Begin::Expired(t)) => panic!("no time passed, yet {t:?}"),
                             Err(e) => panic!("begin failed: {e}"),
                         }
                     }

@@ -114,6 +114,7 @@ fn child_process_entry() {
                             Outcome::Executed(_) => n += 1,
                             Outcome::Replayed(r) => assert_eq!(r.body(), key.as_bytes()),
                             Outcome::InFlight { .. } => panic!("flow A never leaves a lease"),
+                            Outcome::Expired(t) => panic!("no time passed, yet {t:?}"),
                         }
                     }
                     n

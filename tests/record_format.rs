@@ -1,9 +1,9 @@
 //! Golden tests for the stored format described in `docs/FORMAT.md`.
 //!
-//! Pins, through the public API only: the exact bytes of a Completed, a Failed and a Pending
-//! record; the decoder's behaviour on truncated, mutated, versioned, empty and over-long input;
-//! the fingerprint and downstream-key derivations; the table names, record key and meta marker
-//! as found in a real store file. An independent decoder written from `docs/FORMAT.md`
+//! Pins, through the public API only: the exact bytes of a Completed, a Failed, a Pending and a
+//! Tombstone record; the decoder's behaviour on truncated, mutated, versioned, empty and over-long input;
+//! the fingerprint and downstream-key derivations; the table names, record key, expiry-index
+//! entry and meta marker as found in a real store file. An independent decoder written from `docs/FORMAT.md`
 //! (`walk`) must agree with `Record::decode` on every input tried here, and the annotated hex
 //! dumps in `docs/FORMAT.md` must be exactly what `walk` prints for the golden values.
 //!
@@ -16,8 +16,8 @@ use idem::redb::{
     ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle,
 };
 use idem::{
-    Begin, Error, FORMAT_VERSION, Fingerprint, HolderToken, ManualClock, Record, Request, Response,
-    Scope, State, Store, Timestamp,
+    Begin, Error, FORMAT_VERSION, Fingerprint, HolderToken, ManualClock, Record, Request, Resource,
+    Response, Scope, State, Store, Timestamp, Tombstone,
 };
 
 /// 2026-01-01T00:00:00Z in milliseconds since the Unix epoch.
@@ -38,6 +38,7 @@ fn completed_record() -> Record {
         fingerprint: counting_fingerprint(),
         created_at: Timestamp(T0),
         expires_at: Timestamp(T0 + DAY_MS),
+        forget_at: Timestamp(T0 + 7 * DAY_MS),
         state: State::Completed(
             Response::new(201, r#"{"id":"ord_1"}"#).with_resource("order", "ord_1"),
         ),
@@ -49,7 +50,26 @@ fn failed_record() -> Record {
         fingerprint: counting_fingerprint(),
         created_at: Timestamp(T0),
         expires_at: Timestamp(T0 + DAY_MS),
+        forget_at: Timestamp(T0 + 7 * DAY_MS),
         state: State::Failed(Response::new(402, "card_declined")),
+    }
+}
+
+/// What a sweep leaves of `completed_record` after its response window.
+fn tombstone_record() -> Record {
+    Record {
+        fingerprint: counting_fingerprint(),
+        created_at: Timestamp(T0),
+        expires_at: Timestamp(T0 + DAY_MS),
+        forget_at: Timestamp(T0 + 7 * DAY_MS),
+        state: State::Tombstone(Tombstone::new(
+            201,
+            Some(Resource {
+                kind: "order".into(),
+                id: "ord_1".into(),
+            }),
+            false,
+        )),
     }
 }
 
@@ -58,6 +78,7 @@ fn pending_record() -> Record {
         fingerprint: counting_fingerprint(),
         created_at: Timestamp(T0),
         expires_at: Timestamp(T0 + DAY_MS),
+        forget_at: Timestamp(T0 + DAY_MS),
         state: State::Pending {
             // 8 bytes of store-instance id, then the instance's counter, big-endian.
             holder: HolderToken([
@@ -77,6 +98,7 @@ fn golden_completed() -> Vec<u8> {
         0x1e, 0x1f, // fingerprint
         0x80, 0xd0, 0xea, 0xb6, 0xb7, 0x33, // created_at
         0x80, 0x88, 0x84, 0xe0, 0xb7, 0x33, // expires_at
+        0x80, 0xd0, 0x98, 0xf7, 0x01, // forget_after (6 days)
         0x01, // Completed
         0xc9, 0x01, // status 201
         0x0e, 0x7b, 0x22, 0x69, 0x64, 0x22, 0x3a, 0x22, 0x6f, 0x72, 0x64, 0x5f, 0x31, 0x22,
@@ -95,6 +117,7 @@ fn golden_failed() -> Vec<u8> {
         0x1e, 0x1f, // fingerprint
         0x80, 0xd0, 0xea, 0xb6, 0xb7, 0x33, // created_at
         0x80, 0x88, 0x84, 0xe0, 0xb7, 0x33, // expires_at
+        0x80, 0xd0, 0x98, 0xf7, 0x01, // forget_after (6 days)
         0x02, // Failed
         0x92, 0x03, // status 402
         0x0d, 0x63, 0x61, 0x72, 0x64, 0x5f, 0x64, 0x65, 0x63, 0x6c, 0x69, 0x6e, 0x65,
@@ -111,11 +134,30 @@ fn golden_pending() -> Vec<u8> {
         0x1e, 0x1f, // fingerprint
         0x80, 0xd0, 0xea, 0xb6, 0xb7, 0x33, // created_at
         0x80, 0x88, 0x84, 0xe0, 0xb7, 0x33, // expires_at
+        0x00, // forget_after (none: a lease leaves no tombstone)
         0x00, // Pending
         0xa1, 0xb2, 0xc3, 0xd4, 0xe5, 0xf6, 0x07, 0x18, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
         0x01, // holder
         0xb0, 0xba, 0xec, 0xb6, 0xb7, 0x33, // lease_deadline
         0x01, // attempt
+    ]
+}
+
+fn golden_tombstone() -> Vec<u8> {
+    vec![
+        0x01, // version
+        0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e,
+        0x0f, 0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d,
+        0x1e, 0x1f, // fingerprint
+        0x80, 0xd0, 0xea, 0xb6, 0xb7, 0x33, // created_at
+        0x80, 0x88, 0x84, 0xe0, 0xb7, 0x33, // expires_at
+        0x80, 0xd0, 0x98, 0xf7, 0x01, // forget_after (6 days)
+        0x03, // Tombstone
+        0xc9, 0x01, // status 201
+        0x00, // failed = false
+        0x01, // Some(resource)
+        0x05, 0x6f, 0x72, 0x64, 0x65, 0x72, // "order"
+        0x05, 0x6f, 0x72, 0x64, 0x5f, 0x31, // "ord_1"
     ]
 }
 
@@ -129,11 +171,23 @@ fn golden_record_key() -> Vec<u8> {
     ]
 }
 
-fn goldens() -> [(&'static str, Record, Vec<u8>); 3] {
+/// The expiry-index entry of that key's Completed record, due when its response window ends
+/// (2026-01-02T00:00:00Z): `u64be(due) ‖ kind 0x01 ‖ record key`.
+fn golden_expiry_entry() -> Vec<u8> {
+    let mut entry = vec![
+        0x00, 0x00, 0x01, 0x9b, 0x7c, 0x01, 0x04, 0x00, // due = T0 + 24 h, big-endian ms
+        0x01, // kind: a record of idem.records.v1
+    ];
+    entry.extend_from_slice(&golden_record_key());
+    entry
+}
+
+fn goldens() -> [(&'static str, Record, Vec<u8>); 4] {
     [
         ("completed", completed_record(), golden_completed()),
         ("failed", failed_record(), golden_failed()),
         ("pending", pending_record(), golden_pending()),
+        ("tombstone", tombstone_record(), golden_tombstone()),
     ]
 }
 
@@ -157,6 +211,11 @@ fn failed_encodes_to_golden_bytes() {
 #[test]
 fn pending_encodes_to_golden_bytes() {
     assert_eq!(pending_record().encode(), golden_pending());
+}
+
+#[test]
+fn tombstone_encodes_to_golden_bytes() {
+    assert_eq!(tombstone_record().encode(), golden_tombstone());
 }
 
 // ---- round trips ----
@@ -198,6 +257,46 @@ fn pending_round_trips() {
     let decoded = Record::decode(&golden_pending()).expect("golden value decodes");
     assert_eq!(decoded, pending_record());
     assert_eq!(decoded.encode(), golden_pending());
+}
+
+#[test]
+fn tombstone_round_trips() {
+    let decoded = Record::decode(&golden_tombstone()).expect("golden value decodes");
+    assert_eq!(decoded, tombstone_record());
+    assert_eq!(decoded.encode(), golden_tombstone());
+    // The failure flag is one byte: 0x01 reads as a failed intent, anything above is corrupt.
+    let mut failed = golden_tombstone();
+    let flag_at = 1 + 32 + 6 + 6 + 5 + 1 + 2;
+    assert_eq!(failed[flag_at], 0x00);
+    failed[flag_at] = 0x01;
+    let State::Tombstone(t) = Record::decode(&failed).expect("decodes").state else {
+        panic!("still a tombstone")
+    };
+    assert!(t.is_failure());
+    failed[flag_at] = 0x02;
+    assert!(matches!(
+        Record::decode(&failed),
+        Err(Error::CorruptRecord { .. })
+    ));
+}
+
+#[test]
+fn forget_at_is_stored_as_a_difference_and_never_before_expires_at() {
+    // A hand-built record whose forget_at is before expires_at stores a difference of 0 and
+    // reads back with forget_at = expires_at.
+    let mut r = completed_record();
+    r.forget_at = Timestamp(T0);
+    let back = Record::decode(&r.encode()).expect("decodes");
+    assert_eq!(back.forget_at, back.expires_at);
+    // A difference that overflows saturates at the far future.
+    let mut huge = golden_pending();
+    let at = 1 + 32 + 6 + 6;
+    huge.splice(
+        at..at + 1,
+        [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01],
+    );
+    let back = Record::decode(&huge).expect("decodes");
+    assert_eq!(back.forget_at, Timestamp(u64::MAX));
 }
 
 // ---- hostile input ----
@@ -389,6 +488,7 @@ fn downstream_key_is_pinned() {
 
 const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idem.records.v1");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idem.meta.v1");
+const EXPIRY: TableDefinition<&[u8], u8> = TableDefinition::new("idem.expiry.v1");
 
 #[test]
 fn store_file_has_the_documented_tables_key_and_value() {
@@ -419,7 +519,10 @@ fn store_file_has_the_documented_tables_key_and_value() {
         .map(|t| t.name().to_owned())
         .collect();
     tables.sort();
-    assert_eq!(tables, ["idem.meta.v1", "idem.records.v1"]);
+    assert_eq!(
+        tables,
+        ["idem.expiry.v1", "idem.meta.v1", "idem.records.v1"]
+    );
 
     let meta = read.open_table(META).expect("meta table");
     let marker = meta.get("format").expect("get").expect("format marker");
@@ -440,10 +543,23 @@ fn store_file_has_the_documented_tables_key_and_value() {
         fingerprint: Fingerprint::of_bytes(b"x"),
         created_at: Timestamp(T0),
         expires_at: Timestamp(T0 + DAY_MS),
+        forget_at: Timestamp(T0 + 7 * DAY_MS),
         state: State::Completed(Response::new(200, "ok")),
     }
     .encode();
     assert_eq!(rows, vec![(expected_key, expected_value)]);
+
+    let expiry = read.open_table(EXPIRY).expect("expiry table");
+    let entries: Vec<(Vec<u8>, u8)> = expiry
+        .iter()
+        .expect("iter")
+        .map(|row| {
+            let (k, v) = row.expect("row");
+            (k.value().to_vec(), v.value())
+        })
+        .collect();
+    // One entry, due at the end of the response window, valued with the state tag (1: Completed).
+    assert_eq!(entries, vec![(golden_expiry_entry(), 1)]);
 }
 
 // ---- the reference decoder and the dumps in docs/FORMAT.md ----
@@ -556,6 +672,8 @@ fn walk(bytes: &[u8]) -> Result<(Vec<Seg>, Record), String> {
     let fingerprint = Fingerprint(r.raw::<32>("fingerprint")?);
     let created_at = Timestamp(r.varint(64, "created_at (ms)")?);
     let expires_at = Timestamp(r.varint(64, "expires_at (ms)")?);
+    let forget_after = r.varint(64, "forget_after (ms)")?;
+    let forget_at = Timestamp(expires_at.0.saturating_add(forget_after));
     let state = match r.varint(32, "state variant")? {
         0 => {
             r.segs.last_mut().ok_or("no segment")?.what += " (Pending)";
@@ -594,6 +712,32 @@ fn walk(bytes: &[u8]) -> Result<(Vec<Seg>, Record), String> {
                 State::Failed(response)
             }
         }
+        3 => {
+            r.segs.last_mut().ok_or("no segment")?.what += " (Tombstone)";
+            let status = r.varint(16, "status")?;
+            let failed = match r.take(1, "failed")?[0] {
+                0 => false,
+                1 => true,
+                other => return Err(format!("bad bool {other}")),
+            };
+            r.segs.last_mut().ok_or("no segment")?.what += &format!(" = {failed}");
+            let mut resource = None;
+            match r.take(1, "resource")?[0] {
+                0 => r.segs.last_mut().ok_or("no segment")?.what += " = None",
+                1 => {
+                    r.segs.last_mut().ok_or("no segment")?.what += " = Some";
+                    let kind = r.str("resource.kind")?;
+                    let id = r.str("resource.id")?;
+                    resource = Some(Resource { kind, id });
+                }
+                other => return Err(format!("bad option tag {other}")),
+            }
+            State::Tombstone(Tombstone::new(
+                u16::try_from(status).map_err(|e| e.to_string())?,
+                resource,
+                failed,
+            ))
+        }
         other => return Err(format!("unknown state variant {other}")),
     };
     if r.at != bytes.len() {
@@ -603,6 +747,7 @@ fn walk(bytes: &[u8]) -> Result<(Vec<Seg>, Record), String> {
         fingerprint,
         created_at,
         expires_at,
+        forget_at,
         state,
     };
     Ok((r.segs, record))
@@ -648,6 +793,11 @@ fn format_md_shows_the_golden_dumps() {
         doc.contains(&key),
         "docs/FORMAT.md must show the record key {key}"
     );
+    let entry = hex_row(&golden_expiry_entry());
+    assert!(
+        doc.contains(&entry),
+        "docs/FORMAT.md must show the expiry-index entry {entry}"
+    );
     for (name, _, golden) in goldens() {
         let d = dump(&golden);
         assert!(
@@ -661,6 +811,7 @@ fn format_md_shows_the_golden_dumps() {
 #[ignore = "prints the dumps for docs/FORMAT.md"]
 fn print_format_dumps() {
     println!("record key: {}\n", hex_row(&golden_record_key()));
+    println!("expiry entry: {}\n", hex_row(&golden_expiry_entry()));
     for (name, _, golden) in goldens() {
         println!("{name} ({} bytes):\n{}", golden.len(), dump(&golden));
     }

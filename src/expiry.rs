@@ -1,0 +1,244 @@
+//! The expiry index: one entry per stored record, ordered by the instant the sweep next has
+//! work on it, so a sweep is a range scan from the start of the table.
+//!
+//! Entry key (docs/FORMAT.md, "Expiry index"): `u64be(due) ‖ kind ‖ key`, value: the record's
+//! state tag. `kind` names the table the key belongs to (`0x01`: `idem.records.v1`), so other
+//! kinds of expiring entries (e.g. inbox records) can share the index and the sweep.
+//!
+//! Every record write goes through [`put_in`] / [`remove_in`], which update the index in the
+//! same transaction; the old entry is found from the value being replaced, never from what the
+//! caller believes was stored.
+
+use std::collections::{HashMap, HashSet};
+
+use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, StorageError, Table};
+
+use crate::clock::Timestamp;
+use crate::decision::sweep_due;
+use crate::error::Error;
+use crate::fingerprint::hex;
+use crate::record::Record;
+use crate::store::Store;
+use crate::tables::{EXPIRY, RECORDS};
+
+/// Entry kind of an idempotency record (its key is in `idem.records.v1`).
+pub(crate) const KIND_RECORD: u8 = 0x01;
+
+/// Bytes before the target key: the due instant and the kind.
+const ENTRY_HEADER: usize = 9;
+
+pub(crate) type RecordsTable<'t> = Table<'t, &'static [u8], &'static [u8]>;
+pub(crate) type ExpiryTable<'t> = Table<'t, &'static [u8], u8>;
+
+/// `u64be(due) ‖ kind ‖ key`.
+pub(crate) fn entry_key(due: Timestamp, kind: u8, key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(ENTRY_HEADER + key.len());
+    out.extend_from_slice(&due.0.to_be_bytes());
+    out.push(kind);
+    out.extend_from_slice(key);
+    out
+}
+
+/// An index entry, parsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Entry<'a> {
+    pub due: Timestamp,
+    pub kind: u8,
+    pub key: &'a [u8],
+}
+
+/// Parses an entry key; `None` if it is too short to hold a due instant, a kind and a key.
+pub(crate) fn parse_entry(bytes: &[u8]) -> Option<Entry<'_>> {
+    let (due, rest) = bytes.split_first_chunk::<8>()?;
+    let (&kind, key) = rest.split_first()?;
+    if key.is_empty() {
+        return None;
+    }
+    Some(Entry {
+        due: Timestamp(u64::from_be_bytes(*due)),
+        kind,
+        key,
+    })
+}
+
+/// The index entry a record must have.
+pub(crate) fn record_entry(record: &Record, key: &[u8]) -> Vec<u8> {
+    entry_key(sweep_due(record), KIND_RECORD, key)
+}
+
+/// Writes `record` under `key` and moves its index entry, in the tables' transaction.
+pub(crate) fn put_in(
+    records: &mut RecordsTable<'_>,
+    expiry: &mut ExpiryTable<'_>,
+    key: &[u8],
+    record: &Record,
+) -> Result<(), StorageError> {
+    let entry = record_entry(record, key);
+    // A replaced value that does not decode has an entry we cannot locate: it stays until the
+    // sweep reaches it and drops it as an orphan.
+    let old_entry = records
+        .insert(key, record.encode().as_slice())?
+        .and_then(|old| Record::decode(old.value()).ok())
+        .map(|old| record_entry(&old, key));
+    if let Some(old) = old_entry
+        && old != entry
+    {
+        expiry.remove(old.as_slice())?;
+    }
+    expiry.insert(entry.as_slice(), record.state.tag())?;
+    Ok(())
+}
+
+/// Removes the record under `key` and its index entry; returns whether a record existed.
+pub(crate) fn remove_in(
+    records: &mut RecordsTable<'_>,
+    expiry: &mut ExpiryTable<'_>,
+    key: &[u8],
+) -> Result<bool, StorageError> {
+    let Some(old) = records
+        .remove(key)?
+        .map(|old| Record::decode(old.value()).ok())
+    else {
+        return Ok(false);
+    };
+    if let Some(old) = old {
+        expiry.remove(record_entry(&old, key).as_slice())?;
+    }
+    Ok(true)
+}
+
+/// Records in the store, counted through the expiry index. See [`Store::stats`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Records in the file, in any state, due or not (redb keeps the count: free to read).
+    pub records: u64,
+    /// Records stored as Pending (a flow-B lease, live or lapsed).
+    pub pending: u64,
+    /// Records stored as Completed with their response.
+    pub completed: u64,
+    /// Records stored as Failed with their response.
+    pub failed: u64,
+    /// Records shrunk to tombstones (response window over, key still bound).
+    pub tombstones: u64,
+    /// Records whose next sweep action is already due: past their response window (still full)
+    /// or past `forget_at` (still in the file). Every decision already treats them by their
+    /// times; the next sweep pass shrinks or deletes them.
+    pub due: u64,
+}
+
+impl Store {
+    /// Counts the records by stored state, with one pass over the expiry index in a read
+    /// transaction (O(records), about 50 bytes read per record, no record decoded; writers are
+    /// not blocked). A record is counted in the state it is stored in: a Completed record past
+    /// its response window counts as completed (and `due`) until a sweep shrinks it.
+    pub fn stats(&self) -> Result<Stats, Error> {
+        let now = self.now();
+        let read = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
+        let records = read.open_table(RECORDS).map_err(|e| self.storage(e))?;
+        let expiry = read.open_table(EXPIRY).map_err(|e| self.storage(e))?;
+        let mut stats = Stats {
+            records: records.len().map_err(|e| self.storage(e))?,
+            ..Stats::default()
+        };
+        for row in expiry.iter().map_err(|e| self.storage(e))? {
+            let (key, tag) = row.map_err(|e| self.storage(e))?;
+            let Some(entry) = parse_entry(key.value()) else {
+                continue;
+            };
+            if entry.kind != KIND_RECORD {
+                continue;
+            }
+            match tag.value() {
+                0 => stats.pending += 1,
+                1 => stats.completed += 1,
+                2 => stats.failed += 1,
+                3 => stats.tombstones += 1,
+                _ => continue,
+            }
+            if entry.due <= now {
+                stats.due += 1;
+            }
+        }
+        Ok(stats)
+    }
+
+    /// Checks that the expiry index matches the records exactly: every record that decodes has
+    /// exactly one entry, at [`crate::decision::sweep_due`] with its state tag, and every entry
+    /// belongs to a record (entries of records that no longer decode are tolerated). Returns a
+    /// description of the first mismatches. O(records) time and memory: for tests and fuzzers.
+    #[doc(hidden)]
+    pub fn check_expiry_index(&self) -> Result<(), String> {
+        let read = self.inner.db.begin_read().map_err(|e| e.to_string())?;
+        let records = read.open_table(RECORDS).map_err(|e| e.to_string())?;
+        let expiry = read.open_table(EXPIRY).map_err(|e| e.to_string())?;
+        let mut expected: HashMap<Vec<u8>, u8> = HashMap::new();
+        let mut undecodable: HashSet<Vec<u8>> = HashSet::new();
+        for row in records.iter().map_err(|e| e.to_string())? {
+            let (key, value) = row.map_err(|e| e.to_string())?;
+            match Record::decode(value.value()) {
+                Ok(r) => {
+                    expected.insert(record_entry(&r, key.value()), r.state.tag());
+                }
+                Err(_) => {
+                    undecodable.insert(key.value().to_vec());
+                }
+            }
+        }
+        let mut problems = Vec::new();
+        for row in expiry.iter().map_err(|e| e.to_string())? {
+            let (key, tag) = row.map_err(|e| e.to_string())?;
+            let entry = key.value();
+            match expected.remove(entry) {
+                Some(t) if t == tag.value() => {}
+                Some(t) => problems.push(format!(
+                    "entry {} has state tag {} but its record's state is {t}",
+                    hex(entry),
+                    tag.value()
+                )),
+                None => match parse_entry(entry) {
+                    Some(e) if e.kind == KIND_RECORD && undecodable.contains(e.key) => {}
+                    _ => problems.push(format!(
+                        "orphan entry {} (no record has this due instant)",
+                        hex(entry)
+                    )),
+                },
+            }
+        }
+        for entry in expected.keys() {
+            problems.push(format!("record without its entry {}", hex(entry)));
+        }
+        if problems.is_empty() {
+            return Ok(());
+        }
+        let n = problems.len();
+        problems.truncate(10);
+        Err(format!(
+            "{n} expiry index mismatches, first: {}",
+            problems.join("; ")
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_sort_by_due_then_kind_then_key() {
+        let a = entry_key(Timestamp(5), KIND_RECORD, b"zz");
+        let b = entry_key(Timestamp(6), KIND_RECORD, b"aa");
+        let c = entry_key(Timestamp(256), KIND_RECORD, b"aa");
+        assert!(a < b && b < c, "big-endian instants sort numerically");
+        assert_eq!(
+            parse_entry(&c),
+            Some(Entry {
+                due: Timestamp(256),
+                kind: KIND_RECORD,
+                key: b"aa"
+            })
+        );
+        assert_eq!(parse_entry(&c[..9]), None);
+        assert_eq!(parse_entry(b"short"), None);
+    }
+}

@@ -1,0 +1,257 @@
+//! Sweeps: shrinking records past their response window to tombstones and deleting records past
+//! `forget_at`, by range scans of the expiry index, in bounded write transactions that go
+//! through group commit like every other write.
+//!
+//! A sweep never changes an answer: [`crate::decide`] already treats every record by its stored
+//! instants, and [`crate::decision::sweep_action`] only deletes what `decide` treats as absent
+//! and only shrinks what it answers as `Expired`. Sweeps free space; correctness never waits
+//! for them.
+
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
+
+use crate::clock::Timestamp;
+use crate::commit::Step;
+use crate::decision::{SweepAction, sweep_action, sweep_due};
+use crate::error::Error;
+use crate::expiry::{KIND_RECORD, parse_entry, put_in, record_entry, remove_in};
+use crate::record::Record;
+use crate::store::{Inner, Store};
+use crate::tables::{EXPIRY, RECORDS};
+
+/// What one sweep pass did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct SweepReport {
+    /// Records deleted because they were past `forget_at`: tombstones past their horizon,
+    /// finished records without a tombstone phase, and lease records whose attempt never
+    /// finished. Their keys were already free; now their space is too.
+    pub deleted: u64,
+    /// Completed or Failed records past their response window, shrunk to tombstones (the body
+    /// is dropped, the key stays bound until `forget_at`).
+    pub tombstoned: u64,
+    /// Index entries dropped or moved because they did not match their record (an entry whose
+    /// record was replaced or removed while it did not decode). Normally 0.
+    pub repaired: u64,
+    /// Write transactions the pass used, each holding at most
+    /// [`sweep_batch`](crate::StoreBuilder::sweep_batch) records.
+    pub batches: u64,
+    /// Wall time of the pass.
+    pub duration: Duration,
+}
+
+impl SweepReport {
+    /// Records deleted or shrunk.
+    pub fn swept(&self) -> u64 {
+        self.deleted + self.tombstoned
+    }
+}
+
+/// Totals over every pass since open, for [`crate::Metrics`].
+#[derive(Debug, Default)]
+pub(crate) struct SweepTotals {
+    pub passes: u64,
+    pub swept: u64,
+    pub failures: u64,
+    pub last: SweepReport,
+}
+
+/// How long a pass waits between two batches for another commit (normally the callers that
+/// queued behind the batch), so a claim waits behind at most one sweep batch.
+const YIELD_BETWEEN_BATCHES: Duration = Duration::from_millis(1);
+
+/// What one batch did.
+#[derive(Debug, Default)]
+struct Batch {
+    deleted: u64,
+    tombstoned: u64,
+    repaired: u64,
+    /// More entries are due at the pass's cutoff.
+    more: bool,
+}
+
+impl Store {
+    /// Runs one sweep pass now and reports what it did: every expiry-index entry due at the
+    /// current time is handled — records past their response window shrink to tombstones,
+    /// records past `forget_at` are deleted — in write transactions of at most
+    /// [`sweep_batch`](crate::StoreBuilder::sweep_batch) records each. Each batch goes through
+    /// the same commit path as claims, and the pass lets waiting callers commit between batches,
+    /// so a claim waits behind at most one batch. Live leases are never due, so never touched.
+    ///
+    /// Answers never depend on sweeps (every decision reads the stored instants); sweeping
+    /// bounds the file. Passes on one store run one at a time. Without a background sweeper
+    /// ([`sweep_interval`](crate::StoreBuilder::sweep_interval)), call this periodically. A
+    /// failure is returned (and counted in [`crate::Metrics::sweep_failures`]); what the
+    /// committed batches did stays done.
+    pub fn sweep(&self) -> Result<SweepReport, Error> {
+        let mut report = SweepReport::default();
+        let result = self.sweep_pass(&mut report);
+        let mut totals = self.inner.sweeps.lock();
+        totals.passes += 1;
+        totals.swept += report.swept();
+        totals.last = report;
+        if result.is_err() {
+            totals.failures += 1;
+        }
+        result.map(|()| report)
+    }
+
+    fn sweep_pass(&self, report: &mut SweepReport) -> Result<(), Error> {
+        if self.in_closure() {
+            return Err(Error::Reentrant);
+        }
+        self.check_writable()?;
+        let _one_pass_at_a_time = self.inner.sweep_lock.lock();
+        let started = Instant::now();
+        let cutoff = self.now();
+        let limit = self.inner.config.sweep_batch;
+        let mut more = self.anything_due(cutoff)?;
+        while more {
+            let batch = self.write(false, |txn, now| {
+                match self.sweep_batch(txn, cutoff, now, limit) {
+                    Ok(batch) => Step::Done(batch),
+                    Err(e) => Step::Abort(e),
+                }
+            });
+            report.duration = started.elapsed();
+            let batch = batch?;
+            report.batches += 1;
+            report.deleted += batch.deleted;
+            report.tombstoned += batch.tombstoned;
+            report.repaired += batch.repaired;
+            more = batch.more;
+            if more {
+                self.let_others_commit();
+            }
+        }
+        report.duration = started.elapsed();
+        Ok(())
+    }
+
+    /// Whether any index entry is due at `cutoff`, from a read transaction: an idle pass costs
+    /// no write transaction and no fsync.
+    fn anything_due(&self, cutoff: Timestamp) -> Result<bool, Error> {
+        let read = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
+        let expiry = read.open_table(EXPIRY).map_err(|e| self.storage(e))?;
+        let first = expiry.first().map_err(|e| self.storage(e))?;
+        Ok(first.is_some_and(|(k, _)| parse_entry(k.value()).is_none_or(|e| e.due <= cutoff)))
+    }
+
+    /// Waits up to [`YIELD_BETWEEN_BATCHES`] for another commit, so callers that queued while
+    /// the last batch ran lead the next transaction, before this pass queues its next batch.
+    fn let_others_commit(&self) {
+        let mut commits = self.inner.commits.lock();
+        let seen = *commits;
+        let _ = self.inner.committed.wait_while_for(
+            &mut commits,
+            |c| *c == seen,
+            YIELD_BETWEEN_BATCHES,
+        );
+    }
+
+    /// One batch: the first `limit` index entries due at `cutoff`, acted on at `now`.
+    fn sweep_batch(
+        &self,
+        txn: &WriteTransaction,
+        cutoff: Timestamp,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Batch, Error> {
+        let storage = |e: redb::StorageError| self.storage(e);
+        let mut records = txn.open_table(RECORDS).map_err(|e| self.storage(e))?;
+        let mut expiry = txn.open_table(EXPIRY).map_err(|e| self.storage(e))?;
+        let due: Vec<Vec<u8>> = {
+            // Entries due at `cutoff` are exactly those before `u64be(cutoff + 1)`.
+            let range = match cutoff.0.checked_add(1) {
+                Some(end) => expiry.range::<&[u8]>(..end.to_be_bytes().as_slice()),
+                None => expiry.range::<&[u8]>(..),
+            }
+            .map_err(storage)?;
+            range
+                .take(limit.saturating_add(1))
+                .map(|row| row.map(|(k, _)| k.value().to_vec()))
+                .collect::<Result<_, _>>()
+                .map_err(storage)?
+        };
+        let mut batch = Batch {
+            more: due.len() > limit,
+            ..Batch::default()
+        };
+        for raw in due.iter().take(limit) {
+            let entry = match parse_entry(raw) {
+                Some(e) if e.kind == KIND_RECORD => e,
+                // Damage: nothing this build wrote. Drop it so it cannot clog the index.
+                _ => {
+                    expiry.remove(raw.as_slice()).map_err(storage)?;
+                    batch.repaired += 1;
+                    continue;
+                }
+            };
+            let stored = records
+                .get(entry.key)
+                .map_err(storage)?
+                .map(|v| Record::decode(v.value()));
+            let record = match stored {
+                Some(Ok(r)) => r,
+                // No record, or one that no longer decodes (it does not expire: its instants
+                // cannot be read, docs/FORMAT.md): the entry is an orphan.
+                None | Some(Err(_)) => {
+                    expiry.remove(raw.as_slice()).map_err(storage)?;
+                    batch.repaired += 1;
+                    continue;
+                }
+            };
+            let expected = record_entry(&record, entry.key);
+            if expected != *raw {
+                // The record belongs at another instant; keep exactly one entry for it.
+                expiry.remove(raw.as_slice()).map_err(storage)?;
+                expiry
+                    .insert(expected.as_slice(), record.state.tag())
+                    .map_err(storage)?;
+                batch.repaired += 1;
+                batch.more |= sweep_due(&record) <= cutoff;
+                continue;
+            }
+            match sweep_action(&record, now) {
+                SweepAction::Delete => {
+                    remove_in(&mut records, &mut expiry, entry.key).map_err(storage)?;
+                    batch.deleted += 1;
+                }
+                SweepAction::Shrink(tombstone) => {
+                    put_in(&mut records, &mut expiry, entry.key, &tombstone).map_err(storage)?;
+                    batch.tombstoned += 1;
+                }
+                SweepAction::Keep => {
+                    // Due at the cutoff but not at `now`: the clock went back during the pass.
+                    // Later entries are due later still; the next pass picks them up.
+                    batch.more = false;
+                    break;
+                }
+            }
+        }
+        Ok(batch)
+    }
+}
+
+/// The background sweeper: one pass every `interval`. Ends when the store is dropped (the stop
+/// channel disconnects) or cannot be upgraded; `_alive` lets tests see that it ended.
+pub(crate) fn sweeper(
+    weak: Weak<Inner>,
+    interval: Duration,
+    stop: crossbeam_channel::Receiver<()>,
+    _alive: Arc<()>,
+) {
+    loop {
+        match stop.recv_timeout(interval) {
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+            _ => return,
+        }
+        let Some(inner) = weak.upgrade() else { return };
+        let store = Store { inner };
+        // A failure is counted in the metrics; a fail-stopped store fails every pass until it
+        // is reopened.
+        let _ = store.sweep();
+    }
+}
