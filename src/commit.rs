@@ -39,8 +39,11 @@ use crate::store::Store;
 
 /// What a member's work reports.
 pub(crate) enum Step<T> {
-    /// Keep my writes (if any) in the batch; give me `T` once the batch has committed.
+    /// Keep my writes in the batch; give me `T` once the batch has committed.
     Done(T),
+    /// I wrote nothing; give me `T` once the batch has ended. A batch in which every member
+    /// answered `Clean` is aborted instead of committed: no fsync for pure reads.
+    Clean(T),
     /// Roll back my writes (the batch re-runs without me) and give me this error now.
     Abort(Error),
 }
@@ -97,6 +100,8 @@ struct Baton {
     batch: Vec<Arc<Member>>,
     pos: usize,
     durable: bool,
+    /// Some member kept writes in the transaction.
+    dirty: bool,
 }
 
 impl Member {
@@ -147,7 +152,9 @@ impl Group {
                 g.active = true;
                 return Ok(Signal::Lead);
             }
-            if g.queue.len() < self.config.max_queue {
+            // A durability request (the flusher) is never turned away: it bounds the loss
+            // window of Durability::Periodic.
+            if g.queue.len() < self.config.max_queue || me.durable {
                 g.queue.push_back(me.clone());
                 return Ok(Signal::Wait);
             }
@@ -235,36 +242,45 @@ impl Store {
                 Signal::Wait => me.wait(),
                 Signal::Lead => {
                     let batch = group.form_batch(&me);
-                    match self.open_batch(batch) {
+                    // Everyone but me (first in the batch) waits for a turn.
+                    let others = batch[1..].to_vec();
+                    match self.guarded(&others, || self.open_batch(batch)) {
                         // `me` is first in the batch it formed.
                         Some(baton) => Signal::Turn(baton),
                         None => me.wait(),
                     }
                 }
                 Signal::Turn(mut baton) => {
-                    let now = self.now();
-                    let step = catch_unwind(AssertUnwindSafe(|| work(&baton.txn, now)));
-                    match step {
+                    // The clock is caller-supplied code too: inside the unwind boundary.
+                    let step = catch_unwind(AssertUnwindSafe(|| work(&baton.txn, self.now())));
+                    let kept = match step {
                         Ok(Step::Done(v)) => {
-                            value = Some(v);
-                            baton.durable |= me.durable;
-                            if baton.pos + 1 < baton.batch.len() {
-                                baton.pos += 1;
-                                let next = baton.batch[baton.pos].clone();
-                                next.send(Signal::Turn(baton));
-                                me.wait()
-                            } else {
-                                self.commit_batch(baton)
-                            }
+                            baton.dirty = true;
+                            v
                         }
+                        Ok(Step::Clean(v)) => v,
                         Ok(Step::Abort(e)) => {
-                            self.shrink(baton);
+                            let prefix = baton.batch[..baton.pos].to_vec();
+                            self.guarded(&prefix, || self.shrink(baton));
                             return Err(self.observe(e));
                         }
                         Err(panic) => {
-                            self.shrink(baton);
+                            let prefix = baton.batch[..baton.pos].to_vec();
+                            self.guarded(&prefix, || self.shrink(baton));
                             resume_unwind(panic);
                         }
+                    };
+                    value = Some(kept);
+                    baton.durable |= me.durable;
+                    if baton.pos + 1 < baton.batch.len() {
+                        baton.pos += 1;
+                        let next = baton.batch[baton.pos].clone();
+                        next.send(Signal::Turn(baton));
+                        me.wait()
+                    } else {
+                        // Everyone but me (the last member) waits for this commit.
+                        let others = baton.batch[..baton.pos].to_vec();
+                        self.guarded(&others, || self.commit_batch(baton))
                     }
                 }
                 Signal::Committed => {
@@ -292,6 +308,7 @@ impl Store {
                 batch,
                 pos: 0,
                 durable: false,
+                dirty: false,
             })),
             Err(e) => {
                 self.fail_all(&batch, &e);
@@ -307,13 +324,30 @@ impl Store {
             mut txn,
             batch,
             durable,
+            dirty,
             ..
         } = *baton;
-        if durable {
-            self.force_durable(&mut txn);
-        }
         let n = batch.len() as u64;
-        let result = self.commit(txn);
+        let result = if !dirty && !durable {
+            // Nobody wrote: nothing to make durable, and every answer is already final.
+            self.abort(txn);
+            match self.failure() {
+                None => Ok(()),
+                Some(cause) => Err(Error::FailStopped { cause }),
+            }
+        } else {
+            let relaxed = !durable && self.relaxed_durability();
+            if durable {
+                self.force_durable(&mut txn);
+            }
+            let result = self.commit(txn);
+            if result.is_ok() {
+                // Batches commit one at a time, so this ordering is exact: a durable commit
+                // persists every earlier one, a relaxed one leaves work for the flusher.
+                self.inner.unflushed.store(relaxed, Ordering::Release);
+            }
+            result
+        };
         let counters = &self.inner.group.counters;
         let mine = match result {
             Ok(()) => {
@@ -341,9 +375,10 @@ impl Store {
         let Baton {
             txn, batch, pos, ..
         } = *baton;
-        self.abort(txn);
         let group = &self.inner.group;
+        // Requeue first (it cannot panic), so a panic in abort or begin strands nobody.
         group.requeue_front(&batch[pos + 1..]);
+        self.abort(txn);
         let prefix = &batch[..pos];
         if prefix.is_empty() {
             group.hand_off();
@@ -358,11 +393,37 @@ impl Store {
                     batch: prefix.to_vec(),
                     pos: 0,
                     durable: false,
+                    dirty: false,
                 })));
             }
             Err(e) => {
                 self.fail_all(prefix, &e);
                 group.hand_off();
+            }
+        }
+    }
+
+    /// Runs a step of the protocol itself (begin, commit, abort: redb, the storage backend)
+    /// while this thread holds the writer. If it panics, nobody would ever signal `waiting` (the
+    /// members that wait on this step and are in no queue): so latch fail-stop, fail them, hand
+    /// leadership on, and only then let the panic continue on this thread. Queued callers then
+    /// fail fast on the latch.
+    fn guarded<R>(&self, waiting: &[Arc<Member>], f: impl FnOnce() -> R) -> R {
+        match catch_unwind(AssertUnwindSafe(f)) {
+            Ok(r) => r,
+            Err(panic) => {
+                let cause = "a panic in the commit path (storage backend or redb)";
+                self.latch(&cause);
+                let e = Error::FailStopped {
+                    cause: cause.into(),
+                };
+                // Every step signals its members only after its last fallible call, so none of
+                // `waiting` has been answered yet.
+                for m in waiting {
+                    m.send(Signal::Failed(e.for_another_caller()));
+                }
+                self.inner.group.hand_off();
+                resume_unwind(panic)
             }
         }
     }

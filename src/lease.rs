@@ -96,7 +96,7 @@ impl Lease {
         let deadline = store.write(false, |txn, now| {
             let mut record = match self.held(txn, now) {
                 Ok(r) => r,
-                Err(e) => return Step::Done(Err(e)),
+                Err(e) => return Step::Clean(Err(e)),
             };
             let deadline = now.saturating_add(lease);
             if let State::Pending { lease_deadline, .. } = &mut record.state {
@@ -155,7 +155,7 @@ impl Lease {
         let result = store.write(false, |txn, now| {
             let record = match self.held(txn, now) {
                 Ok(r) => r,
-                Err(e) => return Step::Done(Err(e)),
+                Err(e) => return Step::Clean(Err(e)),
             };
             let (state, response) = match store.run_closure(|| f(&Tx::new(txn, now))) {
                 Ok(r) => {
@@ -187,6 +187,7 @@ impl Lease {
         match result {
             Ok(Ok(response)) => {
                 self.finished = true;
+                store.lease_event();
                 Ok(response)
             }
             // Lost: nothing of ours to release on drop.
@@ -210,15 +211,19 @@ impl Lease {
 
     fn release_inner(&self) -> Result<(), Error> {
         let store = &self.store;
-        store.write(false, |txn, now| match self.held(txn, now) {
+        let released = store.write(false, |txn, now| match self.held(txn, now) {
             Ok(_) => match store.remove(txn, &self.key) {
-                Ok(_) => Step::Done(Ok(())),
+                Ok(_) => Step::Done(Ok(true)),
                 Err(e) => Step::Abort(e),
             },
             // Already lost: nothing to release.
-            Err(Error::LeaseLost { .. }) => Step::Done(Ok(())),
-            Err(e) => Step::Done(Err(e)),
-        })?
+            Err(Error::LeaseLost { .. }) => Step::Clean(Ok(false)),
+            Err(e) => Step::Clean(Err(e)),
+        })??;
+        if released {
+            store.lease_event();
+        }
+        Ok(())
     }
 }
 

@@ -383,7 +383,8 @@ pub(crate) struct Inner {
     /// Random per-instance prefix of holder tokens.
     instance: [u8; 8],
     next_token: AtomicU64,
-    /// Bumped and broadcast after every commit, so `begin_wait` wakes at once.
+    /// Bumped and broadcast after every commit that finished, released or removed a lease
+    /// (`lease_event`), so `begin_wait` wakes at once.
     pub(crate) commits: Mutex<u64>,
     pub(crate) committed: Condvar,
     /// The group-commit state.
@@ -696,8 +697,8 @@ impl Store {
     /// result is returned.
     ///
     /// A replay normally comes from a read transaction. If the intent finishes while this call
-    /// waits for redb's writer lock, the replay is read inside that write transaction, which is
-    /// then aborted without writing anything.
+    /// waits for redb's writer lock, the replay is read inside that write transaction, which
+    /// writes nothing (if no other caller in it wrote, it is aborted: no fsync).
     pub fn execute<F>(&self, request: Request, mut f: F) -> Result<Outcome, Error>
     where
         F: FnMut(&Tx<'_>) -> Result<Response, Abort>,
@@ -707,11 +708,18 @@ impl Store {
             return early.into_outcome();
         }
         let windows = self.inner.config.windows_for(request.scope().operation());
-        self.write(false, |txn, now| {
+        let mut took_over = false;
+        let outcome = self.write(false, |txn, now| {
             let created_at = match self.decide_in(txn, &request, &key, now) {
-                Ok(Claimed::Free { created_at, .. }) => created_at,
-                Ok(Claimed::Early(early)) => return Step::Done(early.into_outcome()),
-                Err(e) => return Step::Done(Err(e)),
+                Ok(Claimed::Free {
+                    created_at,
+                    attempt,
+                }) => {
+                    took_over = attempt > 1;
+                    created_at
+                }
+                Ok(Claimed::Early(early)) => return Step::Clean(early.into_outcome()),
+                Err(e) => return Step::Clean(Err(e)),
             };
             let (state, response) = match self.run_closure(|| f(&Tx::new(txn, now))) {
                 Ok(response) => {
@@ -739,7 +747,12 @@ impl Store {
                 Ok(()) => Step::Done(Ok(Outcome::Executed(response))),
                 Err(e) => Step::Abort(e),
             }
-        })?
+        })?;
+        if took_over && outcome.is_ok() {
+            // This finished a lapsed flow-B lease: wake its waiters.
+            self.lease_event();
+        }
+        outcome
     }
 
     /// Flow B: claims the key with a lease for work that calls the outside world. Returns
@@ -760,8 +773,8 @@ impl Store {
                     created_at,
                     attempt,
                 }) => (created_at, attempt),
-                Ok(Claimed::Early(early)) => return Step::Done(Err(early)),
-                Err(e) => return Step::Done(Err(Early::Error(e))),
+                Ok(Claimed::Early(early)) => return Step::Clean(Err(early)),
+                Err(e) => return Step::Clean(Err(Early::Error(e))),
             };
             let holder = self.new_token();
             let lease_deadline = now.saturating_add(config.lease_duration);
@@ -802,9 +815,14 @@ impl Store {
     /// Like [`Store::begin`], but when another attempt is in flight, waits up to `max_wait` for
     /// it to finish (returning its result), release (acquiring the key) or lapse (taking it
     /// over). Returns [`Begin::InFlight`] if it is still in flight after `max_wait`. Woken at
-    /// once by every commit of this store; re-checks every 20 ms to notice a lapsing lease.
-    /// `Duration::MAX` waits without a deadline.
+    /// once when a lease of this store is finished, released or purged; re-checks every 20 ms
+    /// to notice a lapsing lease or another process's commit. `Duration::MAX` waits without a
+    /// deadline. Refused with [`Error::Reentrant`] inside a closure of the same store (the
+    /// holder could never finish while this thread holds the writer).
     pub fn begin_wait(&self, request: Request, max_wait: Duration) -> Result<Begin, Error> {
+        if self.in_closure() {
+            return Err(Error::Reentrant);
+        }
         // `None`: a wait so long that the deadline is not representable, i.e. no deadline.
         let give_up = Instant::now().checked_add(max_wait);
         loop {
@@ -850,10 +868,12 @@ impl Store {
     pub fn purge(&self, scope: &Scope, key: impl AsRef<[u8]>) -> Result<bool, Error> {
         let request = Request::with_fingerprint(scope.clone(), key, crate::Fingerprint([0; 32]));
         let key = self.admit(&request)?;
-        self.write(false, |txn, _| match self.remove(txn, &key) {
+        let existed = self.write(false, |txn, _| match self.remove(txn, &key) {
             Ok(existed) => Step::Done(existed),
             Err(e) => Step::Abort(e),
-        })
+        })?;
+        self.lease_event();
+        Ok(existed)
     }
 
     /// The store's current time.
@@ -977,14 +997,24 @@ impl Store {
     }
 
     /// Begins the write transaction of a batch, in the store's durability mode.
+    /// Failing to begin is a storage-level failure: it latches, so every member of the batch
+    /// can truthfully be told the store is fail-stopped.
     pub(crate) fn begin_batch_txn(&self) -> Result<WriteTransaction, Error> {
-        let mut txn = self.inner.db.begin_write().map_err(|e| self.storage(e))?;
-        if let Durability::Periodic(_) = self.inner.durability {
+        let latched = |e: redb::Error| {
+            self.latch(&e);
+            Error::Storage { source: e }
+        };
+        let mut txn = self.inner.db.begin_write().map_err(|e| latched(e.into()))?;
+        if self.relaxed_durability() {
             txn.set_durability(redb::Durability::None)
-                .map_err(|e| self.storage(e))?;
-            self.inner.unflushed.store(true, Ordering::Release);
+                .map_err(|e| latched(e.into()))?;
         }
         Ok(txn)
+    }
+
+    /// True in [`Durability::Periodic`]: batches commit without an fsync.
+    pub(crate) fn relaxed_durability(&self) -> bool {
+        matches!(self.inner.durability, Durability::Periodic(_))
     }
 
     /// Makes this batch's commit durable (fsync) whatever the durability mode.
@@ -1003,7 +1033,8 @@ impl Store {
         struct Unmark(usize);
         impl Drop for Unmark {
             fn drop(&mut self) {
-                IN_CLOSURE.with_borrow_mut(|v| {
+                let _ = IN_CLOSURE.try_with(|v| {
+                    let mut v = v.borrow_mut();
                     if let Some(i) = v.iter().rposition(|&p| p == self.0) {
                         v.remove(i);
                     }
@@ -1011,14 +1042,26 @@ impl Store {
             }
         }
         let id = self.id();
-        IN_CLOSURE.with_borrow_mut(|v| v.push(id));
+        // `try_with`: during thread teardown the thread-local may be gone; then there is
+        // nothing to mark (no closure can be running on a thread that is being destroyed).
+        let _ = IN_CLOSURE.try_with(|v| v.borrow_mut().push(id));
         let _unmark = Unmark(id);
         f()
     }
 
     pub(crate) fn in_closure(&self) -> bool {
         let id = self.id();
-        IN_CLOSURE.with_borrow(|v| v.contains(&id))
+        IN_CLOSURE
+            .try_with(|v| v.borrow().contains(&id))
+            .unwrap_or(false)
+    }
+
+    /// Wakes `begin_wait` callers: a lease was finished, released or removed, which can change
+    /// an in-flight answer. (Lapses are noticed by polling.)
+    pub(crate) fn lease_event(&self) {
+        let mut events = self.inner.commits.lock();
+        *events = events.wrapping_add(1);
+        self.inner.committed.notify_all();
     }
 
     /// Identity of the shared store state (clones of a Store share it).
@@ -1035,9 +1078,6 @@ impl Store {
                 source: Arc::new(source),
             });
         }
-        let mut commits = self.inner.commits.lock();
-        *commits = commits.wrapping_add(1);
-        self.inner.committed.notify_all();
         Ok(())
     }
 
@@ -1063,7 +1103,7 @@ impl Store {
         e
     }
 
-    fn latch(&self, cause: &dyn std::fmt::Display) {
+    pub(crate) fn latch(&self, cause: &dyn std::fmt::Display) {
         let mut failure = self.inner.failure.lock();
         if failure.is_none() {
             *failure = Some(cause.to_string());
@@ -1089,9 +1129,10 @@ fn flusher(weak: Weak<Inner>, interval: Duration, stop: crossbeam_channel::Recei
         }
         let Some(inner) = weak.upgrade() else { return };
         let store = Store { inner };
-        if store.inner.unflushed.swap(false, Ordering::AcqRel) {
-            // Failures latch the store; the next tick finds it fail-stopped and does nothing.
-            let _ = store.write(true, |_, _| Step::Done(()));
+        // The durable commit clears the flag (in commit_batch) only if it succeeds; a failure
+        // latches the store and later ticks find it fail-stopped.
+        if store.inner.unflushed.load(Ordering::Acquire) {
+            let _ = store.write(true, |_, _| Step::Clean(()));
         }
     }
 }

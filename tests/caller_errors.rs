@@ -233,3 +233,23 @@ fn a_nested_store_call_inside_the_closure_fails_fast_instead_of_deadlocking() {
         Err(_) => panic!("a nested store.execute inside a closure deadlocked"),
     }
 }
+
+#[test]
+fn begin_wait_inside_a_closure_is_refused_at_once() {
+    let h = Harness::new();
+    let store = h.store();
+    // A live lease on the key, so begin_wait would otherwise wait for it.
+    let _lease = acquired(store.begin(req("t1", "charge", "k", b"p")));
+    let inner = std::cell::RefCell::new(None);
+    executed(store.execute(req("t1", "outer", "k", b"p"), |_| {
+        *inner.borrow_mut() = Some(store.begin_wait(
+            req("t1", "charge", "k", b"p"),
+            std::time::Duration::from_secs(3600),
+        ));
+        Ok(Response::new(200, "outer"))
+    }));
+    assert!(
+        matches!(inner.into_inner(), Some(Err(idem::Error::Reentrant))),
+        "begin_wait from inside a closure must fail fast, not hold the writer while it waits"
+    );
+}

@@ -104,3 +104,23 @@ fn periodic_with_multi_process_or_a_zero_interval_is_refused() {
         assert!(matches!(err, idem::Error::Config { .. }), "{err:?}");
     }
 }
+
+#[test]
+fn an_idle_periodic_store_stops_fsyncing_after_one_flush() {
+    let backend = CrashBackend::default();
+    let store = open(&backend, Durability::Periodic(Duration::from_millis(5)));
+    assert!(matches!(claim(&store, "k"), idem::Outcome::Executed(_)));
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while store.metrics().commits < 2 {
+        assert!(Instant::now() < give_up, "the flusher never ran");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let after_flush = store.metrics().commits;
+    // Twenty intervals of idleness: nothing is unflushed, so no further commit (fsync) happens.
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        store.metrics().commits,
+        after_flush,
+        "an idle store kept fsyncing"
+    );
+}
