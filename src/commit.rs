@@ -16,9 +16,10 @@
 //!   every member the result. Nobody learns success before the commit returned.
 //! - A member whose work fails after writing (a retryable abort, a store error, a panic) must
 //!   leave nothing behind, and redb cannot roll back part of a dirty transaction. So the
-//!   transaction is aborted; the members before it (the prefix) re-run once in a fresh
+//!   transaction is aborted; the members before it (the prefix) re-run in a fresh
 //!   transaction and commit; the members after it (which have not run yet) go back to the head
-//!   of the queue for the next batch. No other member fails, and none runs more than once more.
+//!   of the queue for the next batch. No other member fails; a member re-runs once per failure
+//!   behind it in its batch.
 //! - A failed begin or commit fails every member of the batch (`OutcomeUnknown` after a failed
 //!   commit) and latches fail-stop; queued callers then fail fast. No member ever waits without
 //!   a thread that will signal it: every member is either queued (signalled by a leader), or in
