@@ -185,6 +185,11 @@ impl Store {
                 }
             }
         }
+        for (entry, tag) in
+            crate::inbox::expected_inbox_entries(&read).map_err(|e| e.to_string())?
+        {
+            expected.insert(entry, tag);
+        }
         let mut problems = Vec::new();
         for row in expiry.iter().map_err(|e| e.to_string())? {
             let (key, tag) = row.map_err(|e| e.to_string())?;

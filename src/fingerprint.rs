@@ -54,6 +54,10 @@ impl std::fmt::Debug for Fingerprint {
 pub struct DownstreamKey([u8; 32]);
 
 impl DownstreamKey {
+    pub(crate) fn from_raw(bytes: [u8; 32]) -> Self {
+        DownstreamKey(bytes)
+    }
+
     pub(crate) fn derive(record_key: &[u8]) -> Self {
         DownstreamKey(blake3::derive_key(CTX_DOWNSTREAM_KEY, record_key))
     }

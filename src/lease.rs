@@ -157,7 +157,7 @@ impl Lease {
                 Ok(r) => r,
                 Err(e) => return Step::Clean(Err(e)),
             };
-            let (state, response) = match store.run_closure(|| f(&Tx::new(txn, now))) {
+            let (state, response) = match store.run_closure(|| f(&Tx::new(txn, now, &self.key))) {
                 Ok(r) => {
                     let r = r.mark_succeeded();
                     (State::Completed(r.clone()), r)
@@ -184,6 +184,7 @@ impl Lease {
                 Err(e) => Step::Abort(e),
             }
         });
+        store.wake_dispatcher_if_pushed();
         match result {
             Ok(Ok(response)) => {
                 self.finished = true;

@@ -50,10 +50,17 @@
 mod clock;
 mod commit;
 mod decision;
+mod dispatch;
 mod error;
 mod expiry;
 mod fingerprint;
+#[cfg(feature = "http")]
+pub mod http;
+mod inbox;
+mod keys;
 mod lease;
+mod order;
+mod outbox;
 mod record;
 mod response;
 mod retention;
@@ -62,15 +69,22 @@ mod store;
 mod sweep;
 mod tables;
 mod tx;
+#[cfg(feature = "webhooks")]
+pub mod webhook;
 
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use decision::{
     Decision, SweepAction, decide, holds_lease, is_expired, is_forgotten, sweep_action, sweep_due,
 };
+pub use dispatch::{DispatcherHandle, DispatcherOptions, Publisher};
 pub use error::{Abort, BoxError, Error, Field};
 pub use expiry::Stats;
 pub use fingerprint::{DownstreamKey, Fingerprint};
+pub use inbox::{InboxDecision, Mark, Processed, Receipt, inbox_decide};
+pub use keys::{activity_key, compensation_key, derive_key};
 pub use lease::Lease;
+pub use order::{HighWaterMark, VersionCheck, Versions, version_check};
+pub use outbox::{DeadLetter, Event, EventId, Outbox, OutboxEvent, OutboxStats};
 pub use record::{FORMAT_VERSION, HolderToken, Record, State};
 pub use response::{Begin, Outcome, Resource, Response, Tombstone};
 pub use retention::RetentionPolicy;

@@ -36,6 +36,7 @@ pub(crate) struct Config {
     pub max_response_bytes: usize,
     pub sweep_interval: Option<Duration>,
     pub sweep_batch: usize,
+    pub inbox_retention: Duration,
 }
 
 impl Config {
@@ -74,6 +75,7 @@ impl Config {
 /// | [`max_queue`](Self::max_queue) | 4,096 requests waiting for the next commit |
 /// | [`queue_timeout`](Self::queue_timeout) | 5 s, then [`Error::Busy`] |
 /// | [`multi_process`](Self::multi_process) | off: one process opens the file |
+/// | [`inbox_retention`](Self::inbox_retention) | 7 days (inbox marks and webhook receipts) |
 #[derive(Debug, Clone)]
 pub struct StoreBuilder {
     config: Config,
@@ -115,6 +117,7 @@ impl Default for StoreBuilder {
                 max_response_bytes: 64 * 1024,
                 sweep_interval: None,
                 sweep_batch: 1000,
+                inbox_retention: Duration::from_secs(7 * 24 * 3600),
             },
             clock: Arc::new(SystemClock),
             cache_size: None,
@@ -271,6 +274,16 @@ impl StoreBuilder {
         self
     }
 
+    /// How long an inbox mark ([`Store::process`]) or a webhook receipt ([`Store::receive`])
+    /// keeps answering `Duplicate` after the message was processed; then [`Store::sweep`]
+    /// removes it and a redelivery would be processed again. Choose it longer than the
+    /// longest redelivery window of the broker or webhook sender (GitHub: 3 days). Default
+    /// 7 days.
+    pub fn inbox_retention(mut self, retention: Duration) -> Self {
+        self.config.inbox_retention = retention;
+        self
+    }
+
     fn validate(&self) -> Result<(), Error> {
         if self.group.max_batch == 0 || self.group.max_queue == 0 {
             return Err(Error::Config {
@@ -319,6 +332,11 @@ impl StoreBuilder {
                     ),
                 });
             }
+        }
+        if c.inbox_retention.is_zero() {
+            return Err(Error::Config {
+                reason: "inbox_retention is zero; inbox marks must outlive the broker's redelivery window (default 7 days)".into(),
+            });
         }
         if c.sweep_batch == 0 {
             return Err(Error::Config {
@@ -398,6 +416,8 @@ pub(crate) struct Inner {
     pub(crate) sweep_lock: Mutex<()>,
     /// Sweep figures for [`Metrics`].
     pub(crate) sweeps: Mutex<SweepTotals>,
+    /// Outbox dispatcher wake-ups, counters and the one-dispatcher guard.
+    pub(crate) outbox: crate::outbox::OutboxShared,
 }
 
 /// The background threads of one store (the relaxed-durability flusher, the sweeper).
@@ -467,6 +487,12 @@ pub struct Metrics {
     pub sweep_failures: u64,
     /// The last pass: records swept by it, its batches and its duration.
     pub last_sweep: SweepReport,
+    /// Outbox events published and marked delivered by the dispatcher.
+    pub outbox_delivered: u64,
+    /// Publish attempts that failed (the event was retried later or dead-lettered).
+    pub outbox_publish_failures: u64,
+    /// Events moved to the dead-letter table after their last attempt failed.
+    pub outbox_dead_lettered: u64,
 }
 
 impl Metrics {
@@ -556,6 +582,7 @@ impl Store {
                 background: Mutex::new(Background::default()),
                 sweep_lock: Mutex::new(()),
                 sweeps: Mutex::new(SweepTotals::default()),
+                outbox: crate::outbox::OutboxShared::default(),
             }),
         };
         store.start_background()?;
@@ -623,6 +650,9 @@ impl Store {
             swept_records: sweeps.swept,
             sweep_failures: sweeps.failures,
             last_sweep: sweeps.last,
+            outbox_delivered: self.inner.outbox.delivered.load(Ordering::Relaxed),
+            outbox_publish_failures: self.inner.outbox.failures.load(Ordering::Relaxed),
+            outbox_dead_lettered: self.inner.outbox.dead_lettered.load(Ordering::Relaxed),
         }
     }
 
@@ -721,7 +751,7 @@ impl Store {
                 Ok(Claimed::Early(early)) => return Step::Clean(early.into_outcome()),
                 Err(e) => return Step::Clean(Err(e)),
             };
-            let (state, response) = match self.run_closure(|| f(&Tx::new(txn, now))) {
+            let (state, response) = match self.run_closure(|| f(&Tx::new(txn, now, &key))) {
                 Ok(response) => {
                     let response = response.mark_succeeded();
                     (State::Completed(response.clone()), response)
@@ -747,7 +777,9 @@ impl Store {
                 Ok(()) => Step::Done(Ok(Outcome::Executed(response))),
                 Err(e) => Step::Abort(e),
             }
-        })?;
+        });
+        self.wake_dispatcher_if_pushed();
+        let outcome = outcome?;
         if took_over && outcome.is_ok() {
             // This finished a lapsed flow-B lease: wake its waiters.
             self.lease_event();

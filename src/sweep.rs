@@ -17,6 +17,7 @@ use crate::commit::Step;
 use crate::decision::{SweepAction, sweep_action, sweep_due};
 use crate::error::Error;
 use crate::expiry::{KIND_RECORD, parse_entry, put_in, record_entry, remove_in};
+use crate::inbox::{InboxSweep, KIND_INBOX, sweep_inbox_entry};
 use crate::record::Record;
 use crate::store::{Inner, Store};
 use crate::tables::{EXPIRY, RECORDS};
@@ -27,7 +28,8 @@ use crate::tables::{EXPIRY, RECORDS};
 pub struct SweepReport {
     /// Records deleted because they were past `forget_at`: tombstones past their horizon,
     /// finished records without a tombstone phase, and lease records whose attempt never
-    /// finished. Their keys were already free; now their space is too.
+    /// finished; and inbox marks and webhook receipts past the inbox retention. Their keys
+    /// were already free; now their space is too.
     pub deleted: u64,
     /// Completed or Failed records past their response window, shrunk to tombstones (the body
     /// is dropped, the key stays bound until `forget_at`).
@@ -182,6 +184,19 @@ impl Store {
         for raw in due.iter().take(limit) {
             let entry = match parse_entry(raw) {
                 Some(e) if e.kind == KIND_RECORD => e,
+                Some(e) if e.kind == KIND_INBOX => {
+                    match sweep_inbox_entry(txn, &mut expiry, raw, e.key, now)
+                        .map_err(|e| self.storage(e))?
+                    {
+                        InboxSweep::Deleted => batch.deleted += 1,
+                        InboxSweep::Repaired => batch.repaired += 1,
+                        InboxSweep::Keep => {
+                            batch.more = false;
+                            break;
+                        }
+                    }
+                    continue;
+                }
                 // Damage: nothing this build wrote. Drop it so it cannot clog the index.
                 _ => {
                     expiry.remove(raw.as_slice()).map_err(storage)?;

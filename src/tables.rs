@@ -19,3 +19,23 @@ pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idem
 
 /// Key of the format marker in [`META`].
 pub(crate) const META_FORMAT: &str = "format";
+
+/// Inbox marks and webhook receipts: `namespace ‖ u16be(len(subscriber)) ‖ subscriber ‖
+/// message id` → `u64be(processed_at) ‖ u64be(forget_at)`. Each mark has an entry of kind
+/// `0x02` in [`EXPIRY`], so sweeps remove it after the inbox retention.
+pub(crate) const INBOX: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idem.inbox.v1");
+
+/// Undelivered outbox events: commit sequence number → encoded event. A row is deleted once
+/// the dispatcher's publish returned Ok (delivered events are pruned at once).
+pub(crate) const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("idem.outbox.v1");
+
+/// Dead letters: outbox events whose last attempt failed, by their original sequence number.
+pub(crate) const OUTBOX_DEAD: TableDefinition<u64, &[u8]> =
+    TableDefinition::new("idem.outbox_dead.v1");
+
+/// Key in [`META`] of the next outbox sequence number (`u64be`): never reused, so commit
+/// order is sequence order even after every row was pruned.
+pub(crate) const META_OUTBOX_SEQ: &str = "outbox.next_seq";
+
+/// Per-entity version high-water marks: entity → `u64be(version) ‖ u64be(skipped)`.
+pub(crate) const VERSIONS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idem.versions.v1");

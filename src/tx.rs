@@ -16,11 +16,48 @@ use crate::tables::RESERVED_PREFIX;
 pub struct Tx<'t> {
     txn: &'t WriteTransaction,
     now: Timestamp,
+    /// What this transaction commits (a record key, an inbox mark key): the root of the stable
+    /// ids of the outbox events it pushes.
+    origin: &'t [u8],
+    /// Outbox events pushed so far by this run of the closure.
+    pushed: std::cell::Cell<u32>,
 }
 
 impl<'t> Tx<'t> {
-    pub(crate) fn new(txn: &'t WriteTransaction, now: Timestamp) -> Self {
-        Tx { txn, now }
+    pub(crate) fn new(txn: &'t WriteTransaction, now: Timestamp, origin: &'t [u8]) -> Self {
+        Tx {
+            txn,
+            now,
+            origin,
+            pushed: std::cell::Cell::new(0),
+        }
+    }
+
+    /// The transactional outbox: events pushed here commit with this transaction's writes, or
+    /// not at all. See [`crate::Outbox`].
+    pub fn outbox(&self) -> crate::outbox::Outbox<'_, 't> {
+        crate::outbox::Outbox::new(self)
+    }
+
+    /// Per-entity version high-water marks, updated in this transaction. See
+    /// [`crate::Versions`].
+    pub fn versions(&self) -> crate::order::Versions<'_, 't> {
+        crate::order::Versions::new(self)
+    }
+
+    pub(crate) fn raw(&self) -> &'t WriteTransaction {
+        self.txn
+    }
+
+    pub(crate) fn origin(&self) -> &'t [u8] {
+        self.origin
+    }
+
+    /// Numbers the next event pushed by this run of the closure (0, 1, 2, …).
+    pub(crate) fn next_push(&self) -> u32 {
+        let n = self.pushed.get();
+        self.pushed.set(n.saturating_add(1));
+        n
     }
 
     /// Opens (creating if needed) one of the caller's tables in this transaction.

@@ -1,0 +1,388 @@
+//! The inbox (processed-message marks) and webhook receipts.
+//!
+//! A mark is a row of `idem.inbox.v1` keyed by (namespace, subscriber or source, message or
+//! delivery id), written in the same write transaction as the consumer's own writes. Each mark
+//! has an entry of kind [`KIND_INBOX`] in the expiry index at its `forget_at`, so
+//! [`Store::sweep`] removes it after the inbox retention like any expired record.
+
+use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
+
+use crate::clock::Timestamp;
+use crate::commit::Step;
+use crate::error::{Abort, Error, Field};
+use crate::expiry::{ExpiryTable, entry_key};
+use crate::outbox::open_optional;
+use crate::response::Response;
+use crate::store::Store;
+use crate::tables::{EXPIRY, INBOX};
+use crate::tx::Tx;
+
+/// Expiry-index entry kind of an inbox mark or webhook receipt (its key is in
+/// `idem.inbox.v1`).
+pub(crate) const KIND_INBOX: u8 = 0x02;
+
+/// The state tag stored with an inbox entry in the expiry index.
+const INBOX_TAG: u8 = 0;
+
+/// Key namespace of consumer inbox marks.
+const NS_INBOX: u8 = 0x01;
+/// Key namespace of webhook receipts.
+const NS_WEBHOOK: u8 = 0x02;
+
+/// A stored mark: when the message was processed and when the mark is forgotten.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Mark {
+    /// When the message was processed (the store clock's time of the transaction).
+    pub processed_at: Timestamp,
+    /// From this instant the mark is treated as absent (and swept).
+    pub forget_at: Timestamp,
+}
+
+impl Mark {
+    fn encode(&self) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        out[..8].copy_from_slice(&self.processed_at.0.to_be_bytes());
+        out[8..].copy_from_slice(&self.forget_at.0.to_be_bytes());
+        out
+    }
+
+    fn decode(bytes: &[u8]) -> Option<Mark> {
+        let (a, b) = bytes.split_first_chunk::<8>()?;
+        let b: &[u8; 8] = b.try_into().ok()?;
+        Some(Mark {
+            processed_at: Timestamp(u64::from_be_bytes(*a)),
+            forget_at: Timestamp(u64::from_be_bytes(*b)),
+        })
+    }
+}
+
+/// What to do with a delivered message, given its stored mark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InboxDecision {
+    /// No live mark: process the message (run the closure, write the mark).
+    Process,
+    /// Processed already at this instant: do not run anything; ack the message.
+    Duplicate {
+        /// When it was processed.
+        processed_at: Timestamp,
+    },
+}
+
+/// Decides what a delivery may do at `now`. A mark is live until its `forget_at`; after it
+/// the message counts as never seen (the mark is past the inbox retention, and a sweep
+/// removes it).
+pub fn inbox_decide(mark: Option<&Mark>, now: Timestamp) -> InboxDecision {
+    match mark {
+        Some(m) if now < m.forget_at => InboxDecision::Duplicate {
+            processed_at: m.processed_at,
+        },
+        _ => InboxDecision::Process,
+    }
+}
+
+/// The answer of [`Store::process`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Processed<T> {
+    /// The closure ran; its writes and the mark committed together. Ack the message.
+    Processed(T),
+    /// The closure returned [`Abort::Terminal`]: the mark and the closure's writes committed
+    /// (the message is consumed, a redelivery is a duplicate); the response says why.
+    Rejected(Response),
+    /// The message was processed before: the closure did not run. Ack the message.
+    Duplicate {
+        /// When it was processed.
+        processed_at: Timestamp,
+    },
+}
+
+/// The answer of [`Store::receive`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Receipt<T> {
+    /// First delivery: the receipt and the closure's writes committed together (answer 2xx).
+    Accepted(T),
+    /// The closure returned [`Abort::Terminal`]: the receipt and the closure's writes
+    /// committed; answer the sender with this response (a redelivery is a duplicate).
+    Rejected(Response),
+    /// This delivery id was received before: nothing ran (answer 2xx so the sender stops).
+    Duplicate {
+        /// When the first delivery was received.
+        received_at: Timestamp,
+    },
+}
+
+enum Consumed<T> {
+    Ran(T),
+    Rejected(Response),
+    Duplicate(Timestamp),
+}
+
+impl Store {
+    /// Inbox: processes the message `message_id` for `subscriber` at most once. `f` runs inside
+    /// the write transaction that also writes the processed mark:
+    ///
+    /// - `Ok(v)` → the mark and `f`'s writes (including outbox pushes) commit together:
+    ///   [`Processed::Processed`];
+    /// - [`Abort::Terminal`] → the same, answered [`Processed::Rejected`];
+    /// - [`Abort::Retryable`] / [`Abort::Store`] → nothing is written, neither the mark nor
+    ///   `f`'s writes: the error is returned ([`Error::Aborted`]), do not ack, the redelivery
+    ///   runs again;
+    /// - a message whose mark is live → [`Processed::Duplicate`] without running `f` (read
+    ///   from a read transaction first, re-checked inside the write transaction).
+    ///
+    /// The subscriber is limited like an operation and the message id like a key
+    /// ([`crate::Limits`]; errors name them `operation` and `idempotency key`). Marks live for
+    /// [`crate::StoreBuilder::inbox_retention`]; [`Store::sweep`] removes older ones. `f` may
+    /// run more than once per call (same contract as [`Store::execute`]).
+    pub fn process<T, F>(
+        &self,
+        subscriber: &str,
+        message_id: impl AsRef<[u8]>,
+        f: F,
+    ) -> Result<Processed<T>, Error>
+    where
+        F: FnMut(&Tx<'_>) -> Result<T, Abort>,
+    {
+        Ok(
+            match self.consume(NS_INBOX, subscriber, message_id.as_ref(), f)? {
+                Consumed::Ran(v) => Processed::Processed(v),
+                Consumed::Rejected(r) => Processed::Rejected(r),
+                Consumed::Duplicate(processed_at) => Processed::Duplicate { processed_at },
+            },
+        )
+    }
+
+    /// Webhooks: records the receipt of delivery `delivery_id` from `source` (the delivery id
+    /// is the dedupe key, scoped by source) together with `f`'s writes, before any side effect.
+    /// Call it only after the signature was verified (see the `webhook` module with the
+    /// `webhooks` feature), so nothing is persisted for a forged request. Keep `f` short: push
+    /// heavy work into the outbox ([`Tx::outbox`]). Same contract as [`Store::process`];
+    /// receipts live for [`crate::StoreBuilder::inbox_retention`].
+    pub fn receive<T, F>(
+        &self,
+        source: &str,
+        delivery_id: impl AsRef<[u8]>,
+        f: F,
+    ) -> Result<Receipt<T>, Error>
+    where
+        F: FnMut(&Tx<'_>) -> Result<T, Abort>,
+    {
+        Ok(
+            match self.consume(NS_WEBHOOK, source, delivery_id.as_ref(), f)? {
+                Consumed::Ran(v) => Receipt::Accepted(v),
+                Consumed::Rejected(r) => Receipt::Rejected(r),
+                Consumed::Duplicate(received_at) => Receipt::Duplicate { received_at },
+            },
+        )
+    }
+
+    /// The stored mark of `message_id` for `subscriber`, as stored (it may be past its
+    /// `forget_at` if no sweep ran since). For inspection and tests.
+    pub fn inbox_mark(
+        &self,
+        subscriber: &str,
+        message_id: impl AsRef<[u8]>,
+    ) -> Result<Option<Mark>, Error> {
+        let key = self.inbox_key(NS_INBOX, subscriber, message_id.as_ref())?;
+        self.read_mark(&key)
+    }
+
+    fn inbox_key(&self, ns: u8, subscriber: &str, id: &[u8]) -> Result<Vec<u8>, Error> {
+        let limits = &self.inner.config.limits;
+        check(Field::Operation, subscriber.len(), limits.max_operation_len)?;
+        check(Field::Key, id.len(), limits.max_key_len)?;
+        let mut key = Vec::with_capacity(3 + subscriber.len() + id.len());
+        key.push(ns);
+        // Limits are ≤ u16::MAX (validated at open).
+        key.extend_from_slice(&(subscriber.len() as u16).to_be_bytes());
+        key.extend_from_slice(subscriber.as_bytes());
+        key.extend_from_slice(id);
+        Ok(key)
+    }
+
+    fn read_mark(&self, key: &[u8]) -> Result<Option<Mark>, Error> {
+        let read = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
+        let Some(table) = open_optional(&read, INBOX).map_err(|e| self.storage(e))? else {
+            return Ok(None);
+        };
+        let value = table.get(key).map_err(|e| self.storage(e))?;
+        Ok(value.and_then(|v| Mark::decode(v.value())))
+    }
+
+    fn consume<T, F>(
+        &self,
+        ns: u8,
+        subscriber: &str,
+        id: &[u8],
+        mut f: F,
+    ) -> Result<Consumed<T>, Error>
+    where
+        F: FnMut(&Tx<'_>) -> Result<T, Abort>,
+    {
+        let key = self.inbox_key(ns, subscriber, id)?;
+        if let InboxDecision::Duplicate { processed_at } =
+            inbox_decide(self.read_mark(&key)?.as_ref(), self.now())
+        {
+            return Ok(Consumed::Duplicate(processed_at));
+        }
+        let retention = self.inner.config.inbox_retention;
+        let result = self.write(false, |txn, now| {
+            match self.load_mark(txn, &key) {
+                Ok(mark) => {
+                    if let InboxDecision::Duplicate { processed_at } =
+                        inbox_decide(mark.as_ref(), now)
+                    {
+                        return Step::Clean(Ok(Consumed::Duplicate(processed_at)));
+                    }
+                }
+                Err(e) => return Step::Clean(Err(e)),
+            }
+            let consumed = match self.run_closure(|| f(&Tx::new(txn, now, &key))) {
+                Ok(v) => Consumed::Ran(v),
+                Err(Abort::Terminal(r)) => Consumed::Rejected(r.mark_failed()),
+                Err(Abort::Retryable(source)) => return Step::Abort(Error::Aborted { source }),
+                Err(Abort::Store(e)) => return Step::Abort(e),
+            };
+            let mark = Mark {
+                processed_at: now,
+                forget_at: now.saturating_add(retention),
+            };
+            match self.put_mark(txn, &key, &mark) {
+                Ok(()) => Step::Done(Ok(consumed)),
+                Err(e) => Step::Abort(e),
+            }
+        });
+        self.wake_dispatcher_if_pushed();
+        result?
+    }
+
+    fn load_mark(&self, txn: &WriteTransaction, key: &[u8]) -> Result<Option<Mark>, Error> {
+        let table = txn.open_table(INBOX).map_err(|e| self.storage(e))?;
+        let value = table.get(key).map_err(|e| self.storage(e))?;
+        Ok(value.and_then(|v| Mark::decode(v.value())))
+    }
+
+    /// Writes a mark and moves its expiry-index entry, in `txn`.
+    fn put_mark(&self, txn: &WriteTransaction, key: &[u8], mark: &Mark) -> Result<(), Error> {
+        let mut inbox = txn.open_table(INBOX).map_err(|e| self.storage(e))?;
+        let mut expiry = txn.open_table(EXPIRY).map_err(|e| self.storage(e))?;
+        let old = inbox
+            .insert(key, mark.encode().as_slice())
+            .map_err(|e| self.storage(e))?
+            .and_then(|v| Mark::decode(v.value()));
+        if let Some(old) = old {
+            expiry
+                .remove(entry_key(old.forget_at, KIND_INBOX, key).as_slice())
+                .map_err(|e| self.storage(e))?;
+        }
+        expiry
+            .insert(
+                entry_key(mark.forget_at, KIND_INBOX, key).as_slice(),
+                INBOX_TAG,
+            )
+            .map_err(|e| self.storage(e))?;
+        Ok(())
+    }
+}
+
+/// What the sweep did with one due inbox entry.
+pub(crate) enum InboxSweep {
+    /// The mark was past `forget_at`: mark and entry deleted.
+    Deleted,
+    /// The entry did not match its mark (none, undecodable, or another instant): fixed.
+    Repaired,
+    /// Not due at `now` (the clock went back): stop the batch.
+    Keep,
+}
+
+/// Handles one due expiry-index entry of kind [`KIND_INBOX`] at `now`.
+pub(crate) fn sweep_inbox_entry(
+    txn: &WriteTransaction,
+    expiry: &mut ExpiryTable<'_>,
+    raw: &[u8],
+    key: &[u8],
+    now: Timestamp,
+) -> Result<InboxSweep, redb::Error> {
+    let mut inbox = txn.open_table(INBOX)?;
+    let mark = inbox.get(key)?.and_then(|v| Mark::decode(v.value()));
+    let Some(mark) = mark else {
+        expiry.remove(raw)?;
+        return Ok(InboxSweep::Repaired);
+    };
+    let expected = entry_key(mark.forget_at, KIND_INBOX, key);
+    if expected != raw {
+        expiry.remove(raw)?;
+        expiry.insert(expected.as_slice(), INBOX_TAG)?;
+        return Ok(InboxSweep::Repaired);
+    }
+    if now < mark.forget_at {
+        return Ok(InboxSweep::Keep);
+    }
+    inbox.remove(key)?;
+    expiry.remove(raw)?;
+    Ok(InboxSweep::Deleted)
+}
+
+/// The expiry-index entries every stored inbox mark must have (for `check_expiry_index`).
+pub(crate) fn expected_inbox_entries(
+    read: &redb::ReadTransaction,
+) -> Result<Vec<(Vec<u8>, u8)>, redb::Error> {
+    let mut out = Vec::new();
+    let Some(inbox) = open_optional(read, INBOX)? else {
+        return Ok(out);
+    };
+    for row in inbox.iter()? {
+        let (k, v) = row?;
+        if let Some(mark) = Mark::decode(v.value()) {
+            out.push((entry_key(mark.forget_at, KIND_INBOX, k.value()), INBOX_TAG));
+        }
+    }
+    Ok(out)
+}
+
+fn check(field: Field, len: usize, max: usize) -> Result<(), Error> {
+    if len == 0 {
+        return Err(Error::Empty { field });
+    }
+    if len > max {
+        return Err(Error::TooLong { field, len, max });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_live_mark_is_a_duplicate_until_forget_at() {
+        let m = Mark {
+            processed_at: Timestamp(10),
+            forget_at: Timestamp(20),
+        };
+        assert_eq!(inbox_decide(None, Timestamp(15)), InboxDecision::Process);
+        assert_eq!(
+            inbox_decide(Some(&m), Timestamp(19)),
+            InboxDecision::Duplicate {
+                processed_at: Timestamp(10)
+            }
+        );
+        assert_eq!(
+            inbox_decide(Some(&m), Timestamp(20)),
+            InboxDecision::Process
+        );
+    }
+
+    #[test]
+    fn marks_round_trip() {
+        let m = Mark {
+            processed_at: Timestamp(1),
+            forget_at: Timestamp(u64::MAX),
+        };
+        assert_eq!(Mark::decode(&m.encode()), Some(m));
+        assert_eq!(Mark::decode(&[0; 15]), None);
+        assert_eq!(Mark::decode(&[0; 17]), None);
+    }
+}

@@ -1,0 +1,228 @@
+//! Webhook signature verification, to run **before** anything is persisted (then call
+//! [`crate::Store::receive`] with the delivery id).
+//!
+//! - GitHub style ([`verify_github`]): `X-Hub-Signature-256: sha256=<hex>`, the HMAC-SHA256 of
+//!   the raw body.
+//! - Standard Webhooks ([`StandardWebhooks`]): `webhook-id`, `webhook-timestamp`,
+//!   `webhook-signature: v1,<base64> [v1,<base64> …]`, the HMAC-SHA256 of
+//!   `id.timestamp.body` under the base64 secret after `whsec_`, with a timestamp tolerance
+//!   (default 5 minutes, both directions).
+//!
+//! HMAC and SHA-256 come from RustCrypto (`hmac`, `sha2`); comparisons use `Mac::verify_slice`
+//! (constant time).
+
+use std::time::Duration;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+use crate::clock::Timestamp;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// Why a webhook was rejected. Nothing was persisted; answer 400 or 401 and do not process it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum WebhookError {
+    /// A required header is absent.
+    #[error("the {name} header is missing: the request is not a signed webhook; reject it (401)")]
+    MissingHeader {
+        /// The header's name.
+        name: &'static str,
+    },
+    /// A header does not have the documented form.
+    #[error("the {name} header is malformed ({reason}); reject the request (400)")]
+    Malformed {
+        /// The header's name.
+        name: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// No signature matched the body under the secret.
+    #[error(
+        "no webhook signature matches the body: the request was forged or altered, or the secret is wrong; reject it (401) and check the configured secret"
+    )]
+    BadSignature,
+    /// The signed timestamp is too far from now (a replay of an old request, or clock skew).
+    #[error(
+        "the webhook timestamp is {skew:?} away from now, beyond the tolerance of {tolerance:?}: reject it (401); if the sender's clock is off, fix it or widen the tolerance"
+    )]
+    OutsideTolerance {
+        /// How far the timestamp is from now.
+        skew: Duration,
+        /// The configured tolerance.
+        tolerance: Duration,
+    },
+    /// The configured secret is unusable.
+    #[error(
+        "the webhook secret is invalid ({reason}): configure the secret exactly as the sender shows it"
+    )]
+    BadSecret {
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// Verifies a GitHub-style `X-Hub-Signature-256` header (`sha256=` followed by the lowercase
+/// hex HMAC-SHA256 of the raw `body` under `secret`). `header` is the header's value, `None`
+/// if absent. Pass the body bytes exactly as received, before any parsing.
+pub fn verify_github(secret: &[u8], body: &[u8], header: Option<&str>) -> Result<(), WebhookError> {
+    const NAME: &str = "X-Hub-Signature-256";
+    let header = header.ok_or(WebhookError::MissingHeader { name: NAME })?;
+    let hex = header
+        .trim()
+        .strip_prefix("sha256=")
+        .ok_or_else(|| WebhookError::Malformed {
+            name: NAME,
+            reason: "it does not start with \"sha256=\"".into(),
+        })?;
+    let expected = decode_hex(hex).ok_or_else(|| WebhookError::Malformed {
+        name: NAME,
+        reason: "the signature is not 64 hex digits".into(),
+    })?;
+    let mut mac = mac(secret)?;
+    mac.update(body);
+    mac.verify_slice(&expected)
+        .map_err(|_| WebhookError::BadSignature)
+}
+
+/// A Standard Webhooks verifier for one secret.
+#[derive(Clone)]
+pub struct StandardWebhooks {
+    key: Vec<u8>,
+    tolerance: Duration,
+}
+
+impl std::fmt::Debug for StandardWebhooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StandardWebhooks")
+            .field("tolerance", &self.tolerance)
+            .finish_non_exhaustive()
+    }
+}
+
+impl StandardWebhooks {
+    /// A verifier for `secret` as the sender shows it: `whsec_` followed by base64 (the prefix
+    /// is optional). Tolerance 5 minutes.
+    pub fn new(secret: &str) -> Result<Self, WebhookError> {
+        let b64 = secret.strip_prefix("whsec_").unwrap_or(secret);
+        let key = STANDARD.decode(b64).map_err(|e| WebhookError::BadSecret {
+            reason: format!("not base64 after \"whsec_\": {e}"),
+        })?;
+        if key.is_empty() {
+            return Err(WebhookError::BadSecret {
+                reason: "it is empty".into(),
+            });
+        }
+        Ok(StandardWebhooks {
+            key,
+            tolerance: Duration::from_secs(300),
+        })
+    }
+
+    /// How far the signed timestamp may be from now, in either direction. Default 5 minutes.
+    pub fn tolerance(mut self, tolerance: Duration) -> Self {
+        self.tolerance = tolerance;
+        self
+    }
+
+    /// Verifies a request: the `webhook-id`, `webhook-timestamp` (Unix seconds) and
+    /// `webhook-signature` header values (`None` if absent), the raw body, and the current time
+    /// (e.g. [`crate::Store::now`]). Any one `v1,` signature in the space-separated list may
+    /// match (key rotation); other versions are ignored. On success, the `webhook-id` is the
+    /// delivery id to pass to [`crate::Store::receive`].
+    pub fn verify(
+        &self,
+        id: Option<&str>,
+        timestamp: Option<&str>,
+        signatures: Option<&str>,
+        body: &[u8],
+        now: Timestamp,
+    ) -> Result<(), WebhookError> {
+        let id = id.ok_or(WebhookError::MissingHeader { name: "webhook-id" })?;
+        let ts_text = timestamp.ok_or(WebhookError::MissingHeader {
+            name: "webhook-timestamp",
+        })?;
+        let signatures = signatures.ok_or(WebhookError::MissingHeader {
+            name: "webhook-signature",
+        })?;
+        let ts: u64 = ts_text
+            .trim()
+            .parse()
+            .map_err(|_| WebhookError::Malformed {
+                name: "webhook-timestamp",
+                reason: "not a number of seconds since the Unix epoch".into(),
+            })?;
+        let now_secs = now.as_millis() / 1000;
+        let skew = Duration::from_secs(ts.abs_diff(now_secs));
+        if skew > self.tolerance {
+            return Err(WebhookError::OutsideTolerance {
+                skew,
+                tolerance: self.tolerance,
+            });
+        }
+        let mut base = mac(&self.key)?;
+        base.update(id.as_bytes());
+        base.update(b".");
+        base.update(ts_text.trim().as_bytes());
+        base.update(b".");
+        base.update(body);
+        let mut any_v1 = false;
+        for sig in signatures.split_whitespace() {
+            let Some(b64) = sig.strip_prefix("v1,") else {
+                continue;
+            };
+            any_v1 = true;
+            let Ok(bytes) = STANDARD.decode(b64) else {
+                continue;
+            };
+            if base.clone().verify_slice(&bytes).is_ok() {
+                return Ok(());
+            }
+        }
+        if any_v1 {
+            Err(WebhookError::BadSignature)
+        } else {
+            Err(WebhookError::Malformed {
+                name: "webhook-signature",
+                reason: "no \"v1,<base64>\" signature in it".into(),
+            })
+        }
+    }
+}
+
+fn mac(key: &[u8]) -> Result<HmacSha256, WebhookError> {
+    HmacSha256::new_from_slice(key).map_err(|e| WebhookError::BadSecret {
+        reason: e.to_string(),
+    })
+}
+
+fn decode_hex(s: &str) -> Option<Vec<u8>> {
+    if s.len() != 64 {
+        return None;
+    }
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    };
+    s.as_bytes()
+        .chunks_exact(2)
+        .map(|p| Some(digit(p[0])? << 4 | digit(p[1])?))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_decoding_rejects_bad_input() {
+        assert_eq!(decode_hex(&"0".repeat(63)), None);
+        assert_eq!(decode_hex(&"g".repeat(64)), None);
+        assert_eq!(decode_hex(&"aF".repeat(32)), Some(vec![0xaf; 32]));
+    }
+}

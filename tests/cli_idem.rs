@@ -1,0 +1,187 @@
+//! The `idem` operator binary on a real store file.
+#![cfg(feature = "cli")]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use idem::{Abort, Request, Response, Scope, Store};
+
+fn idem(file: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_idem"))
+        .arg("--file")
+        .arg(file)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn line<'a>(out: &'a str, field: &str) -> &'a str {
+    out.lines()
+        .find_map(|l| l.strip_prefix(field).map(str::trim))
+        .unwrap_or_else(|| panic!("no {field} in {out}"))
+}
+
+#[test]
+fn stats_get_purge_sweep_compact() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("idem.redb");
+    {
+        let store = Store::open(&file).unwrap();
+        let scope = Scope::new("t1", "POST /v1/payments");
+        let ok = Request::from_canonical_bytes(scope.clone(), "k-ok", b"a");
+        let _ = store
+            .execute(ok, |_| {
+                Ok(Response::new(201, "secret-body").with_resource("payment", "pay_1"))
+            })
+            .unwrap();
+        let failed = Request::from_canonical_bytes(scope.clone(), "k-failed", b"b");
+        let _ = store
+            .execute(failed, |_| {
+                Err(Abort::Terminal(Response::new(402, "declined")))
+            })
+            .unwrap();
+    }
+
+    let o = idem(&file, &["stats"]);
+    assert!(o.status.success(), "{o:?}");
+    let out = stdout(&o);
+    assert_eq!(line(&out, "records"), "2");
+    assert_eq!(line(&out, "completed"), "1");
+    assert_eq!(line(&out, "failed"), "1");
+    assert_eq!(line(&out, "pending"), "0");
+    assert!(line(&out, "file_bytes").parse::<u64>().unwrap() > 0);
+
+    let key = [
+        "--tenant",
+        "t1",
+        "--op",
+        "POST /v1/payments",
+        "--key",
+        "k-ok",
+    ];
+    let o = idem(&file, &[&["get"], &key[..]].concat());
+    assert!(o.status.success(), "{o:?}");
+    let out = stdout(&o);
+    assert_eq!(line(&out, "state"), "completed");
+    assert_eq!(line(&out, "status"), "201");
+    assert_eq!(line(&out, "body_bytes"), "11");
+    assert_eq!(line(&out, "resource"), "payment pay_1");
+    assert_eq!(line(&out, "fingerprint").len(), 64);
+    assert!(line(&out, "expires_at").contains("(in 23h59m"), "{out}");
+    assert!(!out.contains("secret-body"), "bodies only with --body");
+    let o = idem(&file, &[&["get"], &key[..], &["--body"]].concat());
+    assert!(stdout(&o).contains("secret-body"));
+
+    let o = idem(
+        &file,
+        &[
+            "get",
+            "--tenant",
+            "t1",
+            "--op",
+            "POST /v1/payments",
+            "--key",
+            "nope",
+        ],
+    );
+    assert!(!o.status.success());
+    assert_eq!(stdout(&o).trim(), "absent");
+
+    let o = idem(&file, &[&["purge"], &key[..]].concat());
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(stdout(&o).trim(), "purged");
+    let o = idem(&file, &[&["purge"], &key[..]].concat());
+    assert_eq!(stdout(&o).trim(), "absent");
+    assert_eq!(line(&stdout(&idem(&file, &["stats"])), "records"), "1");
+
+    let o = idem(&file, &["sweep"]);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(line(&stdout(&o), "deleted"), "0");
+    let o = idem(&file, &["compact"]);
+    assert!(o.status.success(), "{o:?}");
+    assert!(stdout(&o).contains("bytes_after"));
+}
+
+#[test]
+fn check_and_export() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("idem.redb");
+    {
+        let store = Store::open(&file).unwrap();
+        for k in ["a", "b"] {
+            let req = Request::from_canonical_bytes(Scope::new("t1", "op"), k, b"x");
+            let _ = store
+                .execute(req, |_| Ok(Response::new(201, format!("body-{k}"))))
+                .unwrap();
+        }
+    }
+    let o = idem(&file, &["check"]);
+    assert!(o.status.success(), "{o:?}");
+    let out = stdout(&o);
+    assert_eq!(line(&out, "records_ok"), "2");
+    assert_eq!(line(&out, "expiry_index"), "ok");
+
+    let o = idem(&file, &["export", "--jsonl"]);
+    assert!(o.status.success(), "{o:?}");
+    let rows: Vec<serde_json::Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0]["tenant"], "t1");
+    assert_eq!(rows[0]["op"], "op");
+    assert_eq!(rows[0]["key"], "a");
+    assert_eq!(rows[0]["state"], "completed");
+    assert_eq!(rows[0]["status"], 201);
+    assert!(rows[0].get("body").is_none());
+    let o = idem(&file, &["export", "--jsonl", "--body"]);
+    assert!(stdout(&o).contains("body-b"));
+
+    // Damage one record behind the store's back: check fails and names it; export reports it.
+    {
+        let db = idem::redb::Database::open(&file).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let def: idem::redb::TableDefinition<&[u8], &[u8]> =
+                idem::redb::TableDefinition::new("idem.records.v1");
+            let mut t = txn.open_table(def).unwrap();
+            let key = [&[1u8, 0, 2][..], b"t1", &[0, 2], b"op", &[0, 1], b"b"].concat();
+            t.insert(key.as_slice(), [0xffu8, 1, 2].as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let o = idem(&file, &["check"]);
+    assert!(!o.status.success());
+    let out = stdout(&o);
+    assert_eq!(line(&out, "records_ok"), "1");
+    assert_eq!(line(&out, "records_bad"), "1");
+    let o = idem(&file, &["export", "--jsonl"]);
+    assert!(o.status.success());
+    let bad: serde_json::Value = serde_json::from_str(stdout(&o).lines().nth(1).unwrap()).unwrap();
+    assert_eq!(bad["key"], "b");
+    assert!(bad["error"].is_string());
+}
+
+#[test]
+fn says_why_it_cannot_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("none.redb");
+    let o = idem(&missing, &["stats"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no such store file"));
+    assert!(!missing.exists(), "the CLI never creates a store");
+
+    // A file another process (here: this one) holds open.
+    let file = dir.path().join("idem.redb");
+    let store = Store::open(&file).unwrap();
+    let o = idem(&file, &["stats"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("another process holds this file"), "{err}");
+    drop(store);
+    assert!(idem(&file, &["stats"]).status.success());
+}

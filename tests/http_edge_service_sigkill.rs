@@ -1,0 +1,164 @@
+//! The example service killed with SIGKILL during a burst of retried requests, restarted on the
+//! same data dir: every retry finishes, every acknowledged payment is still there, and the
+//! ledger holds exactly one entry per distinct key.
+//!
+//! Runs the example's binary (`target/<profile>/examples/edge_service`), which `cargo test
+//! --features http` builds together with the tests.
+#![cfg(all(feature = "http", unix))]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+fn example_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().and_then(Path::parent).unwrap();
+    let bin = profile_dir.join("examples").join("edge_service");
+    assert!(
+        bin.is_file(),
+        "{} is missing: run this test through `cargo test --features http`, which builds the \
+         examples",
+        bin.display()
+    );
+    bin
+}
+
+fn start(dir: &Path) -> (Child, SocketAddr) {
+    let mut child = Command::new(example_binary())
+        .arg("--data")
+        .arg(dir)
+        .args(["--listen", "127.0.0.1:0", "--lease-ms", "300"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let line = lines.next().unwrap().unwrap();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .parse()
+        .unwrap();
+    // Keep draining stderr so the child never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    (child, addr)
+}
+
+/// One request; `None` on any connection trouble (server killed, restarting).
+fn send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &str,
+    body: &str,
+) -> Option<(u16, Vec<u8>)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n{headers}\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = std::str::from_utf8(&raw[..split]).ok()?;
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    let body = raw[split + 4..].to_vec();
+    let declared: usize = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().to_owned())
+        })?
+        .parse()
+        .ok()?;
+    (body.len() == declared).then_some((status, body))
+}
+
+#[test]
+fn sigkill_during_a_burst_loses_nothing_and_books_nothing_twice() {
+    const KEYS: usize = 60;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut server, addr) = start(dir.path());
+    let addr = Arc::new(Mutex::new(addr));
+    let done = Arc::new(AtomicUsize::new(0));
+    let deadline = Instant::now() + Duration::from_secs(60);
+
+    let clients: Vec<_> = (0..KEYS)
+        .map(|i| {
+            let (addr, done) = (Arc::clone(&addr), Arc::clone(&done));
+            std::thread::spawn(move || {
+                let headers = format!("X-Tenant-Id: t1\r\nIdempotency-Key: key-{i}\r\n");
+                let body = format!(r#"{{"account":"acc_{i}","amount":100,"currency":"EUR"}}"#);
+                while Instant::now() < deadline {
+                    let at = *addr.lock();
+                    match send(at, "POST", "/v1/payments", &headers, &body) {
+                        Some((201, b)) => {
+                            done.fetch_add(1, Ordering::SeqCst);
+                            return b;
+                        }
+                        // 409 (in flight, or a lease of the killed process not lapsed yet),
+                        // 503, or no connection: retry with the same key.
+                        Some((409 | 503, _)) | None => {
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        Some((s, b)) => panic!("{s}: {}", String::from_utf8_lossy(&b)),
+                    }
+                }
+                panic!("key-{i}: no answer before the deadline");
+            })
+        })
+        .collect();
+
+    // Kill the server once part of the burst is acknowledged, with the rest in flight.
+    while done.load(Ordering::SeqCst) < KEYS / 6 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    server.kill().unwrap(); // SIGKILL
+    server.wait().unwrap();
+    let acknowledged_before_kill = done.load(Ordering::SeqCst);
+    let (mut server, new_addr) = start(dir.path());
+    *addr.lock() = new_addr;
+
+    let bodies: Vec<Vec<u8>> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    assert!(
+        acknowledged_before_kill < KEYS,
+        "the kill landed after the burst"
+    );
+
+    let at = *addr.lock();
+    for b in &bodies {
+        let v: serde_json::Value = serde_json::from_slice(b).unwrap();
+        let id = v["id"].as_str().unwrap();
+        let (status, _) = send(
+            at,
+            "GET",
+            &format!("/v1/payments/{id}"),
+            "X-Tenant-Id: t1\r\n",
+            "",
+        )
+        .unwrap();
+        assert_eq!(
+            status, 200,
+            "acknowledged payment {id} is there after the crash"
+        );
+    }
+    let (status, ledger) = send(at, "GET", "/v1/ledger", "X-Tenant-Id: t1\r\n", "").unwrap();
+    assert_eq!(status, 200);
+    let ledger: serde_json::Value = serde_json::from_slice(&ledger).unwrap();
+    assert_eq!(ledger["entries"], KEYS, "one ledger entry per distinct key");
+    assert_eq!(ledger["total"], 100 * KEYS);
+    server.kill().unwrap();
+    server.wait().unwrap();
+}

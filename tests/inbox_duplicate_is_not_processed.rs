@@ -1,0 +1,149 @@
+//! Inbox: a consumer that committed its work and crashed before the ack gets `Duplicate` on
+//! redelivery (one effect); a failing closure leaves neither the mark nor its writes; marks
+//! expire through the sweep.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Harness, bump, effects};
+use idem::{Abort, Error, Processed};
+
+#[test]
+fn redelivery_after_a_crash_before_the_ack_is_a_duplicate() {
+    let mut h = Harness::new();
+    let first = h
+        .store()
+        .process("billing", "msg-1", |tx| {
+            bump(tx, "charge")?;
+            Ok("charged")
+        })
+        .unwrap();
+    assert_eq!(first, Processed::Processed("charged"));
+    // The consumer dies before acking; the broker redelivers to a restarted process.
+    h.reopen();
+    let mut ran = false;
+    let again = h
+        .store()
+        .process("billing", "msg-1", |tx| {
+            ran = true;
+            bump(tx, "charge")?;
+            Ok("charged")
+        })
+        .unwrap();
+    assert!(!ran, "the closure must not run for a duplicate");
+    assert!(matches!(again, Processed::Duplicate { processed_at } if processed_at == common::T0));
+    assert_eq!(effects(h.store(), "charge"), 1);
+}
+
+#[test]
+fn subscribers_are_independent() {
+    let h = Harness::new();
+    for sub in ["billing", "shipping"] {
+        let r = h
+            .store()
+            .process(sub, "msg-1", |tx| bump(tx, sub).map(|_| ()))
+            .unwrap();
+        assert_eq!(r, Processed::Processed(()));
+    }
+    assert_eq!(effects(h.store(), "billing"), 1);
+    assert_eq!(effects(h.store(), "shipping"), 1);
+}
+
+#[test]
+fn a_failing_closure_leaves_neither_mark_nor_writes() {
+    let h = Harness::new();
+    let err = h
+        .store()
+        .process("billing", "msg-2", |tx| -> Result<(), Abort> {
+            bump(tx, "charge")?;
+            Err(Abort::retryable("broker hiccup"))
+        })
+        .unwrap_err();
+    assert!(matches!(err, Error::Aborted { .. }));
+    assert_eq!(effects(h.store(), "charge"), 0);
+    assert_eq!(h.store().inbox_mark("billing", "msg-2").unwrap(), None);
+    // The redelivery runs.
+    let r = h
+        .store()
+        .process("billing", "msg-2", |tx| bump(tx, "charge"))
+        .unwrap();
+    assert_eq!(r, Processed::Processed(()));
+    assert_eq!(effects(h.store(), "charge"), 1);
+}
+
+#[test]
+fn a_terminal_rejection_consumes_the_message() {
+    let h = Harness::new();
+    let r = h
+        .store()
+        .process("billing", "msg-3", |tx| -> Result<(), Abort> {
+            bump(tx, "audit")?;
+            Err(Abort::terminal(idem::Response::new(422, "bad order")))
+        })
+        .unwrap();
+    assert!(matches!(r, Processed::Rejected(ref resp) if resp.status() == 422));
+    assert_eq!(effects(h.store(), "audit"), 1);
+    let again = h
+        .store()
+        .process("billing", "msg-3", |tx| bump(tx, "audit"))
+        .unwrap();
+    assert!(matches!(again, Processed::Duplicate { .. }));
+}
+
+#[test]
+fn marks_are_swept_after_the_inbox_retention() {
+    let h = Harness::with(|b| b.inbox_retention(Duration::from_secs(3600)));
+    let store = h.store();
+    store.process("billing", "old", |tx| bump(tx, "e")).unwrap();
+    store.check_expiry_index().unwrap();
+    h.clock.advance(Duration::from_secs(3599));
+    assert_eq!(store.sweep().unwrap().deleted, 0);
+    assert!(store.inbox_mark("billing", "old").unwrap().is_some());
+    h.clock.advance(Duration::from_secs(1));
+    let report = store.sweep().unwrap();
+    assert_eq!(report.deleted, 1);
+    assert_eq!(store.inbox_mark("billing", "old").unwrap(), None);
+    store.check_expiry_index().unwrap();
+    // Past the retention the message counts as new again.
+    let r = store.process("billing", "old", |tx| bump(tx, "e")).unwrap();
+    assert_eq!(r, Processed::Processed(()));
+}
+
+#[test]
+fn concurrent_redeliveries_have_one_effect() {
+    let h = Harness::new();
+    let store = h.store();
+    let outcomes: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                s.spawn(|| {
+                    store
+                        .process("billing", "hot", |tx| bump(tx, "hot"))
+                        .unwrap()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let processed = outcomes
+        .iter()
+        .filter(|o| matches!(o, Processed::Processed(())))
+        .count();
+    assert_eq!(processed, 1);
+    assert_eq!(effects(store, "hot"), 1);
+}
+
+#[test]
+fn subscriber_and_message_id_are_validated() {
+    let h = Harness::new();
+    let e = h.store().process("", "m", |_| Ok(())).unwrap_err();
+    assert!(matches!(e, Error::Empty { .. }));
+    let e = h.store().process("s", "", |_| Ok(())).unwrap_err();
+    assert!(matches!(e, Error::Empty { .. }));
+    let e = h
+        .store()
+        .process("s", vec![b'x'; 300], |_| Ok(()))
+        .unwrap_err();
+    assert!(matches!(e, Error::TooLong { .. }));
+}
