@@ -7,7 +7,6 @@ use crate::error::Error;
 
 const CTX_CANONICAL_BYTES: &str = "idem 2026-11-30 request fingerprint: canonical bytes v1";
 const CTX_SERDE_POSTCARD: &str = "idem 2026-11-30 request fingerprint: serde postcard v1";
-const CTX_DOWNSTREAM_KEY: &str = "idem 2026-11-30 downstream key v1";
 
 /// The 32-byte blake3 fingerprint of a request payload. Only this is stored, never the payload.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -58,8 +57,10 @@ impl DownstreamKey {
         DownstreamKey(bytes)
     }
 
+    /// The lease's key is the root of the step-key tree: `derive_key(record key, "")`, the same
+    /// derivation as every step, activity and compensation key ([`crate::derive_key`]).
     pub(crate) fn derive(record_key: &[u8]) -> Self {
-        DownstreamKey(blake3::derive_key(CTX_DOWNSTREAM_KEY, record_key))
+        crate::keys::derive_key(record_key, b"")
     }
 
     /// The raw 32 bytes.

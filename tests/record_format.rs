@@ -480,7 +480,7 @@ fn downstream_key_is_pinned() {
     };
     assert_eq!(
         lease.downstream_key().to_hex(),
-        "f8d96a82ae80dcdb12bc77cc9a3a76d2a1235abba5181f153c874292cf063656"
+        "417198a6b001b039bbf549500ead10409f311d7cbd742af97736274a08c0dd1e"
     );
 }
 
