@@ -561,25 +561,30 @@ where
                     let mut lat = Vec::with_capacity(per_caller);
                     ready.wait();
                     go.wait();
+                    // Each caller reads its own start: the main thread may not be scheduled
+                    // again until the callers are done (2 cores, CPU-bound callers).
+                    let started = Instant::now();
                     for i in 0..per_caller {
                         let t = Instant::now();
                         work(i);
                         lat.push(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX));
                     }
-                    (lat, Instant::now(), work)
+                    (lat, started, Instant::now(), work)
                 })
             })
             .collect();
         ready.wait();
         let io_before = counter.read();
         go.wait();
-        let start = Instant::now();
-        let mut end = start;
+        let mut start: Option<Instant> = None;
+        let mut end: Option<Instant> = None;
         let mut lat_ns = Vec::with_capacity(callers * per_caller);
         let mut workers = Vec::with_capacity(callers);
         for h in handles {
-            let (lat, done, work) = h.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
-            end = end.max(done);
+            let (lat, started, done, work) =
+                h.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
+            start = Some(start.map_or(started, |s| s.min(started)));
+            end = Some(end.map_or(done, |e| e.max(done)));
             lat_ns.extend(lat);
             workers.push(work);
         }
@@ -587,7 +592,10 @@ where
         drop(workers);
         Sample {
             ops: callers * per_caller,
-            elapsed: end - start,
+            elapsed: end
+                .zip(start)
+                .map_or(Duration::ZERO, |(e, s)| e.saturating_duration_since(s))
+                .max(Duration::from_nanos(1)),
             lat_ns,
             written: io_before.zip(io_after).map(|(a, b)| b.saturating_sub(a)),
             commits: None,
@@ -1308,6 +1316,10 @@ fn main() {
         callers,
     };
     let mut groups: Vec<Vec<Row>> = Vec::new();
+    // The in-memory rows run last, in groups of their own: interleaved with the durable rows,
+    // the aftermath of their hundreds of MB of small allocations made the naive redb and idem
+    // runs that followed them several times slower at 8 and 64 callers.
+    let mut memory_groups: Vec<Vec<Row>> = Vec::new();
     for fill in [Fill::Empty, Fill::Prefilled] {
         for c in NEW_KEY_CALLERS {
             let mut g = vec![
@@ -1319,7 +1331,7 @@ fn main() {
                 g.push(row(System::SqliteSerial, Work::NewKeys, fill, c));
             }
             if fill == Fill::Empty {
-                g.push(row(System::Memory, Work::NewKeys, fill, c));
+                memory_groups.push(vec![row(System::Memory, Work::NewKeys, fill, c)]);
             }
             groups.push(g);
         }
@@ -1336,13 +1348,28 @@ fn main() {
         let label = r.label().to_lowercase();
         cfg.filter.is_empty() || cfg.filter.iter().any(|f| label.contains(f.as_str()))
     };
+    // The summary shows each in-memory row next to the durable rows with its caller count.
+    let display: Vec<Row> = groups
+        .iter()
+        .flat_map(|g| {
+            let memory = memory_groups.iter().flatten().find(|m| {
+                g.first().is_some_and(|r| {
+                    r.work == Work::NewKeys && r.fill == m.fill && r.callers == m.callers
+                })
+            });
+            g.iter().chain(memory).copied().collect::<Vec<_>>()
+        })
+        .collect();
     let mut groups: Vec<Vec<Row>> = groups
         .into_iter()
+        .chain(memory_groups)
         .map(|g| g.into_iter().filter(wanted).collect::<Vec<_>>())
         .filter(|g| !g.is_empty())
         .collect();
     // The disk's rate comes first: every ×fsync ratio divides by it.
-    groups.insert(0, vec![row(System::Disk, Work::Fsync, Fill::Empty, 1)]);
+    let disk = row(System::Disk, Work::Fsync, Fill::Empty, 1);
+    groups.insert(0, vec![disk]);
+    let display: Vec<Row> = std::iter::once(disk).chain(display).collect();
 
     let mut bench = Bench {
         total_rows: groups.iter().map(Vec::len).sum(),
@@ -1357,7 +1384,7 @@ fn main() {
     for g in &groups {
         bench.group(g);
     }
-    report(&bench);
+    report(&bench, &display);
     println!();
     println!(
         "wall time {:.0} s (pre-fill, calibration and setup included); load average at the end: {}",
@@ -1367,7 +1394,8 @@ fn main() {
     let _ = bench.root.close();
 }
 
-fn report(b: &Bench) {
+/// Prints the summary, rows in `display` order (those that ran), then the targets.
+fn report(b: &Bench, display: &[Row]) {
     let disk = median(
         &b.results[&Row {
             system: System::Disk,
@@ -1416,7 +1444,7 @@ fn report(b: &Bench) {
     let mut last_fill = None;
     let mut reruns = 0;
     let mut busy = 0;
-    for r in &b.order {
+    for r in display.iter().filter(|r| b.results.contains_key(r)) {
         let res = &b.results[r];
         if r.system != System::Disk && last_fill.is_some() && last_fill != Some(r.fill) {
             println!();
