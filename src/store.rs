@@ -685,6 +685,40 @@ impl Store {
         Ok(compacted)
     }
 
+    /// Runs redb's full integrity check of the file (and repairs it if it can), plus idem's own
+    /// check that the expiry index matches the records. Returns `Ok(true)` if the file passed,
+    /// `Ok(false)` if redb found damage and repaired it. Slow: for operators who suspect the file
+    /// was modified outside idem, not for normal operation (crash recovery is automatic). Like
+    /// [`Store::compact`], it needs the only handle ([`Error::InUse`] otherwise).
+    pub fn check_integrity(&mut self) -> Result<bool, Error> {
+        if self.in_closure() {
+            return Err(Error::Reentrant);
+        }
+        self.inner.stop_background();
+        let checked = self.check_integrity_exclusive();
+        let restarted = self.start_background();
+        let passed = checked?;
+        restarted?;
+        self.check_expiry_index()
+            .map_err(|reason| Error::CorruptStore { reason })?;
+        Ok(passed)
+    }
+
+    fn check_integrity_exclusive(&mut self) -> Result<bool, Error> {
+        let others = Arc::strong_count(&self.inner).saturating_sub(1);
+        let Some(inner) = Arc::get_mut(&mut self.inner) else {
+            return Err(Error::InUse {
+                reason: format!("{others} other Store clone(s) or Lease(s) are alive"),
+            });
+        };
+        inner.db.check_integrity().map_err(|e| match e {
+            redb::DatabaseError::TransactionInProgress => Error::InUse {
+                reason: "a read transaction (Store::begin_read) is still open".into(),
+            },
+            other => self.storage(other),
+        })
+    }
+
     fn compact_exclusive(&mut self) -> Result<bool, Error> {
         let others = Arc::strong_count(&self.inner).saturating_sub(1);
         let Some(inner) = Arc::get_mut(&mut self.inner) else {
