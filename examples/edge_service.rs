@@ -11,18 +11,25 @@
 //!   "currency"}`) → 201 with the payment;
 //! - `GET /v1/payments/{id}` → 200 with the payment as it is now (e.g. refunded), 404 if absent;
 //! - `POST /v1/payments/{id}/refund` (`Idempotency-Key`) → 200, marks it refunded;
-//! - `GET /v1/ledger` → 200 `{"entries", "total"}` for the tenant, so a client can count effects.
+//! - `GET /v1/ledger` → 200 `{"entries", "total"}` for the tenant, so a client can count effects;
+//! - `GET /v1/outbox` → 200 `{"pending", "dead", "delivered"}`: events not yet delivered, dead
+//!   letters, and events this process delivered since it started.
 //!
 //! **Why the POST handlers record their own answer.** The layer claims the key with a lease
 //! before the handler runs; a handler that wrote in a transaction of its own would leave a gap
 //! where a crash after its write and before the layer recorded the answer lets a retry book the
 //! payment twice. So both POST handlers write the payment row and its ledger entry *inside*
-//! the transaction that records the answer ([`Idempotency::complete_with`]): a kill -9 at any
-//! moment either leaves both the effect and the answer, or neither (the lease lapses and the
-//! retry runs once). The layer still does everything else: key and tenant extraction, the
+//! the transaction that records the answer ([`Idempotency::complete_with`]), together with an
+//! outbox event (topic `payments`, ordering key = the payment id, payload = the payment JSON,
+//! header `type` = `payment.captured` / `payment.refunded`): a kill -9 at any moment either
+//! leaves the effect, its event and the answer, or none of them (the lease lapses and the retry
+//! runs once, pushing the event once). The layer still does everything else: key and tenant extraction, the
 //! fingerprint, 400/409/413/422 problems, replays with `Idempotent-Replayed: true`.
 //!
-//! Not here yet: the outbox event of issue 7 (it needs the transactional outbox of issue 5).
+//!
+//! `main` also starts the outbox dispatcher ([`start_dispatcher`]); its publisher stands in for
+//! a broker and prints each event on stdout (`published seq=… id=… topic=payments key=pay_…`).
+//! Delivery is at least once: after a kill -9 an event may be printed again, with the same id.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -33,9 +40,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use idem::Store;
 use idem::http::{Idempotency, IdempotencyLayer, Recorded, problem_response};
 use idem::redb::{ReadableTable, TableDefinition};
+use idem::{DispatcherHandle, DispatcherOptions, Event, OutboxEvent, Store};
 use serde_json::{Value, json};
 
 /// Payment id → the payment as JSON (it carries its tenant).
@@ -63,6 +70,7 @@ pub fn app(store: Store) -> Router {
         .route("/v1/payments/{id}/refund", post(refund_payment))
         .route("/v1/payments/{id}", get(get_payment))
         .route("/v1/ledger", get(ledger))
+        .route("/v1/outbox", get(outbox))
         .route_layer(idempotent)
         .with_state(store)
 }
@@ -121,6 +129,8 @@ async fn create_payment(
             .insert(id.as_str(), stored.as_str())?;
         let entry = format!("{tenant}\0{id}:capture");
         tx.open_table(LEDGER)?.insert(entry.as_str(), new.amount)?;
+        tx.outbox()
+            .push(payment_event("payment.captured", &id, &payment))?;
         let mut answer = Recorded::json(StatusCode::CREATED, &payment);
         if let Ok(loc) = format!("/v1/payments/{id}").parse() {
             answer.headers.insert(axum::http::header::LOCATION, loc);
@@ -159,10 +169,52 @@ async fn refund_payment(
             payments.insert(id.as_str(), row.to_string().as_str())?;
             let entry = format!("{tenant}\0{id}:refund");
             tx.open_table(LEDGER)?.insert(entry.as_str(), -amount)?;
+            tx.outbox()
+                .push(payment_event("payment.refunded", &id, &row["payment"]))?;
         }
         Ok(Recorded::json(StatusCode::OK, &row["payment"]))
     })
     .await
+}
+
+/// The outbox event of a payment state change: ordered per payment, so a consumer never sees
+/// the refund before the capture.
+fn payment_event(kind: &str, id: &str, payment: &Value) -> Event {
+    Event::new("payments", payment.to_string())
+        .ordering_key(id)
+        .header("type", kind)
+}
+
+/// One line per published event (no broker here: stdout stands in for it).
+pub fn describe(event: &OutboxEvent) -> String {
+    let kind = event
+        .headers
+        .iter()
+        .find(|(name, _)| name == "type")
+        .map_or("-", |(_, v)| v.as_str());
+    format!(
+        "published seq={} id={} topic={} key={} type={kind} payload={}",
+        event.seq,
+        event.id,
+        event.topic,
+        event.ordering_key.as_deref().unwrap_or("-"),
+        String::from_utf8_lossy(&event.payload)
+    )
+}
+
+/// Starts the outbox dispatcher of the service: its publisher prints each event on stdout
+/// ([`describe`]) and reports it delivered. A real service would send it to its broker here.
+pub fn start_dispatcher(store: &Store) -> Result<DispatcherHandle, idem::Error> {
+    store.start_dispatcher(
+        |event: &OutboxEvent| -> Result<(), idem::BoxError> {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "edge_service: {}", describe(event))?;
+            out.flush()?;
+            Ok(())
+        },
+        DispatcherOptions::new(),
+    )
 }
 
 /// Reads run on the blocking pool too: redb reads touch the disk.
@@ -252,6 +304,22 @@ async fn ledger(State(store): State<Store>, headers: HeaderMap) -> Response {
     }
 }
 
+/// Outbox counts: undelivered events, dead letters, and events delivered by this process.
+async fn outbox(State(store): State<Store>) -> Response {
+    let counted = read(store.clone(), move |_| {
+        let stats = store.outbox_stats()?;
+        let delivered = store.metrics().outbox_delivered;
+        Ok((stats.pending, stats.dead, delivered))
+    })
+    .await;
+    match counted {
+        Ok((pending, dead, delivered)) => {
+            Json(json!({"pending": pending, "dead": dead, "delivered": delivered})).into_response()
+        }
+        Err(resp) => resp,
+    }
+}
+
 struct Args {
     data: PathBuf,
     listen: SocketAddr,
@@ -330,6 +398,7 @@ pub fn open_store(
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse_args()?;
     let store = open_store(&args.data, args.lease)?;
+    let dispatcher = start_dispatcher(&store)?;
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     eprintln!(
         "edge_service: listening on http://{} (store {})",
@@ -339,5 +408,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     axum::serve(listener, app(store))
         .with_graceful_shutdown(shutdown_signal())
         .await?;
+    // Stops after the publish in progress; undelivered events wait for the next start.
+    dispatcher.shutdown()?;
     Ok(())
 }

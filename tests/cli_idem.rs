@@ -185,3 +185,112 @@ fn says_why_it_cannot_open() {
     drop(store);
     assert!(idem(&file, &["stats"]).status.success());
 }
+
+#[test]
+fn outbox_stats_list_requeue_discard() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("idem.redb");
+    {
+        let store = Store::open(&file).unwrap();
+        let req = Request::from_canonical_bytes(Scope::new("t1", "op"), "k", b"x");
+        let _ = store
+            .execute(req, |tx| {
+                tx.outbox().push(
+                    idem::Event::new("payments", "secret-payload-0")
+                        .ordering_key("pay_0")
+                        .header("type", "payment.captured"),
+                )?;
+                tx.outbox()
+                    .push(idem::Event::new("payments", "secret-payload-1").ordering_key("pay_1"))?;
+                Ok(Response::new(201, "ok"))
+            })
+            .unwrap();
+        assert_eq!(outbox_counts(&store), (2, 0));
+        // A broker that is always down, and one attempt allowed: both events die.
+        let dispatcher = store
+            .start_dispatcher(
+                |_: &idem::OutboxEvent| -> Result<(), idem::BoxError> {
+                    Err("broker down\nline two".into())
+                },
+                idem::DispatcherOptions::new().max_attempts(1),
+            )
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while outbox_counts(&store) != (0, 2) {
+            assert!(std::time::Instant::now() < deadline, "no dead letters");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        dispatcher.shutdown().unwrap();
+    }
+
+    let o = idem(&file, &["stats"]);
+    assert!(o.status.success(), "{o:?}");
+    let out = stdout(&o);
+    assert_eq!(line(&out, "outbox_pending"), "0");
+    assert_eq!(line(&out, "dead_letters"), "2");
+
+    let o = idem(&file, &["outbox", "list"]);
+    assert!(o.status.success(), "{o:?}");
+    let out = stdout(&o);
+    assert_eq!(line(&out, "dead_letters"), "2");
+    assert_eq!(line(&out, "seq"), "0");
+    assert_eq!(line(&out, "topic"), "payments");
+    assert_eq!(line(&out, "ordering_key"), "pay_0");
+    assert_eq!(line(&out, "attempts"), "1");
+    assert_eq!(line(&out, "error"), "broker down line two");
+    assert_eq!(line(&out, "payload_bytes"), "16");
+    assert_eq!(line(&out, "id").len(), 64);
+    assert_eq!(out.matches("\nseq ").count(), 2, "{out}");
+    assert!(!out.contains("secret-payload"), "payloads only with --body");
+    assert!(
+        !out.contains("payment.captured"),
+        "headers only with --body"
+    );
+    let o = idem(&file, &["outbox", "list", "--body", "--limit", "1"]);
+    assert!(o.status.success(), "{o:?}");
+    let out = stdout(&o);
+    assert!(out.contains("secret-payload-0"), "{out}");
+    assert!(out.contains("type: payment.captured"), "{out}");
+    assert!(!out.contains("secret-payload-1"), "--limit 1");
+    assert!(out.contains("--limit"), "says more are left: {out}");
+
+    let o = idem(&file, &["outbox", "requeue", "0"]);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(stdout(&o).trim(), "requeued");
+    let out = stdout(&idem(&file, &["stats"]));
+    assert_eq!(line(&out, "outbox_pending"), "1");
+    assert_eq!(line(&out, "dead_letters"), "1");
+
+    let o = idem(&file, &["outbox", "discard", "1"]);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(stdout(&o).trim(), "discarded");
+    let out = stdout(&idem(&file, &["stats"]));
+    assert_eq!(line(&out, "outbox_pending"), "1");
+    assert_eq!(line(&out, "dead_letters"), "0");
+    assert_eq!(
+        line(&stdout(&idem(&file, &["outbox", "list"])), "dead_letters"),
+        "0"
+    );
+
+    // Unknown (or already handled) sequence numbers fail and say so.
+    for cmd in ["requeue", "discard"] {
+        let o = idem(&file, &["outbox", cmd, "1"]);
+        assert!(!o.status.success(), "{cmd}: {o:?}");
+        assert_eq!(stdout(&o).trim(), "absent");
+        assert!(String::from_utf8_lossy(&o.stderr).contains("no dead letter with seq 1"));
+    }
+
+    // The requeued event is the one that was dead, with its attempts reset.
+    let store = Store::open(&file).unwrap();
+    let pending = store.pending_events(10).unwrap();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].seq, 0);
+    assert_eq!(pending[0].payload, b"secret-payload-0");
+    assert_eq!(pending[0].failed_attempts, 0);
+}
+
+/// (pending, dead) through the library.
+fn outbox_counts(store: &Store) -> (u64, u64) {
+    let s = store.outbox_stats().unwrap();
+    (s.pending, s.dead)
+}

@@ -78,16 +78,19 @@ async fn send(
     }
 }
 
-async fn serve(dir: &std::path::Path) -> SocketAddr {
+/// Serves the example on a loopback port; also returns the store (no dispatcher runs unless a
+/// test starts one, so pushed events stay in the outbox and can be counted).
+async fn serve(dir: &std::path::Path) -> (SocketAddr, idem::Store) {
     let store = edge_service::open_store(dir, std::time::Duration::from_secs(30)).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let served = store.clone();
     tokio::spawn(async move {
-        axum::serve(listener, edge_service::app(store))
+        axum::serve(listener, edge_service::app(served))
             .await
             .unwrap();
     });
-    addr
+    (addr, store)
 }
 
 const PAY: &str = r#"{"account":"acc_1","amount":4200,"currency":"EUR"}"#;
@@ -103,10 +106,27 @@ async fn ledger(addr: SocketAddr, tenant: &str) -> (i64, i64) {
     (v["entries"].as_i64().unwrap(), v["total"].as_i64().unwrap())
 }
 
+/// `GET /v1/outbox`: (pending, dead, delivered).
+async fn outbox(addr: SocketAddr) -> (u64, u64, u64) {
+    let r = send(addr, "GET", "/v1/outbox", &[], "").await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let v = r.json();
+    let n = |f: &str| v[f].as_u64().unwrap();
+    (n("pending"), n("dead"), n("delivered"))
+}
+
+fn header<'a>(event: &'a idem::OutboxEvent, name: &str) -> Option<&'a str> {
+    event
+        .headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn first_call_replay_mismatch_missing_key_refund_and_ledger() {
     let dir = tempfile::tempdir().unwrap();
-    let addr = serve(dir.path()).await;
+    let (addr, store) = serve(dir.path()).await;
 
     let first = send(
         addr,
@@ -236,12 +256,33 @@ async fn first_call_replay_mismatch_missing_key_refund_and_ledger() {
     )
     .await;
     assert_eq!(hidden.status, 404);
+
+    // One outbox event per state change of a distinct intent (t1 capture, t2 capture, t1
+    // refund): replays, the 422, the 400 and the repeated refund pushed nothing. No
+    // dispatcher runs here, so all of them are still pending, in commit order.
+    assert_eq!(outbox(addr).await, (3, 0, 0));
+    let events = store.pending_events(10).unwrap();
+    assert_eq!(events.len(), 3);
+    assert!(events.iter().all(|e| e.topic == "payments"));
+    assert_eq!(events[0].ordering_key.as_deref(), Some(id.as_str()));
+    assert_eq!(header(&events[0], "type"), Some("payment.captured"));
+    let captured: Value = serde_json::from_slice(&events[0].payload).unwrap();
+    assert_eq!(captured, payment, "the payload is the payment as answered");
+    assert_eq!(header(&events[1], "type"), Some("payment.captured"));
+    assert_ne!(
+        events[1].ordering_key, events[0].ordering_key,
+        "t2's payment"
+    );
+    assert_eq!(events[2].ordering_key.as_deref(), Some(id.as_str()));
+    assert_eq!(header(&events[2], "type"), Some("payment.refunded"));
+    let refunded: Value = serde_json::from_slice(&events[2].payload).unwrap();
+    assert_eq!(refunded, refund.json());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fifty_concurrent_identical_posts_book_once() {
     let dir = tempfile::tempdir().unwrap();
-    let addr = serve(dir.path()).await;
+    let (addr, store) = serve(dir.path()).await;
     let bodies = Arc::new(parking_lot::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for _ in 0..50 {
@@ -286,5 +327,42 @@ async fn fifty_concurrent_identical_posts_book_once() {
         ledger(addr, "t1").await,
         (1, 4200),
         "exactly one ledger entry"
+    );
+    assert_eq!(
+        store.outbox_stats().unwrap().pending,
+        1,
+        "exactly one outbox event"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_dispatcher_delivers_one_event_per_payment() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, store) = serve(dir.path()).await;
+    let dispatcher = edge_service::start_dispatcher(&store).unwrap();
+    for key in ["d-1", "d-2", "d-3", "d-1", "d-2"] {
+        let r = send(addr, "POST", "/v1/payments", &post_headers("t1", key), PAY).await;
+        assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let counts = outbox(addr).await;
+        if counts == (0, 0, 3) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not delivered: {counts:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    tokio::task::spawn_blocking(move || dispatcher.shutdown())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        store.metrics().outbox_delivered,
+        3,
+        "replays pushed nothing"
     );
 }

@@ -8,6 +8,9 @@
 //! cargo run --features cli --bin idem -- compact
 //! cargo run --features cli --bin idem -- check
 //! cargo run --features cli --bin idem -- export --jsonl [--body]
+//! cargo run --features cli --bin idem -- outbox list [--limit N] [--body]
+//! cargo run --features cli --bin idem -- outbox requeue SEQ
+//! cargo run --features cli --bin idem -- outbox discard SEQ
 //! ```
 //!
 //! Every command goes through the public `Store` API. redb locks the file for one process at a
@@ -20,7 +23,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use idem::redb::{ReadableTable, TableDefinition};
-use idem::{Record, Scope, State, Store, Timestamp};
+use idem::{DeadLetter, Record, Scope, State, Store, Timestamp};
 
 /// idem's record table (docs/FORMAT.md, "Tables"), read-only here: record key → record.
 const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idem.records.v1");
@@ -41,7 +44,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Records by stored state, records due for a sweep, and the file size.
+    /// Records by stored state, records due for a sweep, the outbox backlog, dead letters and
+    /// the file size.
     Stats,
     /// One record: state, fingerprint, timestamps, response summary (no body unless --body).
     Get {
@@ -72,6 +76,38 @@ enum Command {
         /// Include response bodies (lossy UTF-8; may contain customer data).
         #[arg(long)]
         body: bool,
+    },
+    /// The outbox's dead letters: events whose publishing failed its last allowed attempt.
+    Outbox {
+        #[command(subcommand)]
+        command: OutboxCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum OutboxCommand {
+    /// Dead letters, oldest first: seq, id, topic, ordering key, attempts, last error (no
+    /// payload unless --body).
+    List {
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Also print payloads and headers (lossy UTF-8; may contain customer data).
+        #[arg(long)]
+        body: bool,
+    },
+    /// Moves dead letter SEQ back into the outbox, at its place in commit order, with its
+    /// attempts reset; the service's dispatcher publishes it again (on its next start, or
+    /// within its idle re-check if it shares the file in multi-process mode).
+    Requeue {
+        /// The dead letter's sequence number (`idem outbox list`).
+        seq: u64,
+    },
+    /// Deletes dead letter SEQ for good: it is NEVER published, and later events with its
+    /// ordering key are no longer held back.
+    Discard {
+        /// The dead letter's sequence number (`idem outbox list`).
+        seq: u64,
     },
 }
 
@@ -141,6 +177,9 @@ fn run(cli: &Cli) -> Result<(), String> {
             println!("failed      {}", s.failed);
             println!("tombstones  {}", s.tombstones);
             println!("due         {}", s.due);
+            let o = store.outbox_stats().map_err(|e| e.to_string())?;
+            println!("outbox_pending {}", o.pending);
+            println!("dead_letters   {}", o.dead);
         }
         Command::Get { id, body } => {
             let store = open(cli)?;
@@ -233,8 +272,68 @@ fn run(cli: &Cli) -> Result<(), String> {
                 return Err(e);
             }
         }
+        Command::Outbox { command } => {
+            let store = open(cli)?;
+            outbox(&store, command)?;
+        }
     }
     Ok(())
+}
+
+fn outbox(store: &Store, command: &OutboxCommand) -> Result<(), String> {
+    let no_such =
+        |seq: u64| format!("no dead letter with seq {seq} (`idem outbox list` shows them)");
+    match command {
+        OutboxCommand::List { limit, body } => {
+            let stats = store.outbox_stats().map_err(|e| e.to_string())?;
+            let dead = store.dead_letters(*limit).map_err(|e| e.to_string())?;
+            println!("dead_letters {}", stats.dead);
+            let now = store.now();
+            for d in &dead {
+                println!();
+                print_dead_letter(d, now, *body);
+            }
+            if (dead.len() as u64) < stats.dead {
+                println!();
+                println!("(first {} shown; pass --limit N for more)", dead.len());
+            }
+        }
+        OutboxCommand::Requeue { seq } => {
+            if !store.requeue_dead_letter(*seq).map_err(|e| e.to_string())? {
+                println!("absent");
+                return Err(no_such(*seq));
+            }
+            println!("requeued");
+        }
+        OutboxCommand::Discard { seq } => {
+            if !store.discard_dead_letter(*seq).map_err(|e| e.to_string())? {
+                println!("absent");
+                return Err(no_such(*seq));
+            }
+            println!("discarded");
+        }
+    }
+    Ok(())
+}
+
+fn print_dead_letter(d: &DeadLetter, now: Timestamp, with_body: bool) {
+    let e = &d.event;
+    println!("seq          {}", e.seq);
+    println!("id           {}", e.id);
+    println!("topic        {}", e.topic);
+    println!("ordering_key {}", e.ordering_key.as_deref().unwrap_or("-"));
+    println!("attempts     {}", e.failed_attempts);
+    println!("created_at   {}", when(e.created_at, now));
+    println!("failed_at    {}", when(d.failed_at, now));
+    println!("error        {}", d.error.replace('\n', " "));
+    println!("payload_bytes {}", e.payload.len());
+    println!("headers      {}", e.headers.len());
+    if with_body {
+        for (name, value) in &e.headers {
+            println!("header       {name}: {value}");
+        }
+        println!("payload      {}", String::from_utf8_lossy(&e.payload));
+    }
 }
 
 fn for_each_record(store: &Store, mut f: impl FnMut(&[u8], &[u8])) -> Result<(), String> {
