@@ -122,6 +122,7 @@ fn check_and_export() {
     let o = idem(&file, &["check"]);
     assert!(o.status.success(), "{o:?}");
     let out = stdout(&o);
+    assert_eq!(line(&out, "file_integrity"), "ok");
     assert_eq!(line(&out, "records_ok"), "2");
     assert_eq!(line(&out, "expiry_index"), "ok");
 

@@ -65,8 +65,8 @@ enum Command {
     Sweep,
     /// Gives free space back to the file system (sweep first; needs the file to itself).
     Compact,
-    /// Decodes every record and checks the expiry index against the records; exits non-zero
-    /// on any problem.
+    /// Runs redb's full integrity check, decodes every record and checks the expiry index
+    /// against the records; exits non-zero on any problem.
     Check,
     /// Every record as one JSON object per line (no bodies unless --body).
     Export {
@@ -222,7 +222,20 @@ fn run(cli: &Cli) -> Result<(), String> {
             println!("bytes_after  {}", file_size(&cli.file));
         }
         Command::Check => {
-            let store = open(cli)?;
+            let mut store = open(cli)?;
+            // redb's full integrity check first (it needs the only handle, which this is).
+            let integrity = store.check_integrity();
+            println!(
+                "file_integrity {}",
+                match &integrity {
+                    Ok(true) => "ok",
+                    Ok(false) => "REPAIRED",
+                    Err(_) => "FAILED",
+                }
+            );
+            if let Err(e) = &integrity {
+                println!("  {e}");
+            }
             let mut ok = 0u64;
             let mut bad = Vec::new();
             for_each_record(&store, |key, value| {
@@ -245,7 +258,7 @@ fn run(cli: &Cli) -> Result<(), String> {
             if let Err(detail) = &index {
                 println!("  {detail}");
             }
-            if !bad.is_empty() || index.is_err() {
+            if !bad.is_empty() || index.is_err() || !matches!(integrity, Ok(true)) {
                 return Err(
                     "the store has problems (above): `idem get` / `idem purge` the keys, \
                      or restore the file"
