@@ -88,8 +88,17 @@ impl Store {
     /// failure is returned (and counted in [`crate::Metrics::sweep_failures`]); what the
     /// committed batches did stays done.
     pub fn sweep(&self) -> Result<SweepReport, Error> {
+        self.sweep_with_progress(|_| {})
+    }
+
+    /// [`Store::sweep`], calling `progress` with the running totals after every committed
+    /// batch (for an operator's progress display on a long pass).
+    pub fn sweep_with_progress(
+        &self,
+        mut progress: impl FnMut(&SweepReport),
+    ) -> Result<SweepReport, Error> {
         let mut report = SweepReport::default();
-        let result = self.sweep_pass(&mut report);
+        let result = self.sweep_pass(&mut report, &mut progress);
         let mut totals = self.inner.sweeps.lock();
         totals.passes += 1;
         totals.swept += report.swept();
@@ -100,7 +109,11 @@ impl Store {
         result.map(|()| report)
     }
 
-    fn sweep_pass(&self, report: &mut SweepReport) -> Result<(), Error> {
+    fn sweep_pass(
+        &self,
+        report: &mut SweepReport,
+        progress: &mut dyn FnMut(&SweepReport),
+    ) -> Result<(), Error> {
         if self.in_closure() {
             return Err(Error::Reentrant);
         }
@@ -123,6 +136,7 @@ impl Store {
             report.deleted += batch.deleted;
             report.tombstoned += batch.tombstoned;
             report.repaired += batch.repaired;
+            progress(report);
             more = batch.more;
             if more {
                 self.let_others_commit();

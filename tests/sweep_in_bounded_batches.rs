@@ -118,3 +118,24 @@ fn claims_made_during_a_pass_all_complete() {
     assert_eq!(store.stats().expect("stats").records, claimed as u64);
     store.check_expiry_index().expect("index matches");
 }
+
+#[test]
+fn sweep_with_progress_reports_after_every_batch() {
+    let h = Harness::with(|b| b.sweep_batch(10));
+    let store = h.store();
+    for i in 0..35 {
+        executed(store.execute(req("t", "op", &format!("k{i}"), b"p"), |_| {
+            Ok(idem::Response::new(201, "ok"))
+        }));
+    }
+    h.clock
+        .advance(std::time::Duration::from_secs(30 * 24 * 3600));
+    let mut seen = Vec::new();
+    let report = store
+        .sweep_with_progress(|r| seen.push((r.batches, r.swept())))
+        .expect("sweep");
+    assert_eq!(seen.len() as u64, report.batches);
+    assert_eq!(seen.last().map(|s| s.1), Some(report.swept()));
+    assert!(seen.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1));
+    assert_eq!(report.swept(), 35);
+}

@@ -203,7 +203,22 @@ fn run(cli: &Cli) -> Result<(), String> {
         }
         Command::Sweep => {
             let store = open(cli)?;
-            let r = store.sweep().map_err(|e| e.to_string())?;
+            // Progress on stderr, once per second on a long pass (stdout stays the summary).
+            let mut last = std::time::Instant::now();
+            let r = store
+                .sweep_with_progress(|so_far| {
+                    if last.elapsed() >= std::time::Duration::from_secs(1) {
+                        last = std::time::Instant::now();
+                        eprintln!(
+                            "sweeping: {} deleted, {} tombstoned, {} batches, {} ms",
+                            so_far.deleted,
+                            so_far.tombstoned,
+                            so_far.batches,
+                            so_far.duration.as_millis()
+                        );
+                    }
+                })
+                .map_err(|e| e.to_string())?;
             let m = store.metrics();
             println!("deleted     {}", r.deleted);
             println!("tombstoned  {}", r.tombstoned);
