@@ -24,16 +24,6 @@ impl Clock for PanicsOnVictim {
     }
 }
 
-fn wait_for_queue(store: &Store, n: usize) {
-    for _ in 0..20_000 {
-        if store.metrics().queued >= n {
-            return;
-        }
-        thread::sleep(Duration::from_micros(100));
-    }
-    panic!("callers never queued");
-}
-
 #[test]
 fn a_clock_that_panics_inside_a_batch_strands_no_one() {
     let dir = tempfile::tempdir().expect("tempdir");

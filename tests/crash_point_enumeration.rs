@@ -271,16 +271,6 @@ fn sweep_of_expired_records() {
     assert!(s >= 3, "one sync per batch at least, got {s}");
 }
 
-fn wait_for_queue(store: &Store, n: usize) {
-    for _ in 0..20_000 {
-        if store.metrics().queued >= n {
-            return;
-        }
-        thread::sleep(Duration::from_micros(100));
-    }
-    panic!("callers never queued");
-}
-
 #[test]
 fn group_commit_batch() {
     const N: usize = 6;

@@ -11,16 +11,6 @@ use std::time::Duration;
 use common::*;
 use idem::{Error, Response, Store};
 
-fn wait_for_queue(store: &Store, n: usize) {
-    for _ in 0..20_000 {
-        if store.metrics().queued >= n {
-            return;
-        }
-        thread::sleep(Duration::from_micros(100));
-    }
-    panic!("callers never queued");
-}
-
 #[test]
 fn a_failed_batch_commit_answers_every_member_and_every_queued_caller() {
     let backend = CrashBackend::default();

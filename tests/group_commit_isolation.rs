@@ -36,16 +36,6 @@ fn gate<'s, 'e>(
     (release_tx, handle)
 }
 
-fn wait_for_queue(store: &Store, n: usize) {
-    for _ in 0..20_000 {
-        if store.metrics().queued >= n {
-            return;
-        }
-        thread::sleep(Duration::from_micros(100));
-    }
-    panic!("callers never queued: {} of {n}", store.metrics().queued);
-}
-
 #[test]
 fn a_failing_member_leaves_nothing_and_changes_no_one_elses_outcome() {
     let h = Harness::new();

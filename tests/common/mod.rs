@@ -446,3 +446,15 @@ pub fn record_rows(store: &Store) -> u64 {
         Err(e) => panic!("open records table: {e}"),
     }
 }
+
+/// Waits (bounded) until `n` callers are queued for the next group commit: the way the
+/// group-commit tests build a batch deterministically behind a caller that holds the writer.
+pub fn wait_for_queue(store: &Store, n: usize) {
+    for _ in 0..20_000 {
+        if store.metrics().queued >= n {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(100));
+    }
+    panic!("callers never queued: {} of {n}", store.metrics().queued);
+}
