@@ -157,21 +157,11 @@ impl Lease {
                 Ok(r) => r,
                 Err(e) => return Step::Clean(Err(e)),
             };
-            let (state, response) = match store.run_closure(|| f(&Tx::new(txn, now, &self.key))) {
-                Ok(r) => {
-                    let r = r.mark_succeeded();
-                    (State::Completed(r.clone()), r)
-                }
-                Err(Abort::Terminal(r)) => {
-                    let r = r.mark_failed();
-                    (State::Failed(r.clone()), r)
-                }
-                Err(Abort::Retryable(source)) => return Step::Abort(Error::Aborted { source }),
-                Err(Abort::Store(e)) => return Step::Abort(e),
+            let result = store.run_closure(|| f(&Tx::new(txn, now, &self.key)));
+            let (state, response) = match store.settle(result) {
+                Ok(settled) => settled,
+                Err(e) => return Step::Abort(e),
             };
-            if let Err(e) = store.check_response(&response) {
-                return Step::Abort(e);
-            }
             let finished = Record {
                 fingerprint: record.fingerprint,
                 created_at: record.created_at,

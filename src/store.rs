@@ -785,21 +785,11 @@ impl Store {
                 Ok(Claimed::Early(early)) => return Step::Clean(early.into_outcome()),
                 Err(e) => return Step::Clean(Err(e)),
             };
-            let (state, response) = match self.run_closure(|| f(&Tx::new(txn, now, &key))) {
-                Ok(response) => {
-                    let response = response.mark_succeeded();
-                    (State::Completed(response.clone()), response)
-                }
-                Err(Abort::Terminal(response)) => {
-                    let response = response.mark_failed();
-                    (State::Failed(response.clone()), response)
-                }
-                Err(Abort::Retryable(source)) => return Step::Abort(Error::Aborted { source }),
-                Err(Abort::Store(e)) => return Step::Abort(e),
+            let result = self.run_closure(|| f(&Tx::new(txn, now, &key)));
+            let (state, response) = match self.settle(result) {
+                Ok(settled) => settled,
+                Err(e) => return Step::Abort(e),
             };
-            if let Err(e) = self.check_response(&response) {
-                return Step::Abort(e);
-            }
             let record = Record {
                 fingerprint: *request.fingerprint(),
                 created_at,
@@ -916,8 +906,7 @@ impl Store {
     /// [`crate::is_forgotten`]). For inspection and tests; never needed to
     /// use the store correctly.
     pub fn get(&self, scope: &Scope, key: impl AsRef<[u8]>) -> Result<Option<Record>, Error> {
-        let request = Request::with_fingerprint(scope.clone(), key, crate::Fingerprint([0; 32]));
-        let key = self.admit(&request)?;
+        let key = self.admit_key(scope, key)?;
         self.read_record(&key)
     }
 
@@ -932,8 +921,7 @@ impl Store {
     /// or must be forgotten: the key becomes free, so a retry of the intent **runs again**, and a
     /// live lease on it is fenced out ([`Error::LeaseLost`]).
     pub fn purge(&self, scope: &Scope, key: impl AsRef<[u8]>) -> Result<bool, Error> {
-        let request = Request::with_fingerprint(scope.clone(), key, crate::Fingerprint([0; 32]));
-        let key = self.admit(&request)?;
+        let key = self.admit_key(scope, key)?;
         let existed = self.write(false, |txn, _| match self.remove(txn, &key) {
             Ok(existed) => Step::Done(existed),
             Err(e) => Step::Abort(e),
@@ -953,6 +941,15 @@ impl Store {
     }
 
     // ---- shared plumbing (also used by Lease) ----
+
+    /// The record key of `key` in `scope`, validated like a request's (no payload involved).
+    fn admit_key(&self, scope: &Scope, key: impl AsRef<[u8]>) -> Result<Vec<u8>, Error> {
+        self.admit(&Request::with_fingerprint(
+            scope.clone(),
+            key,
+            crate::Fingerprint([0; 32]),
+        ))
+    }
 
     fn admit(&self, request: &Request) -> Result<Vec<u8>, Error> {
         self.inner.config.limits.check(request)?;
@@ -1042,6 +1039,29 @@ impl Store {
         let mut records = txn.open_table(RECORDS).map_err(|e| self.storage(e))?;
         let mut expiry = txn.open_table(EXPIRY).map_err(|e| self.storage(e))?;
         remove_in(&mut records, &mut expiry, key).map_err(|e| self.storage(e))
+    }
+
+    /// What a closure's result records (flow A and lease completion share the rule): `Ok` →
+    /// Completed, [`Abort::Terminal`] → Failed, both within the response cap; anything else is
+    /// the error that rolls the caller's writes back.
+    pub(crate) fn settle(
+        &self,
+        result: Result<Response, Abort>,
+    ) -> Result<(State, Response), Error> {
+        let (state, response) = match result {
+            Ok(response) => {
+                let response = response.mark_succeeded();
+                (State::Completed(response.clone()), response)
+            }
+            Err(Abort::Terminal(response)) => {
+                let response = response.mark_failed();
+                (State::Failed(response.clone()), response)
+            }
+            Err(Abort::Retryable(source)) => return Err(Error::Aborted { source }),
+            Err(Abort::Store(e)) => return Err(e),
+        };
+        self.check_response(&response)?;
+        Ok((state, response))
     }
 
     pub(crate) fn check_response(&self, response: &Response) -> Result<(), Error> {

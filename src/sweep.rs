@@ -60,10 +60,6 @@ pub(crate) struct SweepTotals {
     pub last: SweepReport,
 }
 
-/// How long a pass waits between two batches for another commit (normally the callers that
-/// queued behind the batch), so a claim waits behind at most one sweep batch.
-const YIELD_BETWEEN_BATCHES: Duration = Duration::from_millis(1);
-
 /// What one batch did.
 #[derive(Debug, Default)]
 struct Batch {
@@ -137,10 +133,10 @@ impl Store {
             report.tombstoned += batch.tombstoned;
             report.repaired += batch.repaired;
             progress(report);
+            // No pause needed before the next batch: the commit queue is first come, first
+            // served, so callers that queued while this batch ran commit before the sweep's next
+            // batch, which queues behind them. A claim waits behind at most one sweep batch.
             more = batch.more;
-            if more {
-                self.let_others_commit();
-            }
         }
         report.duration = started.elapsed();
         Ok(())
@@ -153,18 +149,6 @@ impl Store {
         let expiry = read.open_table(EXPIRY).map_err(|e| self.storage(e))?;
         let first = expiry.first().map_err(|e| self.storage(e))?;
         Ok(first.is_some_and(|(k, _)| parse_entry(k.value()).is_none_or(|e| e.due <= cutoff)))
-    }
-
-    /// Waits up to [`YIELD_BETWEEN_BATCHES`] for another commit, so callers that queued while
-    /// the last batch ran lead the next transaction, before this pass queues its next batch.
-    fn let_others_commit(&self) {
-        let mut commits = self.inner.commits.lock();
-        let seen = *commits;
-        let _ = self.inner.committed.wait_while_for(
-            &mut commits,
-            |c| *c == seen,
-            YIELD_BETWEEN_BATCHES,
-        );
     }
 
     /// One batch: the first `limit` index entries due at `cutoff`, acted on at `now`.
