@@ -1,0 +1,244 @@
+//! Fault-injecting in-memory redb backends, shared by the integration tests (through
+//! `tests/common`), the fuzz targets (`fuzz/fuzz_targets/*`) and the corpus-replay test
+//! (through `tests/sim`). Only `std` and `idem::redb`.
+
+#![allow(dead_code)]
+
+/// An in-memory redb backend that keeps two images — what was written (live) and what the
+/// last `sync_data` made durable — and can fail writes and syncs on demand. A "crash" opens a
+/// new backend over the durable image only.
+#[derive(Debug, Clone, Default)]
+pub struct CrashBackend {
+    images: std::sync::Arc<std::sync::Mutex<Images>>,
+    pub failing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+#[derive(Debug, Default)]
+struct Images {
+    live: Vec<u8>,
+    durable: Vec<u8>,
+}
+
+impl CrashBackend {
+    fn images(&self) -> std::sync::MutexGuard<'_, Images> {
+        // A poisoned lock only means another test thread panicked; the bytes are still valid.
+        self.images.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn check(&self) -> std::io::Result<()> {
+        if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(std::io::Error::other("injected I/O failure"));
+        }
+        Ok(())
+    }
+
+    /// A copy of every byte written so far (synced or not).
+    pub fn live_image(&self) -> Vec<u8> {
+        self.images().live.clone()
+    }
+
+    /// A copy of the bytes as of the last successful `sync_data`.
+    pub fn durable_image(&self) -> Vec<u8> {
+        self.images().durable.clone()
+    }
+
+    /// A new backend holding only what was durable: what a reopen after power loss sees.
+    pub fn crash(&self) -> CrashBackend {
+        let durable = self.images().durable.clone();
+        CrashBackend {
+            images: std::sync::Arc::new(std::sync::Mutex::new(Images {
+                live: durable.clone(),
+                durable,
+            })),
+            failing: Default::default(),
+        }
+    }
+}
+
+impl idem::redb::StorageBackend for CrashBackend {
+    fn len(&self) -> std::io::Result<u64> {
+        Ok(self.images().live.len() as u64)
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        let images = self.images();
+        let start = usize::try_from(offset).map_err(std::io::Error::other)?;
+        let end = start + out.len();
+        if end > images.live.len() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "read past the end",
+            ));
+        }
+        out.copy_from_slice(&images.live[start..end]);
+        Ok(())
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.check()?;
+        let len = usize::try_from(len).map_err(std::io::Error::other)?;
+        self.images().live.resize(len, 0);
+        Ok(())
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.check()?;
+        let mut images = self.images();
+        images.durable = images.live.clone();
+        Ok(())
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.check()?;
+        let mut images = self.images();
+        let start = usize::try_from(offset).map_err(std::io::Error::other)?;
+        let end = start + data.len();
+        if end > images.live.len() {
+            images.live.resize(end, 0);
+        }
+        images.live[start..end].copy_from_slice(data);
+        Ok(())
+    }
+}
+
+/// A [`CrashBackend`] over a given durable image (the image a crash at some sync left).
+pub fn crash_backend_from_image(image: Vec<u8>) -> CrashBackend {
+    CrashBackend {
+        images: std::sync::Arc::new(std::sync::Mutex::new(Images {
+            live: image.clone(),
+            durable: image,
+        })),
+        failing: Default::default(),
+    }
+}
+
+/// What a [`CountingBackend`] counted and injects.
+#[derive(Debug, Default)]
+pub struct Counting {
+    /// `sync_data` calls that succeeded since the last [`CountingBackend::mark`].
+    pub syncs: usize,
+    /// The durable image right after each such sync; `[0]` is the durable image at the mark,
+    /// so `snapshots[k]` is what a crash right after sync `k` leaves.
+    pub snapshots: Vec<Vec<u8>>,
+    /// I/O operations (writes, `set_len`, syncs) attempted since the last arming.
+    pub ops: u64,
+    /// Fail the I/O operation with this 0-based index (since arming), if set.
+    pub fail_at: Option<u64>,
+    /// Keep failing every operation after the first injected failure.
+    pub persistent: bool,
+    /// How many failures were injected.
+    pub injected: u64,
+    /// After each write or `set_len` since the last [`CountingBackend::mark`]: the syncs done
+    /// so far and the live image — what a crash leaves if every write so far reached the disk
+    /// in order but the next sync never ran (a torn commit).
+    pub torn: Vec<(usize, Vec<u8>)>,
+}
+
+/// A wrapper over a [`CrashBackend`] (which it leaves unchanged) that counts syncs, keeps the
+/// durable image after each one, and can fail the n-th write/sync (once or from then on).
+#[derive(Debug, Clone, Default)]
+pub struct CountingBackend {
+    pub inner: CrashBackend,
+    pub state: std::sync::Arc<std::sync::Mutex<Counting>>,
+}
+
+impl CountingBackend {
+    pub fn counting(&self) -> std::sync::MutexGuard<'_, Counting> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts counting syncs from here; snapshot 0 is the current durable image.
+    pub fn mark(&self) {
+        let durable = self.inner.images().durable.clone();
+        let mut c = self.counting();
+        c.syncs = 0;
+        c.snapshots = vec![durable];
+        c.torn.clear();
+    }
+
+    /// The torn-commit images since the mark (see [`Counting::torn`]).
+    pub fn torn_images(&self) -> Vec<(usize, Vec<u8>)> {
+        self.counting().torn.clone()
+    }
+
+    fn after_write(&self) {
+        let live = self.inner.images().live.clone();
+        let mut c = self.counting();
+        if !c.snapshots.is_empty() {
+            let syncs = c.syncs;
+            c.torn.push((syncs, live));
+        }
+    }
+
+    /// Syncs since the mark.
+    pub fn syncs(&self) -> usize {
+        self.counting().syncs
+    }
+
+    /// The durable image as of sync `k` since the mark.
+    pub fn image_at_sync(&self, k: usize) -> Vec<u8> {
+        self.counting().snapshots[k].clone()
+    }
+
+    /// Arms the failure countdown: I/O operation `n` (0-based, counted from now) fails, and
+    /// with `persistent` every later one too.
+    pub fn fail_at(&self, n: u64, persistent: bool) {
+        let mut c = self.counting();
+        c.ops = 0;
+        c.fail_at = Some(n);
+        c.persistent = persistent;
+        c.injected = 0;
+    }
+
+    /// Disarms the countdown and returns how many failures were injected.
+    pub fn disarm(&self) -> u64 {
+        let mut c = self.counting();
+        c.fail_at = None;
+        c.injected
+    }
+
+    /// A crash: a plain backend over what was durable.
+    pub fn crash(&self) -> CrashBackend {
+        self.inner.crash()
+    }
+
+    fn io(&self) -> std::io::Result<()> {
+        let mut c = self.counting();
+        let n = c.ops;
+        c.ops += 1;
+        if let Some(at) = c.fail_at
+            && (n == at || (c.persistent && n > at))
+        {
+            c.injected += 1;
+            return Err(std::io::Error::other("injected I/O failure (countdown)"));
+        }
+        Ok(())
+    }
+}
+
+impl idem::redb::StorageBackend for CountingBackend {
+    fn len(&self) -> std::io::Result<u64> {
+        self.inner.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        self.inner.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.io()?;
+        self.inner.set_len(len)?;
+        self.after_write();
+        Ok(())
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.io()?;
+        // Hold the counter lock across the sync so the snapshot is exactly this sync's image.
+        let mut c = self.counting();
+        self.inner.sync_data()?;
+        let durable = self.inner.images().durable.clone();
+        c.syncs += 1;
+        c.snapshots.push(durable);
+        Ok(())
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.io()?;
+        self.inner.write(offset, data)?;
+        self.after_write();
+        Ok(())
+    }
+}
