@@ -1,22 +1,8 @@
-//! Arbitrary bytes → `Record::decode` returns a record or a typed error, never panics; whatever
-//! decodes re-encodes to bytes that decode to the same record. (Postcard accepts non-minimal
-//! varints on decode, so the re-encoding may be shorter than the input; it is always minimal.)
+//! The `record_decode` target: see `tests/sim/record_decode.rs` (shared with the corpus-replay test).
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
+#[path = "../../tests/sim/mod.rs"]
+#[allow(dead_code, unused_imports)]
+mod sim;
 
-fuzz_target!(|data: &[u8]| {
-    if let Ok(record) = idem::Record::decode(data) {
-        let bytes = record.encode();
-        assert!(
-            bytes.len() <= data.len(),
-            "the encoder writes minimal varints"
-        );
-        let again = idem::Record::decode(&bytes);
-        assert_eq!(
-            again.ok().as_ref(),
-            Some(&record),
-            "encode∘decode must round-trip"
-        );
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| sim::record_decode::run(data));

@@ -194,7 +194,6 @@ pub fn begin_in_flight(begin: Result<Begin, Error>) -> std::time::Duration {
 mod backend;
 pub use backend::*;
 
-
 /// Every effect counter in the caller's table (label → count).
 pub fn all_effects(store: &Store) -> Vec<(String, u64)> {
     let read = store.begin_read().expect("read txn");
