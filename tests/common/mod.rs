@@ -192,6 +192,7 @@ pub fn begin_in_flight(begin: Result<Begin, Error>) -> std::time::Duration {
 
 #[path = "../sim/backend.rs"]
 mod backend;
+#[allow(unused_imports)] // Not every test uses the fault backends.
 pub use backend::*;
 
 /// Every effect counter in the caller's table (label → count).

@@ -1,0 +1,697 @@
+//! Issue 6, item 6 — "empty/oversized keys and bodies; clock moving backwards; an unknown record
+//! format version; a file that is not a redb database; a truncated file; flipped bytes in a
+//! record value → typed errors, no panic, nothing else lost."
+//!
+//! This file is the index of that item: one section per input. Where another test file already
+//! covers an input, the section names it instead of repeating it; the tests here cover the rest.
+//!
+//! | input | covered by |
+//! |---|---|
+//! | empty tenant / operation / key | `input_validation::empty_tenant_operation_or_key_is_refused_before_anything_runs` |
+//! | empty body, empty payload (valid, not errors) | `empty_bodies_and_payloads_are_valid` (here) |
+//! | oversized tenant / operation / key | `input_validation::oversized_names_are_refused_with_default_limits`, `custom_limits_raise_the_caps`, `impossible_limits_are_a_config_error` |
+//! | oversized body (response) | `input_validation::an_oversized_response_commits_nothing`, `an_oversized_completion_releases_the_lease` |
+//! | oversized request payload (only fingerprinted) | `a_large_request_payload_is_only_fingerprinted` (here) |
+//! | clock moving backwards | `expiry::a_clock_that_goes_backwards_does_not_free_a_key`, `decision` unit test `clock_going_backwards_does_not_free_a_key`; leases, sweeps and extreme instants: `a_clock_moving_backwards_frees_nothing_and_steals_no_lease` (here) |
+//! | unknown record format version | `input_validation::a_record_with_an_unknown_version_is_unsupported`, `record_format::unknown_versions_are_unsupported_format`; store marker: `input_validation::an_unknown_format_marker_refuses_to_open`; outbox event: `an_outbox_event_with_an_unknown_version_is_skipped_not_fatal` (here) |
+//! | a file that is not a redb database | `input_validation::a_file_that_is_not_a_redb_database_is_an_error_not_a_panic` (random bytes, text: `is_err` only); the variant, empty and zero-filled files: `a_file_that_is_not_a_store_is_a_storage_error` (here) |
+//! | a truncated file | `a_truncated_store_file_is_a_typed_error` (here) |
+//! | bytes changed in a record value (through redb) | `input_validation::a_garbage_record_is_corrupt_not_a_panic` and the 4 tests after it, `purge_frees_a_corrupt_key_so_the_intent_can_run_again`, `record_format::every_single_byte_substitution_is_ok_or_typed_error` (decoder only); every byte flipped, at the store: `every_flipped_byte_of_a_stored_record_is_contained` (here) |
+//! | bytes flipped in the file itself (under redb) | `a_flipped_byte_in_the_file_is_no_panic` (here); the known gaps: `a_flipped_body_byte_in_the_file_is_a_corrupt_record`, `a_failed_integrity_check_does_not_make_the_file_unopenable` (both ignored) |
+
+mod common;
+
+use std::cell::Cell;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use idem::redb::{ReadableTable, TableDefinition};
+use idem::{
+    BoxError, DispatcherOptions, Error, Event, ManualClock, OutboxEvent, Outcome, Response, Scope,
+    State, Store, Timestamp,
+};
+
+fn scope() -> Scope {
+    Scope::new("t", "op")
+}
+
+/// Opens `path` as a store, turning a panic into a test failure with context.
+fn open_no_panic(path: &Path, what: &str) -> Result<Store, Error> {
+    catch_unwind(AssertUnwindSafe(|| {
+        Store::builder().clock(ManualClock::new(T0)).open(path)
+    }))
+    .unwrap_or_else(|_| panic!("{what}: Store::open panicked"))
+}
+
+/// A store file with `n` completed claims `k0..k{n}` (bodies `BODY-<i>-xyzzy`, one effect each),
+/// closed cleanly; returns its bytes.
+fn store_file_bytes(n: usize) -> Vec<u8> {
+    let mut h = Harness::new();
+    for i in 0..n {
+        let key = format!("k{i}");
+        executed(h.store().execute(req("t", "op", &key, b"p"), |tx| {
+            bump(tx, &key)?;
+            Ok(Response::new(201, format!("BODY-{i:04}-xyzzy")))
+        }));
+    }
+    h.close();
+    std::fs::read(&h.path).expect("read store file")
+}
+
+fn body(i: usize) -> Vec<u8> {
+    format!("BODY-{i:04}-xyzzy").into_bytes()
+}
+
+/// Every claim k0..k{n} except `except` replays its own body, without running the closure.
+fn others_replay(store: &Store, n: usize, except: Option<usize>, ctx: &str) {
+    for i in (0..n).filter(|i| Some(*i) != except) {
+        let key = format!("k{i}");
+        let r = store.execute(req("t", "op", &key, b"p"), |_| {
+            Ok(Response::new(500, "must not run"))
+        });
+        match r {
+            Ok(Outcome::Replayed(resp)) => assert_eq!(resp.body(), body(i), "{ctx}: {key}"),
+            other => panic!("{ctx}: {key} was lost: {other:?}"),
+        }
+        assert_eq!(effects(store, &key), 1, "{ctx}: {key}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Empty keys and bodies.
+//
+// Empty tenant, operation or key: `input_validation::empty_tenant_operation_or_key_is_refused_
+// before_anything_runs` (Error::Empty with the field, for execute, begin and get; nothing runs).
+// An empty body or payload is not bad input: it is stored and replayed like any other.
+
+#[test]
+fn empty_bodies_and_payloads_are_valid() {
+    let h = Harness::new();
+    let store = h.store();
+    let first = executed(store.execute(req("t", "op", "k", b""), |tx| {
+        bump(tx, "k")?;
+        Ok(Response::new(204, ""))
+    }));
+    assert_eq!(first.body(), b"");
+    let again = replayed(store.execute(req("t", "op", "k", b""), |_| {
+        Ok(Response::new(500, "must not run"))
+    }));
+    assert_eq!((again.status(), again.body()), (204, &b""[..]));
+    // An empty payload is a payload: a non-empty one under the same key is a mismatch.
+    let r = store.execute(req("t", "op", "k", b"x"), |_| Ok(Response::new(500, "no")));
+    assert!(matches!(r, Err(Error::PayloadMismatch { .. })), "{r:?}");
+    // An empty body through a lease, too.
+    let lease = acquired(store.begin(req("t", "op", "l", b"")));
+    lease.complete(Response::new(200, "")).expect("complete");
+    assert_eq!(
+        begin_replayed(store.begin(req("t", "op", "l", b""))).body(),
+        b""
+    );
+    assert_eq!(effects(store, "k"), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Oversized keys and bodies.
+//
+// Names: `input_validation::oversized_names_are_refused_with_default_limits` (Error::TooLong
+// with field, length, limit), `custom_limits_raise_the_caps`, `impossible_limits_are_a_config_
+// error`. Responses: `input_validation::an_oversized_response_commits_nothing` (flow A, with
+// the resource pointer and a terminal failure), `an_oversized_completion_releases_the_lease`.
+// Not covered elsewhere: the request payload has no cap, because only its fingerprint is stored.
+
+#[test]
+fn a_large_request_payload_is_only_fingerprinted() {
+    let h = Harness::new();
+    let store = h.store();
+    let payload = vec![0xA5u8; 8 << 20];
+    executed(store.execute(req("t", "op", "big", &payload), |tx| {
+        bump(tx, "big")?;
+        Ok(Response::new(201, "ok"))
+    }));
+    replayed(store.execute(req("t", "op", "big", &payload), |_| {
+        Ok(Response::new(500, "must not run"))
+    }));
+    let mut other = payload.clone();
+    other[4 << 20] ^= 1;
+    let r = store.execute(req("t", "op", "big", &other), |_| {
+        Ok(Response::new(500, "no"))
+    });
+    assert!(matches!(r, Err(Error::PayloadMismatch { .. })), "{r:?}");
+    drop(payload);
+    let raw = {
+        let mut h = h;
+        h.close();
+        raw_record(&h.path, &record_key("t", "op", b"big")).expect("record")
+    };
+    assert!(
+        raw.len() < 100,
+        "the payload is not stored: {} bytes",
+        raw.len()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Clock moving backwards.
+//
+// Already covered: a completed intent still replays after the clock jumps back to the epoch
+// (`expiry::a_clock_that_goes_backwards_does_not_free_a_key`, `decision` unit test). What
+// happens, pinned here:
+// - a completed intent replays; a live lease is not stolen (InFlight, with a retry hint capped
+//   by `retry_after_cap`); the holder can still heartbeat and complete;
+// - a heartbeat under a backward clock sets the deadline to (clock + lease duration), which is
+//   earlier than the one it replaces: deadlines follow the clock, and the holder learns the new
+//   deadline from the heartbeat's return value;
+// - a sweep under a backward clock deletes and shrinks nothing;
+// - a record written under a backward clock takes its windows from that clock (created_at,
+//   expires_at are in the past once the clock is right again);
+// - extreme instants (the epoch, the far future) are no panic; the far future frees the keys
+//   (their horizon passed), as a real jump of that size would; at exactly u64::MAX ms a new
+//   lease is granted but cannot complete (LeaseLost: its windows saturate at that instant).
+
+#[test]
+fn a_clock_moving_backwards_frees_nothing_and_steals_no_lease() {
+    let h = Harness::new();
+    let store = h.store();
+    let clock = &h.clock;
+    executed(store.execute(req("t", "op", "done", b"p"), |tx| {
+        bump(tx, "done")?;
+        Ok(Response::new(201, "done"))
+    }));
+    let mut lease = acquired(store.begin(req("t", "op", "L", b"p")));
+    let first_deadline = lease.deadline();
+    assert_eq!(first_deadline, Timestamp(T0.0 + 30_000));
+
+    // One hour back.
+    clock.set(Timestamp(T0.0 - 3_600_000));
+    let r = replayed(store.execute(req("t", "op", "done", b"p"), |_| {
+        Ok(Response::new(500, "must not run"))
+    }));
+    assert_eq!(r.body(), b"done");
+    let retry_after = begin_in_flight(store.begin(req("t", "op", "L", b"p")));
+    assert!(
+        retry_after > Duration::ZERO && retry_after <= Duration::from_secs(1),
+        "{retry_after:?}"
+    );
+    // Nothing is due for a sweep.
+    let swept = store.sweep().expect("sweep");
+    assert_eq!((swept.deleted, swept.tombstoned), (0, 0), "{swept:?}");
+    // The holder heartbeats: the deadline follows the (earlier) clock.
+    let deadline = lease.heartbeat().expect("heartbeat");
+    assert_eq!(deadline, Timestamp(T0.0 - 3_600_000 + 30_000));
+    assert!(deadline < first_deadline);
+    // A claim under the backward clock.
+    executed(store.execute(req("t", "op", "past", b"p"), |tx| {
+        bump(tx, "past")?;
+        Ok(Response::new(201, "past"))
+    }));
+    let past = store.get(&scope(), "past").expect("get").expect("record");
+    assert_eq!(past.created_at, Timestamp(T0.0 - 3_600_000));
+
+    // Back to real time: the heartbeat's (earlier) deadline has passed, so the lease lapsed,
+    // and nobody took it over yet: its holder can still complete.
+    clock.set(T0);
+    lease
+        .complete(Response::new(201, "charged"))
+        .expect("complete");
+    assert_eq!(
+        begin_replayed(store.begin(req("t", "op", "L", b"p"))).body(),
+        b"charged"
+    );
+    store.check_expiry_index().expect("expiry index");
+
+    // Extreme instants: no panic, typed answers.
+    clock.set(Timestamp(0));
+    replayed(store.execute(req("t", "op", "done", b"p"), |_| {
+        Ok(Response::new(500, "must not run"))
+    }));
+    let lease = acquired(store.begin(req("t", "op", "epoch", b"p")));
+    assert_eq!(lease.deadline(), Timestamp(30_000));
+    drop(lease);
+    store.sweep().expect("sweep at the epoch");
+    clock.set(Timestamp(u64::MAX));
+    let r = store.execute(req("t", "op", "done", b"p"), |tx| {
+        bump(tx, "done")?;
+        Ok(Response::new(201, "again"))
+    });
+    // Past the tombstone horizon, the key is free: a new intent.
+    assert!(matches!(r, Ok(Outcome::Executed(_))), "{r:?}");
+    // At the saturation instant itself every window has closed (deadline = forget_at =
+    // u64::MAX ≤ now): a lease can be acquired but its completion is refused with LeaseLost
+    // (typed, nothing recorded). One millisecond earlier everything works.
+    let lease = acquired(store.begin(req("t", "op", "future", b"p")));
+    assert_eq!(lease.deadline(), Timestamp(u64::MAX), "saturates");
+    let r = lease.complete(Response::new(200, "ok"));
+    assert!(matches!(r, Ok(_) | Err(Error::LeaseLost { .. })), "{r:?}");
+    clock.set(Timestamp(u64::MAX - 3_600_000));
+    let lease = acquired(store.begin(req("t", "op", "future2", b"p")));
+    lease.complete(Response::new(200, "ok")).expect("complete");
+    replayed(store.execute(req("t", "op", "future2", b"p"), |_| {
+        Ok(Response::new(500, "must not run"))
+    }));
+    store.sweep().expect("sweep in the far future");
+    store.check_expiry_index().expect("expiry index");
+    assert!(store.failure().is_none());
+}
+
+// ---------------------------------------------------------------------------------------------
+// An unknown record format version.
+//
+// A record: `input_validation::a_record_with_an_unknown_version_is_unsupported` (execute, begin
+// and get give UnsupportedFormat, nothing runs, other keys work), `record_format::unknown_
+// versions_are_unsupported_format` (every version byte). The store's marker: `input_validation::
+// an_unknown_format_marker_refuses_to_open`, `a_damaged_metadata_marker_is_a_typed_error_at_
+// open`. Not covered elsewhere: an outbox event.
+
+const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("idem.outbox.v1");
+
+#[test]
+fn an_outbox_event_with_an_unknown_version_is_skipped_not_fatal() {
+    let mut h = Harness::new();
+    for key in ["e0", "e1"] {
+        executed(h.store().execute(req("t", "op", key, b"p"), |tx| {
+            tx.outbox()
+                .push(Event::new("topic", key.as_bytes().to_vec()))?;
+            Ok(Response::new(201, key))
+        }));
+    }
+    h.close();
+    {
+        let db = idem::redb::Database::open(&h.path).expect("open raw");
+        let txn = db.begin_write().expect("write");
+        {
+            let mut outbox = txn.open_table(OUTBOX).expect("outbox");
+            let mut v = outbox
+                .get(0)
+                .expect("get")
+                .expect("event 0")
+                .value()
+                .to_vec();
+            v[0] = 9;
+            outbox.insert(0, v.as_slice()).expect("insert");
+        }
+        txn.commit().expect("commit");
+    }
+    h.reopen();
+    let store = h.store();
+    let r = store.pending_events(10);
+    assert!(
+        matches!(
+            r,
+            Err(Error::UnsupportedFormat {
+                found: 9,
+                supported: 1
+            })
+        ),
+        "{r:?}"
+    );
+    assert_eq!(store.outbox_stats().expect("stats").pending, 2);
+    // The dispatcher leaves the unreadable row in place and delivers the other one.
+    let (tx, calls) = std::sync::mpsc::channel();
+    let handle = store
+        .start_dispatcher(
+            move |e: &OutboxEvent| -> Result<(), BoxError> {
+                let _ = tx.send(e.payload.clone());
+                Ok(())
+            },
+            DispatcherOptions::new(),
+        )
+        .expect("dispatcher");
+    let delivered = calls
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the readable event is delivered");
+    assert_eq!(delivered, b"e1");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while store.outbox_stats().expect("stats").pending != 1 {
+        assert!(std::time::Instant::now() < deadline, "delivery mark");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    handle.shutdown().expect("shutdown");
+    assert!(
+        calls.try_recv().is_err(),
+        "the unreadable event was published"
+    );
+    assert!(store.failure().is_none());
+}
+
+// ---------------------------------------------------------------------------------------------
+// A file that is not a redb database.
+//
+// `input_validation::a_file_that_is_not_a_redb_database_is_an_error_not_a_panic` checks random
+// bytes and a text file give *an* error. Here: which one, for more shapes. Findings:
+// - every non-empty non-redb file is `Error::Storage` wrapping redb's `Io(InvalidData, "Not a
+//   redb database: magic number mismatch")`; the message ("storage error: I/O error: Not a
+//   redb database: magic number mismatch") says what is wrong but not what to do, unlike
+//   `CorruptStore`, and `Error::is_retryable()` calls it retryable although it never is;
+// - an empty file is not an error: redb initialises it, and it becomes an empty store.
+
+#[test]
+fn a_file_that_is_not_a_store_is_a_storage_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut state: u64 = 0x2545_F491_4F6C_DD1D;
+    let random: Vec<u8> = (0..65_536)
+        .map(|_| {
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            (state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 56) as u8
+        })
+        .collect();
+    let mut real = store_file_bytes(1);
+    real[..9].copy_from_slice(b"not redb!");
+    let cases: [(&str, Vec<u8>); 7] = [
+        ("one zero byte", vec![0]),
+        ("4 KiB of zeros", vec![0; 4096]),
+        ("1 MiB of zeros", vec![0; 1 << 20]),
+        ("8 KiB of 0xff", vec![0xff; 8192]),
+        ("64 KiB of random bytes", random),
+        (
+            "a text file",
+            b"this is a text file, not a database\n".to_vec(),
+        ),
+        ("a store whose magic number was overwritten", real),
+    ];
+    for (what, bytes) in cases {
+        let path = dir.path().join("not-a-store.redb");
+        std::fs::write(&path, &bytes).expect("write");
+        let err = open_no_panic(&path, what)
+            .map(|_| ())
+            .expect_err("a non-redb file opened as a store");
+        match &err {
+            Error::Storage { source } => assert!(
+                source.to_string().contains("Not a redb database"),
+                "{what}: {source}"
+            ),
+            other => panic!("{what}: expected Error::Storage, got {other:?}"),
+        }
+        // The file is left as it was.
+        assert_eq!(std::fs::read(&path).expect("read"), bytes, "{what}");
+    }
+    // An empty file becomes an empty store.
+    let path = dir.path().join("empty.redb");
+    std::fs::write(&path, b"").expect("write");
+    let store = open_no_panic(&path, "an empty file").expect("an empty file is a new store");
+    assert!(store.get(&scope(), "k").expect("get").is_none());
+}
+
+// ---------------------------------------------------------------------------------------------
+// A truncated file.
+//
+// A store file cut at every 4 KiB boundary and at odd lengths: open returns a typed error
+// (`Error::Storage`: redb's "Not a redb database: magic number mismatch" or "failed to fill
+// whole buffer" inside the header, "File truncated below stored layout" after it) or, at
+// length 0, an empty store; never a panic. A file cut at its
+// full length is the store itself. Nothing here is written back to the truncated file by a
+// failed open (it is left as it was).
+
+#[test]
+fn a_truncated_store_file_is_a_typed_error() {
+    const N: usize = 50;
+    let full = store_file_bytes(N);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut lengths: Vec<usize> = (0..full.len()).step_by(4096).collect();
+    lengths.extend([1, 7, 64, 511, 513, 4095, 4097, 12_345, full.len() / 2 + 1]);
+    lengths.extend([full.len() - 4097, full.len() - 1]);
+    let mut errors = 0;
+    for len in &lengths {
+        let what = format!("cut at {len} of {} bytes", full.len());
+        let path = dir.path().join("truncated.redb");
+        std::fs::write(&path, &full[..*len]).expect("write");
+        match open_no_panic(&path, &what) {
+            Ok(store) => {
+                // Only the empty file opens (as a new store).
+                assert_eq!(*len, 0, "{what}: opened");
+                assert!(store.get(&scope(), "k0").expect("get").is_none(), "{what}");
+            }
+            Err(Error::Storage { source }) => {
+                errors += 1;
+                let msg = source.to_string();
+                eprintln!("truncated store file, {what}: {msg}");
+                assert_eq!(std::fs::read(&path).expect("read").len(), *len, "{what}");
+            }
+            Err(other) => panic!("{what}: expected Error::Storage, got {other:?}"),
+        }
+    }
+    // The whole file is the store, every claim intact.
+    let path = dir.path().join("whole.redb");
+    std::fs::write(&path, &full).expect("write");
+    let store = open_no_panic(&path, "the whole file").expect("open");
+    others_replay(&store, N, None, "the whole file");
+    eprintln!(
+        "truncated store file: {} lengths tried, {errors} typed errors, 1 empty store",
+        lengths.len()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Flipped bytes in a record value.
+//
+// Through redb (the value is replaced, redb's page checksums stay right): `input_validation`
+// covers garbage, truncation, a byte cut off, trailing bytes, an empty value and an unknown
+// version at the store (execute, begin, get → CorruptRecord / UnsupportedFormat, nothing runs,
+// no fail-stop, other keys replay) and `purge_frees_a_corrupt_key_so_the_intent_can_run_again`;
+// `record_format::every_single_byte_substitution_is_ok_or_typed_error` covers the decoder alone.
+// Here: every single byte of a stored value flipped (xor 0xff), at the store.
+//
+// Finding (by design of the format): a record value carries no checksum of its own, so a flip
+// in a byte that is not framing (fingerprint, timestamps, status, body) decodes to another
+// valid record: `get` returns it, and a retry gets `PayloadMismatch` (fingerprint), another
+// state/answer (timestamps) or a different body (body) — a typed answer, not a panic, but not
+// `CorruptRecord` either. Only framing bytes (version, state tag, lengths, varints) give
+// `CorruptRecord` / `UnsupportedFormat`.
+
+#[test]
+fn every_flipped_byte_of_a_stored_record_is_contained() {
+    let mut h = Harness::new();
+    for key in ["victim", "bystander"] {
+        executed(h.store().execute(req("t", "op", key, b"p"), |tx| {
+            bump(tx, key)?;
+            Ok(Response::new(201, format!("{key} created")).with_resource("thing", key))
+        }));
+    }
+    h.close();
+    let rk = record_key("t", "op", b"victim");
+    let original = raw_record(&h.path, &rk).expect("victim record");
+    let (mut corrupt, mut unsupported, mut decoded) = (0, 0, 0);
+    for i in 0..original.len() {
+        let mut flipped = original.clone();
+        flipped[i] ^= 0xff;
+        h.close();
+        overwrite_record(&h.path, &rk, &flipped);
+        h.reopen();
+        let store = h.store();
+        let ctx = format!("byte {i} of {} flipped", original.len());
+        let ran = Cell::new(false);
+        let got = catch_unwind(AssertUnwindSafe(|| store.get(&scope(), "victim")))
+            .unwrap_or_else(|_| panic!("{ctx}: get panicked"));
+        let exec = catch_unwind(AssertUnwindSafe(|| {
+            store.execute(req("t", "op", "victim", b"p"), |tx| {
+                ran.set(true);
+                bump(tx, "victim")?;
+                Ok(Response::new(201, "again"))
+            })
+        }))
+        .unwrap_or_else(|_| panic!("{ctx}: execute panicked"));
+        match &got {
+            Err(Error::CorruptRecord { .. }) => corrupt += 1,
+            Err(Error::UnsupportedFormat { .. }) => unsupported += 1,
+            Ok(Some(_)) => decoded += 1,
+            other => panic!("{ctx}: get gave {other:?}"),
+        }
+        if got.is_err() {
+            // An unreadable record: every entry point refuses it and nothing runs.
+            assert!(
+                matches!(
+                    exec,
+                    Err(Error::CorruptRecord { .. } | Error::UnsupportedFormat { .. })
+                ),
+                "{ctx}: {exec:?}"
+            );
+            assert!(!ran.get(), "{ctx}: ran on a corrupt record");
+        } else {
+            // A record that decodes answers like that record would: a typed answer.
+            assert!(
+                matches!(
+                    exec,
+                    Ok(_) | Err(Error::PayloadMismatch { .. } | Error::CorruptRecord { .. })
+                ),
+                "{ctx}: {exec:?}"
+            );
+        }
+        assert!(store.failure().is_none(), "{ctx}: fail-stopped");
+        // Nothing else lost.
+        let r = replayed(store.execute(req("t", "op", "bystander", b"p"), |_| {
+            Ok(Response::new(500, "must not run"))
+        }));
+        assert_eq!(r.body(), b"bystander created", "{ctx}");
+        assert_eq!(effects(store, "bystander"), 1, "{ctx}");
+        // purge frees the key, whatever it held; the intent runs again.
+        assert!(store.purge(&scope(), "victim").expect("purge"), "{ctx}");
+        let r = store.execute(req("t", "op", "victim", b"p"), |_| {
+            Ok(Response::new(201, "after purge"))
+        });
+        assert!(matches!(r, Ok(Outcome::Executed(_))), "{ctx}: {r:?}");
+        store
+            .check_expiry_index()
+            .unwrap_or_else(|e| panic!("{ctx}: expiry index: {e}"));
+        // Put the original record back for the next round.
+        h.close();
+        overwrite_record(&h.path, &rk, &original);
+        h.reopen();
+    }
+    eprintln!(
+        "flipped record bytes: {} positions: {corrupt} CorruptRecord, {unsupported} UnsupportedFormat, {decoded} decoded to another record",
+        original.len()
+    );
+    assert!(corrupt > 0 && unsupported == 1);
+}
+
+/// Where the body of claim `i` sits in a store image (it is stored once).
+fn body_offset(image: &[u8], i: usize) -> usize {
+    let needle = body(i);
+    let hits: Vec<usize> = image
+        .windows(needle.len())
+        .enumerate()
+        .filter(|(_, w)| *w == needle.as_slice())
+        .map(|(at, _)| at)
+        .collect();
+    assert_eq!(hits.len(), 1, "body {i} found at {hits:?}");
+    hits[0]
+}
+
+/// The image of a store with `n` claims: (cleanly closed, as a crash left it).
+fn clean_and_crash_images(n: usize) -> (Vec<u8>, Vec<u8>) {
+    let backend = CrashBackend::default();
+    let store = Store::builder()
+        .clock(ManualClock::new(T0))
+        .open_with_backend(backend.clone())
+        .expect("open");
+    for i in 0..n {
+        let key = format!("k{i}");
+        executed(store.execute(req("t", "op", &key, b"p"), |tx| {
+            bump(tx, &key)?;
+            Ok(Response::new(
+                201,
+                String::from_utf8(body(i)).expect("utf8"),
+            ))
+        }));
+    }
+    let crash = backend.durable_image();
+    drop(store);
+    (backend.durable_image(), crash)
+}
+
+// Bytes flipped in the file itself, under redb. What happens today (redb 4.6 verifies its page
+// checksums only in recovery after an unclean shutdown and in `check_integrity`):
+// - cleanly closed file: the store opens; the damaged record decodes with a different body
+//   and is replayed as is (no error); every other key replays; `Store::check_integrity` reports
+//   the damage as `Error::Storage` ("Failed to repair database. All roots are corrupted");
+// - a file left by a crash: recovery verifies the checksums and the open fails with
+//   `Error::Storage` (same message): the whole store, not just the damaged record, cannot be
+//   opened. Typed, no panic — but "nothing else lost" does not hold.
+
+#[test]
+fn a_flipped_byte_in_the_file_is_no_panic() {
+    const N: usize = 50;
+    let (clean, crash) = clean_and_crash_images(N);
+    let open = |image: Vec<u8>, what: &str| {
+        catch_unwind(AssertUnwindSafe(|| {
+            Store::builder()
+                .clock(ManualClock::new(T0))
+                .open_with_backend(crash_backend_from_image(image))
+        }))
+        .unwrap_or_else(|_| panic!("{what}: open panicked"))
+    };
+    for (what, image) in [("clean", clean), ("crash", crash)] {
+        let at = body_offset(&image, 7) + 7;
+        let mut damaged = image.clone();
+        damaged[at] ^= 0x01;
+        match open(damaged, what) {
+            Ok(mut store) => {
+                let got = store.get(&scope(), "k7");
+                match &got {
+                    Ok(Some(r)) => match &r.state {
+                        State::Completed(resp) => {
+                            assert_ne!(resp.body(), body(7), "{what}: the flip is in the body")
+                        }
+                        other => panic!("{what}: {other:?}"),
+                    },
+                    Err(Error::CorruptRecord { .. }) => {}
+                    other => panic!("{what}: {other:?}"),
+                }
+                others_replay(&store, N, Some(7), what);
+                let checked = store.check_integrity();
+                assert!(
+                    matches!(checked, Err(Error::Storage { .. }) | Ok(false)),
+                    "{what}: check_integrity missed the damage: {checked:?}"
+                );
+                eprintln!(
+                    "flipped body byte, {what} file: get = {got:?}; check_integrity = {checked:?}"
+                );
+            }
+            Err(e) => {
+                assert!(matches!(e, Error::Storage { .. }), "{what}: {e:?}");
+                eprintln!("flipped body byte, {what} file: open = {e}");
+            }
+        }
+    }
+}
+
+/// The requirement of issue 6, item 6, for a byte flipped on disk inside one record's value:
+/// the damaged key answers `CorruptRecord` and every other key still replays, whether the file
+/// was closed cleanly or left by a crash. Fails today (see the section comment above): a
+/// record value has no checksum of its own, and redb's recovery rejects the whole file.
+#[test]
+#[ignore = "known gap: a flipped body byte on disk is replayed silently (clean file) or makes the whole store unopenable (crash image)"]
+fn a_flipped_body_byte_in_the_file_is_a_corrupt_record() {
+    const N: usize = 50;
+    let (clean, crash) = clean_and_crash_images(N);
+    for (what, image) in [("clean", clean), ("crash", crash)] {
+        let at = body_offset(&image, 7) + 7;
+        let mut damaged = image;
+        damaged[at] ^= 0x01;
+        let store = Store::builder()
+            .clock(ManualClock::new(T0))
+            .open_with_backend(crash_backend_from_image(damaged))
+            .unwrap_or_else(|e| {
+                panic!("{what}: the store with one damaged record does not open: {e}")
+            });
+        let got = store.get(&scope(), "k7");
+        assert!(
+            matches!(got, Err(Error::CorruptRecord { .. })),
+            "{what}: {got:?}"
+        );
+        others_replay(&store, N, Some(7), what);
+    }
+}
+
+/// Found while writing this file: on a cleanly closed file with one flipped body byte, the store
+/// works (every other key replays); `Store::check_integrity` then fails with `Error::Storage`
+/// ("Failed to repair database. All roots are corrupted"), latches the store, and leaves the
+/// file needing recovery: the next open fails the same way, so the operator's check turned a
+/// one-record damage into a store that cannot be opened. Required: a failed check leaves the
+/// file as openable as it was.
+#[test]
+#[ignore = "known gap: a failed check_integrity leaves a damaged-but-working file unopenable (redb 4.6)"]
+fn a_failed_integrity_check_does_not_make_the_file_unopenable() {
+    const N: usize = 50;
+    let (clean, _) = clean_and_crash_images(N);
+    let at = body_offset(&clean, 7) + 7;
+    let mut damaged = clean;
+    damaged[at] ^= 0x01;
+    let backend = crash_backend_from_image(damaged);
+    let mut store = Store::builder()
+        .clock(ManualClock::new(T0))
+        .open_with_backend(backend.clone())
+        .expect("the damaged file opens");
+    others_replay(&store, N, Some(7), "before the check");
+    let checked = store.check_integrity();
+    assert!(matches!(checked, Err(Error::Storage { .. })), "{checked:?}");
+    drop(store);
+    let reopened = Store::builder()
+        .clock(ManualClock::new(T0))
+        .open_with_backend(crash_backend_from_image(backend.durable_image()))
+        .expect("the file still opens after a failed integrity check");
+    others_replay(&reopened, N, Some(7), "after the check");
+}
