@@ -141,9 +141,10 @@ pub enum Error {
         supported: u8,
     },
 
-    /// The file's idem metadata is damaged or was written by other software.
+    /// The file is not an idem store, or it is damaged beyond what redb's recovery repairs
+    /// (opening it), or its idem tables disagree (an integrity check). Retrying never helps.
     #[error(
-        "the store's metadata is damaged ({reason}): this file was not written by idem, or it was damaged; restore it from backup or use another path"
+        "the store file is damaged or is not an idem store ({reason}): restore it from a backup, or move it away and open a new file at that path; idem does not modify it"
     )]
     CorruptStore {
         /// What was wrong with it.

@@ -373,7 +373,7 @@ impl StoreBuilder {
     /// Opens (or creates) the store file at `path`.
     pub fn open(self, path: impl AsRef<Path>) -> Result<Store, Error> {
         self.validate()?;
-        let db = self.redb_builder().create(path)?;
+        let db = self.redb_builder().create(path).map_err(open_error)?;
         Store::init(db, self)
     }
 
@@ -381,8 +381,32 @@ impl StoreBuilder {
     /// fault-injecting backend in tests).
     pub fn open_with_backend(self, backend: impl StorageBackend) -> Result<Store, Error> {
         self.validate()?;
-        let db = self.redb_builder().create_with_backend(backend)?;
+        let db = self
+            .redb_builder()
+            .create_with_backend(backend)
+            .map_err(open_error)?;
         Store::init(db, self)
+    }
+}
+
+/// What opening the file failed with. A file that is not a redb database, is shorter than its
+/// own header says, or that redb's recovery found damaged is [`Error::CorruptStore`]: retrying
+/// never helps, and the message says what to do. Anything else (permissions, a missing
+/// directory, the file already open, a failing disk) stays [`Error::Storage`].
+fn open_error(e: redb::DatabaseError) -> Error {
+    use std::io::ErrorKind;
+    match e {
+        redb::DatabaseError::Storage(redb::StorageError::Io(io))
+            if matches!(io.kind(), ErrorKind::InvalidData | ErrorKind::UnexpectedEof) =>
+        {
+            Error::CorruptStore {
+                reason: format!("the file is not a readable redb database: {io}"),
+            }
+        }
+        redb::DatabaseError::Storage(redb::StorageError::Corrupted(what)) => Error::CorruptStore {
+            reason: format!("redb found the file damaged: {what}"),
+        },
+        other => other.into(),
     }
 }
 
@@ -563,9 +587,8 @@ impl Store {
             txn.open_table(RECORDS)?;
             txn.open_table(EXPIRY)?;
         }
-        txn.commit().map_err(|e| Error::OutcomeUnknown {
-            source: Arc::new(e.into()),
-        })?;
+        // Nothing was acknowledged yet: a failure here is a plain storage error (open again).
+        txn.commit().map_err(|e| Error::Storage { source: e.into() })?;
         let store = Store {
             inner: Arc::new(Inner {
                 db,
@@ -690,6 +713,15 @@ impl Store {
     /// `Ok(false)` if redb found damage and repaired it. Slow: for operators who suspect the file
     /// was modified outside idem, not for normal operation (crash recovery is automatic). Like
     /// [`Store::compact`], it needs the only handle ([`Error::InUse`] otherwise).
+    ///
+    /// **Run it on a copy when you suspect damage.** If redb cannot repair the file, this returns
+    /// [`Error::CorruptStore`] and the store is fail-stopped; redb has then marked the file for
+    /// repair, so it **will not open again** — even when the damage was one page and every other
+    /// record still read correctly before the check. (The next unclean shutdown of such a file
+    /// has the same effect: redb verifies page checksums only when it repairs.) `idem check`
+    /// checks a copy and leaves the file untouched unless given `--in-place`. A record value that
+    /// no longer matches its own checksum is found without this check: reading it gives
+    /// [`Error::CorruptRecord`].
     pub fn check_integrity(&mut self) -> Result<bool, Error> {
         if self.in_closure() {
             return Err(Error::Reentrant);
@@ -715,6 +747,15 @@ impl Store {
             redb::DatabaseError::TransactionInProgress => Error::InUse {
                 reason: "a read transaction (Store::begin_read) is still open".into(),
             },
+            redb::DatabaseError::Storage(redb::StorageError::Corrupted(what)) => {
+                // redb discarded its allocator state: no write may follow on this handle.
+                self.latch(&what);
+                Error::CorruptStore {
+                    reason: format!(
+                        "redb's integrity check failed and could not repair the file ({what}); the file is now marked for repair and will not open again"
+                    ),
+                }
+            }
             other => self.storage(other),
         })
     }

@@ -122,7 +122,14 @@ fn check_and_export() {
     let o = idem(&file, &["check"]);
     assert!(o.status.success(), "{o:?}");
     let out = stdout(&o);
+    assert!(line(&out, "checking").starts_with("a copy"), "{out}");
     assert_eq!(line(&out, "file_integrity"), "ok");
+    // The copy is gone; the file itself is the only one left.
+    let files: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let o = idem(&file, &["check", "--in-place"]);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(line(&stdout(&o), "file_integrity"), "ok");
     assert_eq!(line(&out, "records_ok"), "2");
     assert_eq!(line(&out, "expiry_index"), "ok");
 

@@ -66,8 +66,14 @@ enum Command {
     /// Gives free space back to the file system (sweep first; needs the file to itself).
     Compact,
     /// Runs redb's full integrity check, decodes every record and checks the expiry index
-    /// against the records; exits non-zero on any problem.
-    Check,
+    /// against the records; exits non-zero on any problem. Works on a copy of the file (next
+    /// to it, removed afterwards) unless `--in-place`: a failed check of a damaged file leaves
+    /// that file marked for repair, unable to open again.
+    Check {
+        /// Check (and let redb repair) the file itself instead of a copy.
+        #[arg(long)]
+        in_place: bool,
+    },
     /// Every record as one JSON object per line (no bodies unless --body).
     Export {
         /// JSON Lines on stdout (the only format).
@@ -132,6 +138,15 @@ fn main() -> ExitCode {
             eprintln!("idem: {msg}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// A temporary file, removed when dropped (on every path out of the command).
+struct Removed(std::path::PathBuf);
+
+impl Drop for Removed {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
     }
 }
 
@@ -236,8 +251,33 @@ fn run(cli: &Cli) -> Result<(), String> {
             println!("bytes_before {before}");
             println!("bytes_after  {}", file_size(&cli.file));
         }
-        Command::Check => {
-            let mut store = open(cli)?;
+        Command::Check { in_place } => {
+            // Opening the file takes redb's lock: nobody writes to it while it is copied.
+            let original = open(cli)?;
+            let copy = if *in_place {
+                None
+            } else {
+                let copy = cli
+                    .file
+                    .with_extension(format!("idem-check-{}.redb", std::process::id()));
+                std::fs::copy(&cli.file, &copy).map_err(|e| {
+                    format!(
+                        "{}: cannot copy the file to check the copy ({e}); free some space, or pass --in-place",
+                        copy.display()
+                    )
+                })?;
+                println!("checking    a copy ({}); the file itself is not modified", copy.display());
+                Some(Removed(copy))
+            };
+            let mut store = match &copy {
+                None => original,
+                Some(Removed(path)) => {
+                    drop(original);
+                    Store::builder()
+                        .open(path)
+                        .map_err(|e| format!("{}: {e}", path.display()))?
+                }
+            };
             // redb's full integrity check first (it needs the only handle, which this is).
             let integrity = store.check_integrity();
             println!(
