@@ -266,7 +266,10 @@ fn run(cli: &Cli) -> Result<(), String> {
                         copy.display()
                     )
                 })?;
-                println!("checking    a copy ({}); the file itself is not modified", copy.display());
+                println!(
+                    "checking    a copy ({}); the file itself is not modified",
+                    copy.display()
+                );
                 Some(Removed(copy))
             };
             let mut store = match &copy {
