@@ -1,8 +1,10 @@
 //! The stored record and its versioned encoding (docs/FORMAT.md gives every byte).
 //!
-//! Encoding: one format-version byte, then the postcard encoding of [`WireRecord`]. Decoding
-//! checks the version first, lets postcard bounds-check every length, and rejects trailing bytes,
-//! so arbitrary bytes decode to a record or a typed error, never a panic.
+//! Encoding: one format-version byte, the postcard encoding of [`WireRecord`], then an 8-byte
+//! blake3 checksum of both. Decoding checks the version, then the checksum (so a damaged value is
+//! `CorruptRecord`, never a different valid record), then lets postcard bounds-check every length
+//! and rejects bytes left between the record and the checksum, so arbitrary bytes decode to a
+//! record or a typed error, never a panic.
 
 use serde::{Deserialize, Serialize};
 
@@ -12,7 +14,26 @@ use crate::fingerprint::Fingerprint;
 use crate::response::{Resource, Response, Tombstone};
 
 /// The record format version this build writes and reads.
-pub const FORMAT_VERSION: u8 = 1;
+pub const FORMAT_VERSION: u8 = 2;
+
+/// The blake3 key-derivation context of the record checksum (docs/FORMAT.md).
+const CHECKSUM_CONTEXT: &str = "idem 2026-11-30 record checksum v2";
+
+/// Length of the checksum that ends every record value.
+const CHECKSUM_LEN: usize = 8;
+
+/// The checksum of a value's version byte and postcard body: the first [`CHECKSUM_LEN`] bytes
+/// of blake3 in key-derivation mode over those bytes.
+fn checksum(covered: &[u8]) -> [u8; CHECKSUM_LEN] {
+    let hash = blake3::Hasher::new_derive_key(CHECKSUM_CONTEXT)
+        .update(covered)
+        .finalize();
+    let mut out = [0u8; CHECKSUM_LEN];
+    for (o, b) in out.iter_mut().zip(hash.as_bytes()) {
+        *o = *b;
+    }
+    out
+}
 
 /// The token that names one lease holder. Unique per attempt (8 random bytes per store instance
 /// plus a per-instance counter), so a stale holder can never be mistaken for a newer one, even
@@ -163,7 +184,7 @@ fn owned_response(w: WireResponse<'_>, failed: bool) -> Response {
 }
 
 impl Record {
-    /// Encodes the record: the version byte, then postcard.
+    /// Encodes the record: the version byte, postcard, then the checksum of both.
     pub fn encode(&self) -> Vec<u8> {
         let state = match &self.state {
             State::Pending {
@@ -194,30 +215,60 @@ impl Record {
         let out = vec![FORMAT_VERSION];
         // Invariant: serializing into a Vec cannot fail: every field is a plain integer, byte
         // string or str, and the Vec flavour grows without limit.
-        match postcard::to_extend(&wire, out) {
+        let mut out = match postcard::to_extend(&wire, out) {
             Ok(v) => v,
             Err(_) => unreachable!("postcard serialization into a Vec is infallible"),
-        }
+        };
+        let sum = checksum(&out);
+        out.extend_from_slice(&sum);
+        out
     }
 
-    /// Decodes a record, checking the version, every length and the absence of trailing bytes.
+    /// Decodes a record, checking the version, the checksum, every length and the absence of
+    /// trailing bytes.
     pub fn decode(bytes: &[u8]) -> Result<Record, Error> {
-        let (&version, rest) = bytes.split_first().ok_or_else(|| Error::CorruptRecord {
-            reason: "empty value".into(),
-        })?;
+        let Some(&version) = bytes.first() else {
+            return Err(Error::CorruptRecord {
+                reason: "empty value".into(),
+            });
+        };
         if version != FORMAT_VERSION {
             return Err(Error::UnsupportedFormat {
                 found: version,
                 supported: FORMAT_VERSION,
             });
         }
+        let Some((covered, stored)) = bytes
+            .len()
+            .checked_sub(CHECKSUM_LEN)
+            .filter(|&at| at >= 1)
+            .and_then(|at| bytes.split_at_checked(at))
+        else {
+            return Err(Error::CorruptRecord {
+                reason: format!(
+                    "a value of {} bytes is shorter than the version byte and the {CHECKSUM_LEN}-byte checksum",
+                    bytes.len()
+                ),
+            });
+        };
+        if stored != checksum(covered) {
+            return Err(Error::CorruptRecord {
+                reason: "checksum mismatch: the value's bytes changed after idem wrote them, so \
+                         none of its fields can be trusted"
+                    .into(),
+            });
+        }
+        let rest = covered.get(1..).unwrap_or_default();
         let (wire, trailing): (WireRecord<'_>, &[u8]) =
             postcard::take_from_bytes(rest).map_err(|e| Error::CorruptRecord {
                 reason: format!("undecodable record: {e}"),
             })?;
         if !trailing.is_empty() {
             return Err(Error::CorruptRecord {
-                reason: format!("{} trailing bytes after the record", trailing.len()),
+                reason: format!(
+                    "{} trailing bytes between the record and its checksum",
+                    trailing.len()
+                ),
             });
         }
         let state = match wire.state {

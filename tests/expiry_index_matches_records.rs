@@ -159,7 +159,7 @@ fn a_sweep_drops_the_entry_of_a_damaged_record_removed_by_purge() {
     );
     h.close();
     // Damage the record: its instants can no longer be read, so its entry cannot be located.
-    overwrite_record(&h.path, &record_key("t", "op", b"k"), b"\x01garbage");
+    overwrite_record(&h.path, &record_key("t", "op", b"k"), b"\x02garbage");
     h.reopen();
     let store = h.store();
     store

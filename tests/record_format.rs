@@ -1,7 +1,8 @@
 //! Golden tests for the stored format described in `docs/FORMAT.md`.
 //!
 //! Pins, through the public API only: the exact bytes of a Completed, a Failed, a Pending and a
-//! Tombstone record; the decoder's behaviour on truncated, mutated, versioned, empty and over-long input;
+//! Tombstone record, checksum included; the decoder's behaviour on truncated, mutated (as stored,
+//! and resealed with a right checksum), versioned, empty and over-long input;
 //! the fingerprint and downstream-key derivations; the table names, record key, expiry-index
 //! entry and meta marker as found in a real store file. An independent decoder written from `docs/FORMAT.md`
 //! (`walk`) must agree with `Record::decode` on every input tried here, and the annotated hex
@@ -23,6 +24,30 @@ use idem::{
 /// 2026-01-01T00:00:00Z in milliseconds since the Unix epoch.
 const T0: u64 = 1_767_225_600_000;
 const DAY_MS: u64 = 86_400_000;
+
+/// The blake3 key-derivation context of the record checksum (docs/FORMAT.md, "Checksum").
+const CHECKSUM_CONTEXT: &str = "idem 2026-11-30 record checksum v2";
+
+/// The record checksum of `covered` (the version byte and the postcard body), written from
+/// docs/FORMAT.md: the first 8 bytes of `blake3::derive_key(CHECKSUM_CONTEXT, covered)`.
+fn checksum(covered: &[u8]) -> [u8; 8] {
+    let hash = blake3::derive_key(CHECKSUM_CONTEXT, covered);
+    let mut out = [0u8; 8];
+    out.copy_from_slice(&hash[..8]);
+    out
+}
+
+/// `covered` followed by its checksum: a value whose checksum is right, whatever `covered` holds.
+fn seal(covered: &[u8]) -> Vec<u8> {
+    let mut v = covered.to_vec();
+    v.extend_from_slice(&checksum(covered));
+    v
+}
+
+/// A value without its 8-byte checksum (the bytes the checksum covers).
+fn unsealed(value: &[u8]) -> Vec<u8> {
+    value[..value.len() - 8].to_vec()
+}
 
 /// A fingerprint whose bytes are 0x00, 0x01, …, 0x1f, so the dump shows their order.
 fn counting_fingerprint() -> Fingerprint {
@@ -92,7 +117,7 @@ fn pending_record() -> Record {
 
 fn golden_completed() -> Vec<u8> {
     vec![
-        0x01, // version
+        0x02, // version
         0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e,
         0x0f, 0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d,
         0x1e, 0x1f, // fingerprint
@@ -106,12 +131,13 @@ fn golden_completed() -> Vec<u8> {
         0x01, // Some(resource)
         0x05, 0x6f, 0x72, 0x64, 0x65, 0x72, // "order"
         0x05, 0x6f, 0x72, 0x64, 0x5f, 0x31, // "ord_1"
+        0x0b, 0xad, 0x6b, 0x0e, 0x74, 0xec, 0x93, 0x16, // checksum
     ]
 }
 
 fn golden_failed() -> Vec<u8> {
     vec![
-        0x01, // version
+        0x02, // version
         0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e,
         0x0f, 0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d,
         0x1e, 0x1f, // fingerprint
@@ -123,12 +149,13 @@ fn golden_failed() -> Vec<u8> {
         0x0d, 0x63, 0x61, 0x72, 0x64, 0x5f, 0x64, 0x65, 0x63, 0x6c, 0x69, 0x6e, 0x65,
         0x64, // body
         0x00, // None
+        0x63, 0x3e, 0x36, 0x33, 0xf1, 0xfe, 0x4c, 0xe3, // checksum
     ]
 }
 
 fn golden_pending() -> Vec<u8> {
     vec![
-        0x01, // version
+        0x02, // version
         0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e,
         0x0f, 0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d,
         0x1e, 0x1f, // fingerprint
@@ -140,12 +167,13 @@ fn golden_pending() -> Vec<u8> {
         0x01, // holder
         0xb0, 0xba, 0xec, 0xb6, 0xb7, 0x33, // lease_deadline
         0x01, // attempt
+        0x0c, 0x38, 0x8d, 0xa1, 0x22, 0x2c, 0xb3, 0xab, // checksum
     ]
 }
 
 fn golden_tombstone() -> Vec<u8> {
     vec![
-        0x01, // version
+        0x02, // version
         0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e,
         0x0f, 0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d,
         0x1e, 0x1f, // fingerprint
@@ -158,6 +186,7 @@ fn golden_tombstone() -> Vec<u8> {
         0x01, // Some(resource)
         0x05, 0x6f, 0x72, 0x64, 0x65, 0x72, // "order"
         0x05, 0x6f, 0x72, 0x64, 0x5f, 0x31, // "ord_1"
+        0x8a, 0x30, 0x4f, 0xb8, 0xfe, 0x84, 0x4d, 0x78, // checksum
     ]
 }
 
@@ -194,8 +223,64 @@ fn goldens() -> [(&'static str, Record, Vec<u8>); 4] {
 // ---- exact bytes ----
 
 #[test]
-fn format_version_is_one() {
-    assert_eq!(FORMAT_VERSION, 1);
+fn format_version_is_two() {
+    assert_eq!(FORMAT_VERSION, 2);
+}
+
+#[test]
+fn every_value_ends_with_the_checksum_of_what_precedes_it() {
+    for (name, record, golden) in goldens() {
+        let value = record.encode();
+        let (covered, sum) = value.split_at(value.len() - 8);
+        assert_eq!(sum, checksum(covered), "{name}");
+        assert_eq!(covered[0], FORMAT_VERSION, "{name}");
+        assert_eq!(value, golden, "{name}");
+    }
+}
+
+#[test]
+fn a_checksum_mismatch_is_a_corrupt_record_that_says_so() {
+    for (name, _, golden) in goldens() {
+        // Damage in the body, in the checksum itself, and a body swapped for another valid one.
+        let mut in_body = golden.clone();
+        in_body[40] ^= 0x01;
+        let mut in_sum = golden.clone();
+        *in_sum.last_mut().expect("non-empty") ^= 0x80;
+        let mut swapped = unsealed(&golden);
+        swapped.extend_from_slice(&checksum(&unsealed(&golden_failed()))[..]);
+        for (what, bytes) in [
+            ("body", in_body),
+            ("checksum", in_sum),
+            ("swapped", swapped),
+        ] {
+            if name == "failed" && what == "swapped" {
+                continue;
+            }
+            match Record::decode(&bytes) {
+                Err(e @ Error::CorruptRecord { .. }) => {
+                    let msg = e.to_string();
+                    assert!(msg.contains("checksum mismatch"), "{name}/{what}: {msg}");
+                    assert!(msg.contains("Store::purge"), "{name}/{what}: {msg}");
+                }
+                other => panic!("{name}/{what}: {other:?}"),
+            }
+            assert!(walk(&bytes).is_err(), "{name}/{what}: reference decoder");
+        }
+    }
+}
+
+#[test]
+fn a_version_1_value_is_unsupported() {
+    // Version 1 (no checksum) was never released and is not read: its version byte decides.
+    let mut v1 = unsealed(&golden_completed());
+    v1[0] = 1;
+    assert!(matches!(
+        Record::decode(&v1),
+        Err(Error::UnsupportedFormat {
+            found: 1,
+            supported: 2
+        })
+    ));
 }
 
 #[test]
@@ -265,17 +350,18 @@ fn tombstone_round_trips() {
     assert_eq!(decoded, tombstone_record());
     assert_eq!(decoded.encode(), golden_tombstone());
     // The failure flag is one byte: 0x01 reads as a failed intent, anything above is corrupt.
-    let mut failed = golden_tombstone();
+    // (Each variant is resealed, so the checksum holds and the body decoder decides.)
+    let mut failed = unsealed(&golden_tombstone());
     let flag_at = 1 + 32 + 6 + 6 + 5 + 1 + 2;
     assert_eq!(failed[flag_at], 0x00);
     failed[flag_at] = 0x01;
-    let State::Tombstone(t) = Record::decode(&failed).expect("decodes").state else {
+    let State::Tombstone(t) = Record::decode(&seal(&failed)).expect("decodes").state else {
         panic!("still a tombstone")
     };
     assert!(t.is_failure());
     failed[flag_at] = 0x02;
     assert!(matches!(
-        Record::decode(&failed),
+        Record::decode(&seal(&failed)),
         Err(Error::CorruptRecord { .. })
     ));
 }
@@ -289,13 +375,13 @@ fn forget_at_is_stored_as_a_difference_and_never_before_expires_at() {
     let back = Record::decode(&r.encode()).expect("decodes");
     assert_eq!(back.forget_at, back.expires_at);
     // A difference that overflows saturates at the far future.
-    let mut huge = golden_pending();
+    let mut huge = unsealed(&golden_pending());
     let at = 1 + 32 + 6 + 6;
     huge.splice(
         at..at + 1,
         [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01],
     );
-    let back = Record::decode(&huge).expect("decodes");
+    let back = Record::decode(&seal(&huge)).expect("decodes");
     assert_eq!(back.forget_at, Timestamp(u64::MAX));
 }
 
@@ -316,12 +402,27 @@ fn every_truncation_is_a_corrupt_record() {
                 "{name}: the reference decoder accepted the first {n} bytes"
             );
         }
+        // Behind a right checksum, every proper prefix of the body is still corrupt: the body
+        // decoder bounds-checks every length.
+        let body = unsealed(&golden);
+        for n in 1..body.len() {
+            let bytes = seal(&body[..n]);
+            let got = catch_unwind(|| Record::decode(&bytes)).unwrap_or_else(|_| {
+                panic!("{name}: decode panicked on the first {n} body bytes, resealed")
+            });
+            assert!(
+                matches!(got, Err(Error::CorruptRecord { .. })),
+                "{name}: the first {n} body bytes, resealed, gave {got:?}"
+            );
+            assert!(walk(&bytes).is_err(), "{name}: {n} body bytes, resealed");
+        }
     }
 }
 
 #[test]
-fn every_single_byte_substitution_is_ok_or_typed_error() {
-    let mut accepted = 0usize;
+fn every_single_byte_substitution_is_a_typed_error() {
+    // The stored value as damage leaves it: the checksum no longer matches, so no substitution
+    // anywhere (version, body or checksum) decodes, to the original record or any other.
     for (name, _, golden) in goldens() {
         for pos in 0..golden.len() {
             for value in 0..=u8::MAX {
@@ -330,6 +431,46 @@ fn every_single_byte_substitution_is_ok_or_typed_error() {
                 }
                 let mut bytes = golden.clone();
                 bytes[pos] = value;
+                let got = catch_unwind(AssertUnwindSafe(|| Record::decode(&bytes))).unwrap_or_else(
+                    |_| panic!("{name}: decode panicked with byte {pos} set to {value:#04x}"),
+                );
+                match got {
+                    Err(Error::UnsupportedFormat { found, supported }) => {
+                        assert_eq!(pos, 0, "{name}: only the first byte is the version");
+                        assert_eq!((found, supported), (value, 2));
+                    }
+                    Err(Error::CorruptRecord { .. }) => {
+                        assert_ne!(
+                            pos, 0,
+                            "{name}: a bad version byte must be UnsupportedFormat"
+                        );
+                    }
+                    other => panic!("{name}: byte {pos} = {value:#04x} gave {other:?}"),
+                }
+                assert!(
+                    walk(&bytes).is_err(),
+                    "{name}: the reference decoder accepted byte {pos} = {value:#04x}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn every_resealed_single_byte_substitution_is_ok_or_typed_error() {
+    // A substitution behind a right checksum (as another writer could produce) reaches the body
+    // decoder: it gives a record or a typed error, and both decoders agree.
+    let mut accepted = 0usize;
+    for (name, _, golden) in goldens() {
+        let body = unsealed(&golden);
+        for pos in 0..body.len() {
+            for value in 0..=u8::MAX {
+                if value == body[pos] {
+                    continue;
+                }
+                let mut covered = body.clone();
+                covered[pos] = value;
+                let bytes = seal(&covered);
                 let got = catch_unwind(AssertUnwindSafe(|| Record::decode(&bytes))).unwrap_or_else(
                     |_| panic!("{name}: decode panicked with byte {pos} set to {value:#04x}"),
                 );
@@ -351,7 +492,7 @@ fn every_single_byte_substitution_is_ok_or_typed_error() {
                     }
                     (Err(Error::UnsupportedFormat { found, supported }), Err(_)) => {
                         assert_eq!(pos, 0, "{name}: only the first byte is the version");
-                        assert_eq!((*found, *supported), (value, 1));
+                        assert_eq!((*found, *supported), (value, 2));
                     }
                     (Err(Error::CorruptRecord { .. }), Err(_)) => {
                         assert_ne!(
@@ -374,7 +515,7 @@ fn every_single_byte_substitution_is_ok_or_typed_error() {
 
 #[test]
 fn unknown_versions_are_unsupported_format() {
-    for version in [0u8, 2, 0xff] {
+    for version in [0u8, 1, 3, 0xff] {
         let mut bytes = golden_completed();
         bytes[0] = version;
         let got = Record::decode(&bytes);
@@ -383,7 +524,7 @@ fn unknown_versions_are_unsupported_format() {
                 got,
                 Err(Error::UnsupportedFormat {
                     found,
-                    supported: 1
+                    supported: 2
                 }) if found == version
             ),
             "version {version}: {got:?}"
@@ -393,7 +534,7 @@ fn unknown_versions_are_unsupported_format() {
             Record::decode(&[version]),
             Err(Error::UnsupportedFormat {
                 found,
-                supported: 1
+                supported: 2
             }) if found == version
         ));
     }
@@ -418,6 +559,17 @@ fn trailing_bytes_are_a_corrupt_record() {
                 matches!(got, Err(Error::CorruptRecord { .. })),
                 "{name} + {extra:#04x}: {got:?}"
             );
+            // Behind a right checksum too: the body must end exactly where the checksum starts.
+            let mut covered = unsealed(&golden);
+            covered.push(extra);
+            let got = Record::decode(&seal(&covered));
+            match &got {
+                Err(e @ Error::CorruptRecord { .. }) => {
+                    assert!(e.to_string().contains("1 trailing bytes"), "{e}");
+                }
+                other => panic!("{name} + {extra:#04x} resealed: {other:?}"),
+            }
+            assert!(walk(&seal(&covered)).is_err(), "{name} + {extra:#04x}");
         }
     }
 }
@@ -426,20 +578,21 @@ fn trailing_bytes_are_a_corrupt_record() {
 fn overlong_varints_are_accepted_and_reencoded_short() {
     // docs/FORMAT.md, "Decoding rules": postcard accepts a varint padded with 0x80 continuation
     // bytes (within the type's maximum length); idem re-encodes it in the shortest form.
-    let mut bytes = golden_pending();
+    // (Only another writer could store one: the checksum covers the bytes as written.)
+    let mut bytes = unsealed(&golden_pending());
     let attempt_at = bytes.len() - 1;
     assert_eq!(bytes[attempt_at], 0x01);
     bytes[attempt_at] = 0x81;
     bytes.push(0x00);
-    let record = Record::decode(&bytes).expect("overlong attempt decodes");
+    let record = Record::decode(&seal(&bytes)).expect("overlong attempt decodes");
     assert_eq!(record, pending_record());
     assert_eq!(record.encode(), golden_pending());
     // u32 allows at most 5 varint bytes; a 6th is an error.
-    let mut too_long = golden_pending();
+    let mut too_long = unsealed(&golden_pending());
     too_long.truncate(attempt_at);
     too_long.extend_from_slice(&[0x81, 0x80, 0x80, 0x80, 0x80, 0x00]);
     assert!(matches!(
-        Record::decode(&too_long),
+        Record::decode(&seal(&too_long)),
         Err(Error::CorruptRecord { .. })
     ));
 }
@@ -526,7 +679,7 @@ fn store_file_has_the_documented_tables_key_and_value() {
 
     let meta = read.open_table(META).expect("meta table");
     let marker = meta.get("format").expect("get").expect("format marker");
-    assert_eq!(marker.value(), [1u8]);
+    assert_eq!(marker.value(), [2u8]);
     assert_eq!(meta.len().expect("len"), 1);
 
     let records = read.open_table(RECORDS).expect("records table");
@@ -660,15 +813,24 @@ fn printable(bytes: &[u8]) -> String {
 /// Decodes a record value following docs/FORMAT.md alone (no postcard, no serde), returning
 /// the annotated fields and the record.
 fn walk(bytes: &[u8]) -> Result<(Vec<Seg>, Record), String> {
+    let version = *bytes.first().ok_or("empty value")?;
+    if version != 2 {
+        return Err(format!("unsupported version {version}"));
+    }
+    // The checksum is the last 8 bytes; it is checked before any field is read.
+    if bytes.len() < 1 + 8 {
+        return Err(format!("{} bytes: no room for the checksum", bytes.len()));
+    }
+    let (covered, sum) = bytes.split_at(bytes.len() - 8);
+    if sum != checksum(covered) {
+        return Err("checksum mismatch".into());
+    }
     let mut r = Reader {
-        bytes,
+        bytes: covered,
         at: 0,
         segs: Vec::new(),
     };
-    let version = r.take(1, "format version = 1")?[0];
-    if version != 1 {
-        return Err(format!("unsupported version {version}"));
-    }
+    r.take(1, "format version = 2")?;
     let fingerprint = Fingerprint(r.raw::<32>("fingerprint")?);
     let created_at = Timestamp(r.varint(64, "created_at (ms)")?);
     let expires_at = Timestamp(r.varint(64, "expires_at (ms)")?);
@@ -740,9 +902,14 @@ fn walk(bytes: &[u8]) -> Result<(Vec<Seg>, Record), String> {
         }
         other => return Err(format!("unknown state variant {other}")),
     };
-    if r.at != bytes.len() {
-        return Err(format!("{} trailing bytes", bytes.len() - r.at));
+    if r.at != covered.len() {
+        return Err(format!("{} trailing bytes", covered.len() - r.at));
     }
+    r.segs.push(Seg {
+        offset: covered.len(),
+        bytes: sum.to_vec(),
+        what: "checksum (blake3, first 8 bytes)".into(),
+    });
     let record = Record {
         fingerprint,
         created_at,
