@@ -1,6 +1,6 @@
 //! The inbox (processed-message marks) and webhook receipts.
 //!
-//! A mark is a row of `idem.inbox.v1` keyed by (namespace, subscriber or source, message or
+//! A mark is a row of `idem.inbox.v2` keyed by (namespace, subscriber or source, message or
 //! delivery id), written in the same write transaction as the consumer's own writes. Each mark
 //! has an entry of kind [`KIND_INBOX`] in the expiry index at its `forget_at`, so
 //! [`Store::sweep`] removes it after the inbox retention like any expired record.
@@ -18,7 +18,7 @@ use crate::tables::{EXPIRY, INBOX};
 use crate::tx::Tx;
 
 /// Expiry-index entry kind of an inbox mark or webhook receipt (its key is in
-/// `idem.inbox.v1`).
+/// `idem.inbox.v2`).
 pub(crate) const KIND_INBOX: u8 = 0x02;
 
 /// The state tag stored with an inbox entry in the expiry index.
@@ -39,20 +39,56 @@ pub struct Mark {
     pub forget_at: Timestamp,
 }
 
+/// The blake3 key-derivation context of an inbox mark's checksum (docs/FORMAT.md).
+const MARK_CHECKSUM_CONTEXT: &str = "idem 2026-11-30 inbox mark checksum";
+
+/// A stored mark's length: two big-endian u64 instants and an 8-byte checksum of them.
+const MARK_LEN: usize = 24;
+
+fn mark_checksum(covered: &[u8; 16]) -> [u8; 8] {
+    let hash = blake3::Hasher::new_derive_key(MARK_CHECKSUM_CONTEXT)
+        .update(covered)
+        .finalize();
+    let mut out = [0u8; 8];
+    out.copy_from_slice(&hash.as_bytes()[..8]);
+    out
+}
+
 impl Mark {
-    fn encode(&self) -> [u8; 16] {
-        let mut out = [0u8; 16];
-        out[..8].copy_from_slice(&self.processed_at.0.to_be_bytes());
-        out[8..].copy_from_slice(&self.forget_at.0.to_be_bytes());
+    fn encode(&self) -> [u8; MARK_LEN] {
+        let mut covered = [0u8; 16];
+        covered[..8].copy_from_slice(&self.processed_at.0.to_be_bytes());
+        covered[8..].copy_from_slice(&self.forget_at.0.to_be_bytes());
+        let mut out = [0u8; MARK_LEN];
+        out[..16].copy_from_slice(&covered);
+        out[16..].copy_from_slice(&mark_checksum(&covered));
         out
     }
 
-    fn decode(bytes: &[u8]) -> Option<Mark> {
-        let (a, b) = bytes.split_first_chunk::<8>()?;
-        let b: &[u8; 8] = b.try_into().ok()?;
-        Some(Mark {
-            processed_at: Timestamp(u64::from_be_bytes(*a)),
-            forget_at: Timestamp(u64::from_be_bytes(*b)),
+    /// A mark that does not decode is an error, never "no mark": treating it as absent would
+    /// process the message a second time.
+    fn decode(bytes: &[u8]) -> Result<Mark, Error> {
+        let corrupt = |what: String| Error::CorruptRecord {
+            reason: format!("inbox mark: {what}"),
+        };
+        let bytes: &[u8; MARK_LEN] = bytes
+            .try_into()
+            .map_err(|_| corrupt(format!("{} bytes, expected {MARK_LEN}", bytes.len())))?;
+        let (covered, sum) = bytes.split_at(16);
+        let covered: &[u8; 16] = covered.try_into().map_err(|_| corrupt("split".into()))?;
+        if mark_checksum(covered) != sum {
+            return Err(corrupt(
+                "checksum mismatch: its bytes changed after idem wrote them (Store::purge_inbox_mark removes it, and the message is then processed again)".into(),
+            ));
+        }
+        let (a, b) = covered.split_at(8);
+        let instant = |half: &[u8]| -> Result<Timestamp, Error> {
+            let half: [u8; 8] = half.try_into().map_err(|_| corrupt("split".into()))?;
+            Ok(Timestamp(u64::from_be_bytes(half)))
+        };
+        Ok(Mark {
+            processed_at: instant(a)?,
+            forget_at: instant(b)?,
         })
     }
 }
@@ -189,6 +225,34 @@ impl Store {
         self.read_mark(&key)
     }
 
+    /// Removes the mark of `message_id` for `subscriber` (whatever it holds, e.g. one that
+    /// fails its checksum: [`Error::CorruptRecord`]) and returns whether one existed. An
+    /// operator's tool: the message then counts as never processed, so its next delivery
+    /// **runs again**.
+    pub fn purge_inbox_mark(
+        &self,
+        subscriber: &str,
+        message_id: impl AsRef<[u8]>,
+    ) -> Result<bool, Error> {
+        let key = self.inbox_key(NS_INBOX, subscriber, message_id.as_ref())?;
+        self.write(false, |txn, _| {
+            let removed = (|| -> Result<bool, redb::Error> {
+                let mut inbox = txn.open_table(INBOX)?;
+                let old = inbox.remove(key.as_slice())?.map(|v| v.value().to_vec());
+                let Some(old) = old else { return Ok(false) };
+                if let Ok(mark) = Mark::decode(&old) {
+                    let mut expiry = txn.open_table(EXPIRY)?;
+                    expiry.remove(entry_key(mark.forget_at, KIND_INBOX, &key).as_slice())?;
+                }
+                Ok(true)
+            })();
+            match removed {
+                Ok(existed) => Step::Done(existed),
+                Err(e) => Step::Abort(self.storage(e)),
+            }
+        })
+    }
+
     fn inbox_key(&self, ns: u8, subscriber: &str, id: &[u8]) -> Result<Vec<u8>, Error> {
         let limits = &self.inner.config.limits;
         check(Field::Operation, subscriber.len(), limits.max_operation_len)?;
@@ -208,7 +272,7 @@ impl Store {
             return Ok(None);
         };
         let value = table.get(key).map_err(|e| self.storage(e))?;
-        Ok(value.and_then(|v| Mark::decode(v.value())))
+        value.map(|v| Mark::decode(v.value())).transpose()
     }
 
     fn consume<T, F>(
@@ -261,7 +325,7 @@ impl Store {
     fn load_mark(&self, txn: &WriteTransaction, key: &[u8]) -> Result<Option<Mark>, Error> {
         let table = txn.open_table(INBOX).map_err(|e| self.storage(e))?;
         let value = table.get(key).map_err(|e| self.storage(e))?;
-        Ok(value.and_then(|v| Mark::decode(v.value())))
+        value.map(|v| Mark::decode(v.value())).transpose()
     }
 
     /// Writes a mark and moves its expiry-index entry, in `txn`.
@@ -271,7 +335,8 @@ impl Store {
         let old = inbox
             .insert(key, mark.encode().as_slice())
             .map_err(|e| self.storage(e))?
-            .and_then(|v| Mark::decode(v.value()));
+            // Only reached after `load_mark` decoded the old mark (or found none).
+            .and_then(|v| Mark::decode(v.value()).ok());
         if let Some(old) = old {
             expiry
                 .remove(entry_key(old.forget_at, KIND_INBOX, key).as_slice())
@@ -306,7 +371,9 @@ pub(crate) fn sweep_inbox_entry(
     now: Timestamp,
 ) -> Result<InboxSweep, redb::Error> {
     let mut inbox = txn.open_table(INBOX)?;
-    let mark = inbox.get(key)?.and_then(|v| Mark::decode(v.value()));
+    // An undecodable mark is left in place (reading it is an error, never "absent"); only its
+    // index entry is dropped, so the sweep does not revisit it.
+    let mark = inbox.get(key)?.and_then(|v| Mark::decode(v.value()).ok());
     let Some(mark) = mark else {
         expiry.remove(raw)?;
         return Ok(InboxSweep::Repaired);
@@ -325,21 +392,25 @@ pub(crate) fn sweep_inbox_entry(
     Ok(InboxSweep::Deleted)
 }
 
-/// The expiry-index entries every stored inbox mark must have (for `check_expiry_index`).
+/// The expiry-index entries every stored inbox mark must have (for `check_expiry_index`), and
+/// the keys of marks that do not decode (their entries are tolerated, like a corrupt record's).
+pub(crate) type ExpectedInbox = (Vec<(Vec<u8>, u8)>, Vec<Vec<u8>>);
+
 pub(crate) fn expected_inbox_entries(
     read: &redb::ReadTransaction,
-) -> Result<Vec<(Vec<u8>, u8)>, redb::Error> {
-    let mut out = Vec::new();
+) -> Result<ExpectedInbox, redb::Error> {
+    let (mut out, mut undecodable) = (Vec::new(), Vec::new());
     let Some(inbox) = open_optional(read, INBOX)? else {
-        return Ok(out);
+        return Ok((out, undecodable));
     };
     for row in inbox.iter()? {
         let (k, v) = row?;
-        if let Some(mark) = Mark::decode(v.value()) {
-            out.push((entry_key(mark.forget_at, KIND_INBOX, k.value()), INBOX_TAG));
+        match Mark::decode(v.value()) {
+            Ok(mark) => out.push((entry_key(mark.forget_at, KIND_INBOX, k.value()), INBOX_TAG)),
+            Err(_) => undecodable.push(k.value().to_vec()),
         }
     }
-    Ok(out)
+    Ok((out, undecodable))
 }
 
 fn check(field: Field, len: usize, max: usize) -> Result<(), Error> {
@@ -381,8 +452,21 @@ mod tests {
             processed_at: Timestamp(1),
             forget_at: Timestamp(u64::MAX),
         };
-        assert_eq!(Mark::decode(&m.encode()), Some(m));
-        assert_eq!(Mark::decode(&[0; 15]), None);
-        assert_eq!(Mark::decode(&[0; 17]), None);
+        assert_eq!(Mark::decode(&m.encode()).ok(), Some(m));
+        for len in [0, 15, 16, 23, 25] {
+            assert!(matches!(
+                Mark::decode(&vec![0; len]),
+                Err(Error::CorruptRecord { .. })
+            ));
+        }
+        // Every single-byte flip is caught.
+        for i in 0..MARK_LEN {
+            let mut bytes = m.encode();
+            bytes[i] ^= 0x01;
+            assert!(
+                matches!(Mark::decode(&bytes), Err(Error::CorruptRecord { .. })),
+                "flip at {i}"
+            );
+        }
     }
 }

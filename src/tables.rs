@@ -23,7 +23,7 @@ pub(crate) const META_FORMAT: &str = "format";
 /// Inbox marks and webhook receipts: `namespace ‖ u16be(len(subscriber)) ‖ subscriber ‖
 /// message id` → `u64be(processed_at) ‖ u64be(forget_at)`. Each mark has an entry of kind
 /// `0x02` in [`EXPIRY`], so sweeps remove it after the inbox retention.
-pub(crate) const INBOX: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idem.inbox.v1");
+pub(crate) const INBOX: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idem.inbox.v2");
 
 /// Undelivered outbox events: commit sequence number → encoded event. A row is deleted once
 /// the dispatcher's publish returned Ok (delivered events are pruned at once).

@@ -17,6 +17,7 @@
 //! | a file that is not a redb database | `input_validation::a_file_that_is_not_a_redb_database_is_an_error_not_a_panic` (random bytes, text: `is_err` only); the variant, empty and zero-filled files: `a_file_that_is_not_a_store_is_a_corrupt_store_error` (here) |
 //! | a truncated file | `a_truncated_store_file_is_a_typed_error` (here) |
 //! | bytes changed in a record value (through redb) | `input_validation::a_garbage_record_is_corrupt_not_a_panic` and the 4 tests after it, `purge_frees_a_corrupt_key_so_the_intent_can_run_again`, `record_format::every_single_byte_substitution_is_ok_or_typed_error` (decoder only); every byte flipped, at the store: `every_flipped_byte_of_a_stored_record_is_contained` (here) |
+//! | bytes changed in an inbox mark (a checksum, like records) | `inbox_duplicate_is_not_processed::a_damaged_mark_is_an_error_not_a_second_processing` |
 //! | bytes flipped in the file itself (under redb) | `a_flipped_byte_in_the_file_is_no_panic`, `a_flipped_body_byte_in_the_file_is_a_corrupt_record` (here; a crash image with the flip does not open: redb's recovery, pinned as current behaviour); a failed integrity check (the file then does not open; `idem check` checks a copy): `a_failed_integrity_check_is_corrupt_store_and_a_copy_check_spares_the_file` (here) |
 
 mod common;

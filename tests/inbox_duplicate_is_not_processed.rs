@@ -147,3 +147,73 @@ fn subscriber_and_message_id_are_validated() {
         .unwrap_err();
     assert!(matches!(e, Error::TooLong { .. }));
 }
+
+/// A mark whose bytes changed on disk (or of the wrong length) is `CorruptRecord`: the message
+/// is neither processed again nor acknowledged as a duplicate. `purge_inbox_mark` is the
+/// operator's way out: the message then runs again, once.
+#[test]
+fn a_damaged_mark_is_an_error_not_a_second_processing() {
+    use idem::redb::ReadableTable;
+    const INBOX: idem::redb::TableDefinition<&[u8], &[u8]> =
+        idem::redb::TableDefinition::new("idem.inbox.v2");
+    let mut h = Harness::new();
+    h.store()
+        .process("billing", "msg-1", |tx| {
+            bump(tx, "charge").map(|()| "charged")
+        })
+        .unwrap();
+    h.store()
+        .process("billing", "msg-2", |tx| {
+            bump(tx, "other").map(|()| "charged")
+        })
+        .unwrap();
+    h.close();
+    // Flip one bit of msg-1's mark, behind the store's back.
+    {
+        let db = idem::redb::Database::open(&h.path).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut t = txn.open_table(INBOX).unwrap();
+            let key = [&[0x01u8, 0, 7][..], b"billing", b"msg-1"].concat();
+            let mut value = t.get(key.as_slice()).unwrap().unwrap().value().to_vec();
+            assert_eq!(value.len(), 24, "two instants and a checksum");
+            value[9] ^= 0x01;
+            t.insert(key.as_slice(), value.as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    h.reopen();
+    let store = h.store();
+    let mut ran = false;
+    let got = store.process("billing", "msg-1", |tx| {
+        ran = true;
+        bump(tx, "charge").map(|()| "charged")
+    });
+    assert!(matches!(got, Err(Error::CorruptRecord { .. })), "{got:?}");
+    assert!(!ran, "a damaged mark must not let the message run again");
+    assert!(matches!(
+        store.inbox_mark("billing", "msg-1"),
+        Err(Error::CorruptRecord { .. })
+    ));
+    // Other messages are unaffected; a sweep leaves the damaged mark in place.
+    assert!(matches!(
+        store.process("billing", "msg-2", |_| Ok("again")).unwrap(),
+        Processed::Duplicate { .. }
+    ));
+    store.sweep().unwrap();
+    assert!(store.process("billing", "msg-1", |_| Ok("x")).is_err());
+    store.check_expiry_index().unwrap();
+    // The operator decides the message may run again.
+    assert!(store.purge_inbox_mark("billing", "msg-1").unwrap());
+    assert!(!store.purge_inbox_mark("billing", "msg-1").unwrap());
+    let again = store
+        .process("billing", "msg-1", |tx| {
+            bump(tx, "charge").map(|()| "charged")
+        })
+        .unwrap();
+    assert_eq!(again, Processed::Processed("charged"));
+    assert_eq!(effects(store, "charge"), 2);
+    // (The clock did not move, so the new mark's index entry is the one the damaged mark left;
+    // otherwise that entry would be an orphan until a sweep repairs it, as for a purged record.)
+    store.check_expiry_index().unwrap();
+}
