@@ -12,6 +12,7 @@ use crate::commit::Step;
 use crate::error::{Abort, Error, Field};
 use crate::expiry::{ExpiryTable, entry_key};
 use crate::outbox::open_optional;
+use crate::record::checksum8;
 use crate::response::Response;
 use crate::store::Store;
 use crate::tables::{EXPIRY, INBOX};
@@ -45,15 +46,6 @@ const MARK_CHECKSUM_CONTEXT: &str = "idem 2026-11-30 inbox mark checksum";
 /// A stored mark's length: two big-endian u64 instants and an 8-byte checksum of them.
 const MARK_LEN: usize = 24;
 
-fn mark_checksum(covered: &[u8; 16]) -> [u8; 8] {
-    let hash = blake3::Hasher::new_derive_key(MARK_CHECKSUM_CONTEXT)
-        .update(covered)
-        .finalize();
-    let mut out = [0u8; 8];
-    out.copy_from_slice(&hash.as_bytes()[..8]);
-    out
-}
-
 impl Mark {
     fn encode(&self) -> [u8; MARK_LEN] {
         let mut covered = [0u8; 16];
@@ -61,7 +53,7 @@ impl Mark {
         covered[8..].copy_from_slice(&self.forget_at.0.to_be_bytes());
         let mut out = [0u8; MARK_LEN];
         out[..16].copy_from_slice(&covered);
-        out[16..].copy_from_slice(&mark_checksum(&covered));
+        out[16..].copy_from_slice(&checksum8(MARK_CHECKSUM_CONTEXT, &covered));
         out
     }
 
@@ -71,24 +63,26 @@ impl Mark {
         let corrupt = |what: String| Error::CorruptRecord {
             reason: format!("inbox mark: {what}"),
         };
-        let bytes: &[u8; MARK_LEN] = bytes
-            .try_into()
-            .map_err(|_| corrupt(format!("{} bytes, expected {MARK_LEN}", bytes.len())))?;
-        let (covered, sum) = bytes.split_at(16);
-        let covered: &[u8; 16] = covered.try_into().map_err(|_| corrupt("split".into()))?;
-        if mark_checksum(covered) != sum {
+        let parts = bytes
+            .split_first_chunk::<8>()
+            .and_then(|(a, rest)| rest.split_first_chunk::<8>().map(|(b, sum)| (a, b, sum)));
+        let (a, b, sum) = match parts {
+            Some(parts) if bytes.len() == MARK_LEN => parts,
+            _ => {
+                return Err(corrupt(format!(
+                    "{} bytes, expected {MARK_LEN}",
+                    bytes.len()
+                )));
+            }
+        };
+        if checksum8(MARK_CHECKSUM_CONTEXT, &bytes[..16]) != sum {
             return Err(corrupt(
-                "checksum mismatch: its bytes changed after idem wrote them (Store::purge_inbox_mark removes it, and the message is then processed again)".into(),
+                "checksum mismatch: its bytes changed after idem wrote them (Store::purge_inbox_mark or Store::purge_webhook_receipt removes it, and the message is then processed again)".into(),
             ));
         }
-        let (a, b) = covered.split_at(8);
-        let instant = |half: &[u8]| -> Result<Timestamp, Error> {
-            let half: [u8; 8] = half.try_into().map_err(|_| corrupt("split".into()))?;
-            Ok(Timestamp(u64::from_be_bytes(half)))
-        };
         Ok(Mark {
-            processed_at: instant(a)?,
-            forget_at: instant(b)?,
+            processed_at: Timestamp(u64::from_be_bytes(*a)),
+            forget_at: Timestamp(u64::from_be_bytes(*b)),
         })
     }
 }
@@ -235,6 +229,21 @@ impl Store {
         message_id: impl AsRef<[u8]>,
     ) -> Result<bool, Error> {
         let key = self.inbox_key(NS_INBOX, subscriber, message_id.as_ref())?;
+        self.purge_mark(key)
+    }
+
+    /// [`Store::purge_inbox_mark`] for the receipt of webhook delivery `delivery_id` from
+    /// `source` ([`Store::receive`]): its next delivery **runs again**.
+    pub fn purge_webhook_receipt(
+        &self,
+        source: &str,
+        delivery_id: impl AsRef<[u8]>,
+    ) -> Result<bool, Error> {
+        let key = self.inbox_key(NS_WEBHOOK, source, delivery_id.as_ref())?;
+        self.purge_mark(key)
+    }
+
+    fn purge_mark(&self, key: Vec<u8>) -> Result<bool, Error> {
         self.write(false, |txn, _| {
             let removed = (|| -> Result<bool, redb::Error> {
                 let mut inbox = txn.open_table(INBOX)?;

@@ -25,10 +25,16 @@ const CHECKSUM_LEN: usize = 8;
 /// The checksum of a value's version byte and postcard body: the first [`CHECKSUM_LEN`] bytes
 /// of blake3 in key-derivation mode over those bytes.
 fn checksum(covered: &[u8]) -> [u8; CHECKSUM_LEN] {
-    let hash = blake3::Hasher::new_derive_key(CHECKSUM_CONTEXT)
+    checksum8(CHECKSUM_CONTEXT, covered)
+}
+
+/// The 8-byte checksum idem appends to a stored value (records, inbox marks): the first 8
+/// bytes of blake3 in key-derivation mode with `context` over `covered` (docs/FORMAT.md).
+pub(crate) fn checksum8(context: &str, covered: &[u8]) -> [u8; 8] {
+    let hash = blake3::Hasher::new_derive_key(context)
         .update(covered)
         .finalize();
-    let mut out = [0u8; CHECKSUM_LEN];
+    let mut out = [0u8; 8];
     for (o, b) in out.iter_mut().zip(hash.as_bytes()) {
         *o = *b;
     }

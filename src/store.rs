@@ -406,6 +406,11 @@ fn open_error(e: redb::DatabaseError) -> Error {
         redb::DatabaseError::Storage(redb::StorageError::Corrupted(what)) => Error::CorruptStore {
             reason: format!("redb found the file damaged: {what}"),
         },
+        redb::DatabaseError::UpgradeRequired(version) => Error::CorruptStore {
+            reason: format!(
+                "the file is in redb's file format {version}, which this redb (4.x) does not read; upgrade it with the redb release that wrote it"
+            ),
+        },
         other => other.into(),
     }
 }
@@ -588,7 +593,8 @@ impl Store {
             txn.open_table(EXPIRY)?;
         }
         // Nothing was acknowledged yet: a failure here is a plain storage error (open again).
-        txn.commit().map_err(|e| Error::Storage { source: e.into() })?;
+        txn.commit()
+            .map_err(|e| Error::Storage { source: e.into() })?;
         let store = Store {
             inner: Arc::new(Inner {
                 db,
@@ -712,7 +718,8 @@ impl Store {
     /// check that the expiry index matches the records. Returns `Ok(true)` if the file passed,
     /// `Ok(false)` if redb found damage and repaired it. Slow: for operators who suspect the file
     /// was modified outside idem, not for normal operation (crash recovery is automatic). Like
-    /// [`Store::compact`], it needs the only handle ([`Error::InUse`] otherwise).
+    /// [`Store::compact`], it needs the only handle ([`Error::InUse`] otherwise), and a
+    /// fail-stopped store must be reopened first ([`Error::FailStopped`]).
     ///
     /// **Run it on a copy when you suspect damage.** If redb cannot repair the file, this returns
     /// [`Error::CorruptStore`] and the store is fail-stopped; redb has then marked the file for
@@ -726,6 +733,8 @@ impl Store {
         if self.in_closure() {
             return Err(Error::Reentrant);
         }
+        // After an I/O failure redb's in-memory state is stale: only a reopen rebuilds it.
+        self.check_writable()?;
         self.inner.stop_background();
         let checked = self.check_integrity_exclusive();
         let restarted = self.start_background();

@@ -21,7 +21,8 @@ pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idem
 pub(crate) const META_FORMAT: &str = "format";
 
 /// Inbox marks and webhook receipts: `namespace ‖ u16be(len(subscriber)) ‖ subscriber ‖
-/// message id` → `u64be(processed_at) ‖ u64be(forget_at)`. Each mark has an entry of kind
+/// message id` → `u64be(processed_at) ‖ u64be(forget_at) ‖ checksum` (8 bytes, see
+/// `docs/design.md`; `v2` since the checksum was added). Each mark has an entry of kind
 /// `0x02` in [`EXPIRY`], so sweeps remove it after the inbox retention.
 pub(crate) const INBOX: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idem.inbox.v2");
 

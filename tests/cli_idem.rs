@@ -175,6 +175,21 @@ fn check_and_export() {
 }
 
 #[test]
+fn check_reports_a_file_that_does_not_open_and_leaves_it_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("idem.redb");
+    std::fs::write(&file, b"this is not a store\n").unwrap();
+    let o = idem(&file, &["check"]);
+    assert!(!o.status.success(), "{o:?}");
+    let out = stdout(&o);
+    assert_eq!(line(&out, "file_integrity"), "FAILED", "{out}");
+    assert!(out.contains("not a readable redb database"), "{out}");
+    assert_eq!(std::fs::read(&file).unwrap(), b"this is not a store\n");
+    let files: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert_eq!(files.len(), 1, "the copy is removed: {files:?}");
+}
+
+#[test]
 fn says_why_it_cannot_open() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("none.redb");

@@ -217,3 +217,30 @@ fn a_damaged_mark_is_an_error_not_a_second_processing() {
     // otherwise that entry would be an orphan until a sweep repairs it, as for a purged record.)
     store.check_expiry_index().unwrap();
 }
+
+/// The webhook twin of `purge_inbox_mark`: a purged receipt lets the delivery run again.
+#[test]
+fn a_purged_webhook_receipt_runs_again() {
+    let h = Harness::new();
+    let s = h.store();
+    let hook = |tx: &idem::Tx<'_>| bump(tx, "hook");
+    assert!(matches!(
+        s.receive("github", "d-1", hook).unwrap(),
+        idem::Receipt::Accepted(())
+    ));
+    assert!(matches!(
+        s.receive("github", "d-1", hook).unwrap(),
+        idem::Receipt::Duplicate { .. }
+    ));
+    assert!(s.purge_webhook_receipt("github", "d-1").unwrap());
+    assert!(
+        !s.purge_inbox_mark("github", "d-1").unwrap(),
+        "namespaces differ"
+    );
+    assert!(matches!(
+        s.receive("github", "d-1", hook).unwrap(),
+        idem::Receipt::Accepted(())
+    ));
+    assert_eq!(effects(s, "hook"), 2);
+    s.check_expiry_index().unwrap();
+}

@@ -141,6 +141,59 @@ fn main() -> ExitCode {
     }
 }
 
+/// Copies the store file next to itself for `idem check`, without writing to it: a read-only
+/// open holds redb's shared lock meanwhile (refused while another process has the file open
+/// for writing), and a file that needs recovery (it was not closed cleanly, which a read-only
+/// open cannot do) is copied as it is, so the recovery runs on the copy.
+fn copy_for_check(cli: &Cli) -> Result<Removed, String> {
+    use std::io::Write;
+    if !cli.file.is_file() {
+        return Err(format!(
+            "{}: no such store file (pass --file PATH)",
+            cli.file.display()
+        ));
+    }
+    let lock = match idem::redb::ReadOnlyDatabase::open(&cli.file) {
+        Ok(db) => Some(db),
+        Err(idem::redb::DatabaseError::DatabaseAlreadyOpen) => {
+            return Err(format!(
+                "{}: another process has this file open for writing: stop it first, or pass \
+                 --in-place together with --multi-process",
+                cli.file.display()
+            ));
+        }
+        Err(_) => None,
+    };
+    let path = cli
+        .file
+        .with_extension(format!("idem-check-{}.redb", std::process::id()));
+    let cannot = |e: std::io::Error| {
+        format!(
+            "{}: cannot copy the file to check the copy ({e}); free some space, or pass --in-place",
+            path.display()
+        )
+    };
+    // create_new: never overwrite a file that happens to have that name.
+    let mut out = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .map_err(cannot)?;
+    let copy = Removed(path.clone());
+    let mut from = std::fs::File::open(&cli.file).map_err(cannot)?;
+    std::io::copy(&mut from, &mut out).map_err(cannot)?;
+    out.flush().map_err(cannot)?;
+    let note = match lock {
+        Some(_) => "",
+        None => " of a file that was not closed cleanly or does not open read-only",
+    };
+    println!(
+        "checking    a copy{note} ({}); the file itself is not written",
+        path.display()
+    );
+    Ok(copy)
+}
+
 /// A temporary file, removed when dropped (on every path out of the command).
 struct Removed(std::path::PathBuf);
 
@@ -252,33 +305,23 @@ fn run(cli: &Cli) -> Result<(), String> {
             println!("bytes_after  {}", file_size(&cli.file));
         }
         Command::Check { in_place } => {
-            // Opening the file takes redb's lock: nobody writes to it while it is copied.
-            let original = open(cli)?;
-            let copy = if *in_place {
-                None
+            // Declared first so that it outlives the store opened on it.
+            let mut copy: Option<Removed> = None;
+            let mut store = if *in_place {
+                open(cli)?
             } else {
-                let copy = cli
-                    .file
-                    .with_extension(format!("idem-check-{}.redb", std::process::id()));
-                std::fs::copy(&cli.file, &copy).map_err(|e| {
-                    format!(
-                        "{}: cannot copy the file to check the copy ({e}); free some space, or pass --in-place",
-                        copy.display()
-                    )
-                })?;
-                println!(
-                    "checking    a copy ({}); the file itself is not modified",
-                    copy.display()
-                );
-                Some(Removed(copy))
-            };
-            let mut store = match &copy {
-                None => original,
-                Some(Removed(path)) => {
-                    drop(original);
-                    Store::builder()
-                        .open(path)
-                        .map_err(|e| format!("{}: {e}", path.display()))?
+                let path = copy_for_check(cli)?;
+                let path = &copy.insert(path).0;
+                match Store::builder().open(path) {
+                    Ok(store) => store,
+                    Err(e) => {
+                        println!("file_integrity FAILED");
+                        println!("  {}: {e}", cli.file.display());
+                        return Err(
+                            "the file does not open as a store (above): restore it from a backup"
+                                .into(),
+                        );
+                    }
                 }
             };
             // redb's full integrity check first (it needs the only handle, which this is).

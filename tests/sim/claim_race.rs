@@ -156,6 +156,8 @@ struct Sim {
     clients: Vec<Option<Held>>,
     intents: Vec<Intent>,
     seq: u64,
+    /// Every holder token ever handed out: fencing needs each attempt's to be new.
+    holders: std::collections::HashSet<idem::HolderToken>,
 }
 
 /// The model's own rule (docs/design.md, decision order), written independently of `decide`.
@@ -264,6 +266,7 @@ impl Sim {
             clients: (0..CLIENTS).map(|_| None).collect(),
             intents: (0..INTENTS.len()).map(|_| Intent::default()).collect(),
             seq: 0,
+            holders: Default::default(),
         }
     }
 
@@ -407,6 +410,7 @@ impl Sim {
                 };
                 assert_eq!(got.status(), response.status());
                 assert_eq!(got.body(), response.body());
+                assert_eq!(got.resource(), response.resource());
                 assert_eq!(got.is_failure(), matches!(end, End::Terminal));
                 let previous = match expected {
                     Expect::Takeover(_) => self.intents[intent]
@@ -485,6 +489,11 @@ impl Sim {
                     }
                 };
                 assert_eq!(lease.attempt(), attempt);
+                assert!(
+                    self.holders.insert(lease.holder()),
+                    "a holder token was handed out twice: {:?}",
+                    lease.holder()
+                );
                 let deadline = ts(now, LEASE_MS);
                 assert_eq!(lease.deadline(), deadline);
                 let key = lease.downstream_key();
@@ -572,6 +581,7 @@ impl Sim {
         let got = result.unwrap_or_else(|e| panic!("the holder's completion must commit: {e}"));
         assert_eq!(got.status(), response.status());
         assert_eq!(got.body(), response.body());
+        assert_eq!(got.resource(), response.resource());
         assert_eq!(got.is_failure(), matches!(end, End::Terminal));
         let previous = self.intents[intent]
             .record
@@ -727,7 +737,16 @@ impl Sim {
                 );
                 assert!(self.store().failure().is_some(), "the failure must latch");
             }
-            _ => assert_eq!(runs, 0, "{expected:?} must not run the closure"),
+            other => {
+                assert_eq!(runs, 0, "{other:?} must not run the closure");
+                match (other, result) {
+                    (Expect::Replay(r), Ok(Outcome::Replayed(got))) => assert_eq!(got, r),
+                    (Expect::Expired(t), Ok(Outcome::Expired(got))) => assert_eq!(got, t),
+                    (Expect::InFlight(_), Ok(Outcome::InFlight { .. })) => {}
+                    (Expect::Mismatch, Err(Error::PayloadMismatch { .. })) => {}
+                    (e, got) => panic!("expected {e:?}, got {got:?}"),
+                }
+            }
         }
         // Whatever happened, the process now dies; the model is unchanged.
         self.crash();
