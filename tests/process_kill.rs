@@ -23,11 +23,12 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use idem::redb::{ReadableTable, TableDefinition};
+mod common;
+
+use common::EFFECTS;
+use idem::redb::ReadableTable;
 use idem::{Outcome, Request, Response, Scope, State, Store};
 
-/// The caller's own table: key → how many times its effect happened.
-const EFFECTS: TableDefinition<&str, u64> = TableDefinition::new("test.effects");
 const CHILD_ENV: &str = "IDEM_KILL_CHILD";
 const START_ENV: &str = "IDEM_KILL_START";
 const CHILD_NAME: &str = "process_kill_child_entry";
@@ -172,23 +173,14 @@ fn run_child(exe: &Path, path: &Path, start: u64, delay: Duration) -> Round {
 
 /// Every effect row of the caller table (key index → count).
 fn effect_rows(store: &Store) -> HashMap<u64, u64> {
-    let read = store.begin_read().expect("read txn");
-    let table = match read.open_table(EFFECTS) {
-        Ok(t) => t,
-        Err(idem::redb::TableError::TableDoesNotExist(_)) => return HashMap::new(),
-        Err(e) => panic!("open effects table: {e}"),
-    };
-    table
-        .iter()
-        .expect("iter effects")
-        .map(|row| {
-            let (k, v) = row.expect("effects row");
+    common::all_effects(store)
+        .into_iter()
+        .map(|(k, v)| {
             let i = k
-                .value()
                 .strip_prefix('k')
                 .and_then(|n| n.parse().ok())
-                .unwrap_or_else(|| panic!("unexpected effect row {:?}", k.value()));
-            (i, v.value())
+                .unwrap_or_else(|| panic!("unexpected effect row {k:?}"));
+            (i, v)
         })
         .collect()
 }

@@ -6,18 +6,15 @@
 
 use std::path::{Path, PathBuf};
 
-use idem::redb::{ReadableDatabase, ReadableTable, TableDefinition};
+use idem::redb::{ReadableDatabase, TableDefinition};
 use idem::{
-    Abort, Begin, Error, Lease, ManualClock, Outcome, Request, Response, Scope, Store,
-    StoreBuilder, Timestamp, Tx,
+    Begin, Error, Lease, ManualClock, Outcome, Request, Response, Scope, Store, StoreBuilder,
+    Timestamp,
 };
 use tempfile::TempDir;
 
 /// A fixed, realistic start time for every manual clock (2023-11-14).
 pub const T0: Timestamp = Timestamp(1_700_000_000_000);
-
-/// The caller's own table: effect label → how many times the effect happened.
-pub const EFFECTS: TableDefinition<&str, u64> = TableDefinition::new("test.effects");
 
 /// idem's record table, as documented in docs/FORMAT.md (only opened on a closed store).
 pub const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idem.records.v1");
@@ -76,15 +73,6 @@ impl Harness {
 /// A request whose payload is canonical bytes.
 pub fn req(tenant: &str, operation: &str, key: &str, payload: &[u8]) -> Request {
     Request::from_canonical_bytes(Scope::new(tenant, operation), key, payload)
-}
-
-/// Increments the effect counter `label` in the caller's table, inside the closure's
-/// transaction.
-pub fn bump(tx: &Tx<'_>, label: &str) -> Result<(), Abort> {
-    let mut table = tx.open_table(EFFECTS)?;
-    let n = table.get(label)?.map_or(0, |v| v.value());
-    table.insert(label, n + 1)?;
-    Ok(())
 }
 
 /// Reads the effect counter `label` through the open store's read snapshot.
@@ -190,28 +178,15 @@ pub fn begin_in_flight(begin: Result<Begin, Error>) -> std::time::Duration {
     }
 }
 
+#[path = "../sim/effects.rs"]
+mod effects;
+#[allow(unused_imports)] // Not every test uses every helper.
+pub use effects::{EFFECTS, all_effects, bump};
+
 #[path = "../sim/backend.rs"]
 mod backend;
 #[allow(unused_imports)] // Not every test uses the fault backends.
 pub use backend::*;
-
-/// Every effect counter in the caller's table (label → count).
-pub fn all_effects(store: &Store) -> Vec<(String, u64)> {
-    let read = store.begin_read().expect("read txn");
-    let table = match read.open_table(EFFECTS) {
-        Ok(t) => t,
-        Err(idem::redb::TableError::TableDoesNotExist(_)) => return Vec::new(),
-        Err(e) => panic!("open effects table: {e}"),
-    };
-    table
-        .iter()
-        .expect("iter effects")
-        .map(|row| {
-            let (k, v) = row.expect("effects row");
-            (k.value().to_owned(), v.value())
-        })
-        .collect()
-}
 
 /// Rows in idem's record table (records, inbox marks) seen through the open store.
 pub fn record_rows(store: &Store) -> u64 {

@@ -25,16 +25,13 @@
 use std::time::Duration;
 
 use arbitrary::{Arbitrary, Unstructured};
-use idem::redb::{ReadableTable, TableDefinition};
 use idem::{
     Abort, Begin, Clock, DownstreamKey, Error, Fingerprint, Lease, ManualClock, Outcome, Record,
-    Request, Response, Scope, State, Store, Timestamp, Tombstone, Tx,
+    Request, Response, Scope, State, Store, Timestamp, Tombstone,
 };
 
 use super::backend::CrashBackend;
-
-/// The caller's own table: intent label → how many times its effect happened.
-const EFFECTS: TableDefinition<&str, u64> = TableDefinition::new("sim.effects");
+use super::effects::{all_effects, bump};
 
 const T0: Timestamp = Timestamp(1_700_000_000_000);
 const LEASE_MS: u64 = 10_000;
@@ -227,13 +224,6 @@ fn request(intent: usize, payload: bool) -> Request {
 fn label(intent: usize) -> String {
     let (tenant, operation, key) = INTENTS[intent];
     format!("{tenant}/{operation}/{key}")
-}
-
-fn bump(tx: &Tx<'_>, label: &str) -> Result<(), Abort> {
-    let mut table = tx.open_table(EFFECTS)?;
-    let n = table.get(label)?.map_or(0, |v| v.value());
-    table.insert(label, n + 1)?;
-    Ok(())
 }
 
 fn open(backend: &CrashBackend, clock: &ManualClock) -> Store {
@@ -771,7 +761,7 @@ impl Sim {
     fn check(&self) {
         let store = self.store();
         let now = self.now();
-        let effects = read_effects(store);
+        let effects = all_effects(store);
         for (n, model) in self.intents.iter().enumerate() {
             let (tenant, operation, key) = INTENTS[n];
             let stored = store
@@ -815,21 +805,4 @@ impl Sim {
         let mut store = store.expect("store is open");
         assert_eq!(store.check_integrity().ok(), Some(true), "redb integrity");
     }
-}
-
-fn read_effects(store: &Store) -> Vec<(String, u64)> {
-    let read = store.begin_read().expect("read transaction");
-    let table = match read.open_table(EFFECTS) {
-        Ok(t) => t,
-        Err(idem::redb::TableError::TableDoesNotExist(_)) => return Vec::new(),
-        Err(e) => panic!("open effects table: {e}"),
-    };
-    table
-        .iter()
-        .expect("iterate effects")
-        .map(|row| {
-            let (k, v) = row.expect("effects row");
-            (k.value().to_owned(), v.value())
-        })
-        .collect()
 }

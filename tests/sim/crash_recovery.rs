@@ -28,17 +28,16 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use super::effects::bump;
 use arbitrary::{Arbitrary, Unstructured};
-use idem::redb::{ReadableTable, StorageBackend, TableDefinition};
+use idem::redb::StorageBackend;
 use idem::{
-    Abort, Begin, Error, Event, ManualClock, Outcome, Processed, Request, Response,
-    RetentionPolicy, Scope, State, Store, StoreBuilder, Timestamp, Tx,
+    Begin, Error, Event, ManualClock, Outcome, Processed, Request, Response, RetentionPolicy,
+    Scope, State, Store, StoreBuilder, Timestamp,
 };
 
 /// The manual clock's start (2023-11-14).
 const T0: Timestamp = Timestamp(1_700_000_000_000);
-/// The caller's own table: effect label → how many times the effect happened.
-const EFFECTS: TableDefinition<&str, u64> = TableDefinition::new("sim.effects");
 /// Lease duration of flow B.
 const LEASE: Duration = Duration::from_secs(10);
 /// Response window and tombstone horizon of the short-retention operation `s`.
@@ -330,28 +329,8 @@ fn req(operation: &str, k: u8) -> Request {
     Request::from_canonical_bytes(Scope::new("t", operation), format!("k{k}"), b"payload")
 }
 
-fn bump(tx: &Tx<'_>, label: &str) -> Result<(), Abort> {
-    let mut table = tx.open_table(EFFECTS)?;
-    let n = table.get(label)?.map_or(0, |v| v.value());
-    table.insert(label, n + 1)?;
-    Ok(())
-}
-
 fn all_effects(store: &Store) -> BTreeMap<String, u64> {
-    let read = store.begin_read().expect("read txn");
-    let table = match read.open_table(EFFECTS) {
-        Ok(t) => t,
-        Err(idem::redb::TableError::TableDoesNotExist(_)) => return BTreeMap::new(),
-        Err(e) => panic!("open effects table: {e}"),
-    };
-    table
-        .iter()
-        .expect("iter effects")
-        .map(|row| {
-            let (k, v) = row.expect("effects row");
-            (k.value().to_owned(), v.value())
-        })
-        .collect()
+    super::effects::all_effects(store).into_iter().collect()
 }
 
 fn ms(d: Duration) -> u64 {

@@ -7,4 +7,5 @@
 pub mod backend;
 pub mod claim_race;
 pub mod crash_recovery;
+pub mod effects;
 pub mod record_decode;
