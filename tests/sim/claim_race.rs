@@ -168,6 +168,39 @@ enum Expect {
     Mismatch,
 }
 
+/// An answer of `execute` or `begin` that ran nothing, in one shape for both flows; anything
+/// else (an execution, a lease, another error) is kept as text for the failure message.
+#[derive(Debug)]
+enum Early {
+    Replayed(Response),
+    Expired(Tombstone),
+    InFlight(Duration),
+    Mismatch,
+    Other(String),
+}
+
+impl Early {
+    fn of_outcome(result: Result<Outcome, Error>) -> Early {
+        match result {
+            Ok(Outcome::Replayed(r)) => Early::Replayed(r),
+            Ok(Outcome::Expired(t)) => Early::Expired(t),
+            Ok(Outcome::InFlight { retry_after }) => Early::InFlight(retry_after),
+            Err(Error::PayloadMismatch { .. }) => Early::Mismatch,
+            other => Early::Other(format!("{other:?}")),
+        }
+    }
+
+    fn of_begin(result: Result<Begin, Error>) -> Early {
+        match result {
+            Ok(Begin::Replayed(r)) => Early::Replayed(r),
+            Ok(Begin::Expired(t)) => Early::Expired(t),
+            Ok(Begin::InFlight { retry_after }) => Early::InFlight(retry_after),
+            Err(Error::PayloadMismatch { .. }) => Early::Mismatch,
+            other => Early::Other(format!("{other:?}")),
+        }
+    }
+}
+
 fn live(record: &Option<Record>, now: Timestamp) -> Option<&Record> {
     record.as_ref().filter(|r| now < r.forget_at)
 }
@@ -423,28 +456,7 @@ impl Sim {
                 }
                 self.finished_with(intent, &previous, &got, matches!(end, End::Terminal));
             }
-            Expect::Replay(stored) => {
-                let got = match result {
-                    Ok(Outcome::Replayed(r)) => r,
-                    other => panic!("must replay, got {other:?}"),
-                };
-                assert_eq!(got, stored);
-                self.check_replay(intent, &got);
-            }
-            Expect::Expired(t) => match result {
-                Ok(Outcome::Expired(got)) => assert_eq!(got, t),
-                other => panic!("must answer Expired({t:?}), got {other:?}"),
-            },
-            Expect::InFlight(deadline) => match result {
-                Ok(Outcome::InFlight { retry_after: got }) => {
-                    assert_eq!(got, retry_after(deadline, now))
-                }
-                other => panic!("must be in flight, got {other:?}"),
-            },
-            Expect::Mismatch => assert!(
-                matches!(result, Err(Error::PayloadMismatch { .. })),
-                "a different payload on a live key must be PayloadMismatch, got {result:?}"
-            ),
+            early => self.check_early(intent, early, Early::of_outcome(result), now),
         }
     }
 
@@ -508,28 +520,7 @@ impl Sim {
                 });
                 self.clients[client] = Some(Held { lease, intent });
             }
-            Expect::Replay(stored) => {
-                let got = match result {
-                    Ok(Begin::Replayed(r)) => r,
-                    other => panic!("must replay, got {other:?}"),
-                };
-                assert_eq!(got, stored);
-                self.check_replay(intent, &got);
-            }
-            Expect::Expired(t) => match result {
-                Ok(Begin::Expired(got)) => assert_eq!(got, t),
-                other => panic!("must answer Expired({t:?}), got {other:?}"),
-            },
-            Expect::InFlight(deadline) => match result {
-                Ok(Begin::InFlight { retry_after: got }) => {
-                    assert_eq!(got, retry_after(deadline, now))
-                }
-                other => panic!("must be in flight, got {other:?}"),
-            },
-            Expect::Mismatch => assert!(
-                matches!(result, Err(Error::PayloadMismatch { .. })),
-                "a different payload on a live key must be PayloadMismatch, got {result:?}"
-            ),
+            early => self.check_early(intent, early, Early::of_begin(result), now),
         }
     }
 
@@ -701,7 +692,8 @@ impl Sim {
     fn crash_in_closure(&mut self, intent: u8, payload: bool) {
         let intent = usize::from(intent) % INTENTS.len();
         let req = request(intent, payload);
-        let expected = expect(&self.intents[intent].record, req.fingerprint(), self.now());
+        let now = self.now();
+        let expected = expect(&self.intents[intent].record, req.fingerprint(), now);
         let backend = self.backend.clone();
         let mut runs = 0;
         let result = self.store().execute(req, |tx| {
@@ -727,19 +719,29 @@ impl Sim {
                 );
                 assert!(self.store().failure().is_some(), "the failure must latch");
             }
-            other => {
-                assert_eq!(runs, 0, "{other:?} must not run the closure");
-                match (other, result) {
-                    (Expect::Replay(r), Ok(Outcome::Replayed(got))) => assert_eq!(got, r),
-                    (Expect::Expired(t), Ok(Outcome::Expired(got))) => assert_eq!(got, t),
-                    (Expect::InFlight(_), Ok(Outcome::InFlight { .. })) => {}
-                    (Expect::Mismatch, Err(Error::PayloadMismatch { .. })) => {}
-                    (e, got) => panic!("expected {e:?}, got {got:?}"),
-                }
+            early => {
+                assert_eq!(runs, 0, "{early:?} must not run the closure");
+                self.check_early(intent, early, Early::of_outcome(result), now);
             }
         }
         // Whatever happened, the process now dies; the model is unchanged.
         self.crash();
+    }
+
+    /// Checks an answer that ran nothing (from either flow) against the model's expectation.
+    fn check_early(&self, intent: usize, expected: Expect, got: Early, now: Timestamp) {
+        match (expected, got) {
+            (Expect::Replay(stored), Early::Replayed(got)) => {
+                assert_eq!(got, stored);
+                self.check_replay(intent, &got);
+            }
+            (Expect::Expired(t), Early::Expired(got)) => assert_eq!(got, t),
+            (Expect::InFlight(deadline), Early::InFlight(got)) => {
+                assert_eq!(got, retry_after(deadline, now))
+            }
+            (Expect::Mismatch, Early::Mismatch) => {}
+            (expected, got) => panic!("expected {expected:?}, got {got:?}"),
+        }
     }
 
     fn agrees_with_decide(&self, intent: usize, fp: &Fingerprint, expected: &Expect) {
