@@ -985,6 +985,28 @@ impl Store {
         self.inner.clock.now()
     }
 
+    /// The name-length limits every request is checked against ([`StoreBuilder::limits`]).
+    pub fn limits(&self) -> Limits {
+        self.inner.config.limits
+    }
+
+    /// The largest response body the store records ([`StoreBuilder::max_response_bytes`]):
+    /// a face that must record *something* for an answer can check this first.
+    pub fn max_response_bytes(&self) -> usize {
+        self.inner.config.max_response_bytes
+    }
+
+    /// How long a lease lasts without a heartbeat ([`StoreBuilder::lease_duration`]).
+    pub fn lease_duration(&self) -> Duration {
+        self.inner.config.lease_duration
+    }
+
+    /// How many requests may wait for the next commit ([`StoreBuilder::max_queue`]): the
+    /// natural bound for a face's in-flight store calls.
+    pub fn max_queue(&self) -> usize {
+        self.inner.group.config.max_queue
+    }
+
     /// The first I/O or commit failure, if the store is fail-stopped.
     pub fn failure(&self) -> Option<String> {
         self.inner.failure.lock().clone()
