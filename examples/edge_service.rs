@@ -1,19 +1,30 @@
 //! A small payments service on the `Idempotency-Key` layer, on one embedded store file.
 //!
 //! ```text
-//! cargo run --release --example edge_service --features http [-- --data DIR --listen ADDR]
+//! cargo run --release --example edge_service --features http [-- --help]
 //! ```
 //!
-//! Defaults: `--data ./data` (the store is `DIR/idem.redb`), `--listen 127.0.0.1:8080`,
-//! `--lease-ms 30000` (how long a request cut off by a crash blocks its key).
+//! Flags (`--help` lists them): `--data DIR` (default `./data`, the store is `DIR/idem.redb`),
+//! `--listen ADDR` (default `127.0.0.1:8080`), `--lease-ms` (default 30000: how long a request
+//! cut off by a crash blocks its key), `--header-timeout-ms` (10000), `--body-timeout-ms`
+//! (10000), `--request-timeout-ms` (30000) and `--grace-ms` (10000), see [`Timeouts`].
+//! Exit status: 0 after a clean stop, 1 when it cannot start (e.g. a busy port: the message names
+//! the flag to change), 2 for a bad command line, 3 when the shutdown grace period ran out.
 //!
 //! - `POST /v1/payments` (`X-Tenant-Id`, `Idempotency-Key`, JSON `{"account", "amount",
-//!   "currency"}`) → 201 with the payment;
+//!   "currency"}`; `amount` in minor units, from 1 to [`MAX_AMOUNT`]) → 201 with the payment;
 //! - `GET /v1/payments/{id}` → 200 with the payment as it is now (e.g. refunded), 404 if absent;
 //! - `POST /v1/payments/{id}/refund` (`Idempotency-Key`) → 200, marks it refunded;
 //! - `GET /v1/ledger` → 200 `{"entries", "total"}` for the tenant, so a client can count effects;
-//! - `GET /v1/outbox` → 200 `{"pending", "dead", "delivered"}`: events not yet delivered, dead
-//!   letters, and events this process delivered since it started.
+//! - `GET /v1/outbox` → 200 `{"pending", "dead", "delivered", "truncated"}` for the tenant:
+//!   its events not yet delivered, its dead letters, and its events this process delivered
+//!   since it started.
+//!
+//! Every request names its tenant (`X-Tenant-Id`) and sees only that tenant's data. Every error
+//! the service answers is an RFC 9457 `application/problem+json` document with `type`,
+//! `title`, `status` and `detail`: the layer's (`urn:idem:problem:*`) and the service's own
+//! ([`problem`]), including unknown routes, wrong methods and timeouts. (hyper's automatic
+//! answers to requests that are not HTTP at all, e.g. a malformed request line, have no body.)
 //!
 //! **Why the POST handlers record their own answer.** The layer claims the key with a lease
 //! before the handler runs; a handler that wrote in a transaction of its own would leave a gap
@@ -21,36 +32,84 @@
 //! payment twice. So both POST handlers write the payment row and its ledger entry *inside*
 //! the transaction that records the answer ([`Idempotency::complete_with`]), together with an
 //! outbox event (topic `payments`, ordering key = the payment id, payload = the payment JSON,
-//! header `type` = `payment.captured` / `payment.refunded`): a kill -9 at any moment either
-//! leaves the effect, its event and the answer, or none of them (the lease lapses and the retry
-//! runs once, pushing the event once). The layer still does everything else: key and tenant extraction, the
-//! fingerprint, 400/409/413/422 problems, replays with `Idempotent-Replayed: true`.
+//! headers `type` = `payment.captured` / `payment.refunded` and `tenant`): a kill -9 at any
+//! moment either leaves the effect, its event and the answer, or none of them (the lease lapses
+//! and the retry runs once, pushing the event once). The layer still does everything else: key
+//! and tenant extraction, the fingerprint, 400/409/413/422 problems, replays with
+//! `Idempotent-Replayed: true`.
 //!
+//! **Money.** Amounts are `i64` minor units; one payment is 1 to [`MAX_AMOUNT`], and every sum
+//! is checked: a booking that would take the tenant's running total ([`LEDGER_TOTALS`]) out of
+//! `i64` is refused with 422, and `GET /v1/ledger` answers a problem rather than a wrong
+//! (saturated or wrapped) total.
 //!
 //! `main` also starts the outbox dispatcher ([`start_dispatcher`]); its publisher stands in for
-//! a broker and prints each event on stdout (`published seq=… id=… topic=payments key=pay_…`).
+//! a broker and prints each event on stdout (`published seq=… id=… topic=payments tenant=… key=pay_…`).
 //! Delivery is at least once: after a kill -9 an event may be printed again, with the same id.
 
+use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use axum::extract::{Extension, Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{FromRequestParts, Path, Request, State};
+use axum::http::header::{CONTENT_TYPE, LOCATION, RETRY_AFTER};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use idem::http::{Idempotency, IdempotencyLayer, Recorded, problem_response};
+use clap::Parser;
+use idem::http::{Idempotency, IdempotencyLayer, PROBLEM_JSON, Recorded, problem_response};
 use idem::redb::{ReadableTable, TableDefinition};
 use idem::{DispatcherHandle, DispatcherOptions, Event, OutboxEvent, Store};
 use serde_json::{Value, json};
 
 /// Payment id → the payment as JSON (it carries its tenant).
-const PAYMENTS: TableDefinition<&str, &str> = TableDefinition::new("payments");
+pub const PAYMENTS: TableDefinition<&str, &str> = TableDefinition::new("payments");
 /// `"{tenant}\0{entry id}"` → signed amount. One entry per capture and per refund.
-const LEDGER: TableDefinition<&str, i64> = TableDefinition::new("ledger");
+pub const LEDGER: TableDefinition<&str, i64> = TableDefinition::new("ledger");
+/// Tenant → the sum of its ledger entries, written in the transaction that writes each entry
+/// (checked arithmetic: an entry that would take it out of `i64` is refused, never saturated).
+pub const LEDGER_TOTALS: TableDefinition<&str, i64> = TableDefinition::new("ledger_totals");
+
+/// The largest amount of one payment, in minor units: 10^12 (ten billion in a currency with
+/// cents). Amounts are integers from 1 to this; anything else is answered 422.
+pub const MAX_AMOUNT: i64 = 1_000_000_000_000;
+
+/// At most this many undelivered events, and this many dead letters, are scanned to count a
+/// tenant's outbox (`"truncated": true` when there were more).
+pub const OUTBOX_SCAN: usize = 10_000;
 
 const TENANT: &str = "x-tenant-id";
+
+/// Problem types of the service's own errors (the layer's are `urn:idem:problem:*`).
+pub mod problem {
+    /// No route for this path.
+    pub const NOT_FOUND: &str = "urn:edge-service:problem:not-found";
+    /// The route exists, the method does not.
+    pub const METHOD_NOT_ALLOWED: &str = "urn:edge-service:problem:method-not-allowed";
+    /// No payment with this id for this tenant.
+    pub const NO_SUCH_PAYMENT: &str = "urn:edge-service:problem:no-such-payment";
+    /// The payment body is not valid JSON of the expected shape, or a field is invalid.
+    pub const INVALID_PAYMENT: &str = "urn:edge-service:problem:invalid-payment";
+    /// The amount is outside 1..=`MAX_AMOUNT`.
+    pub const AMOUNT_OUT_OF_RANGE: &str = "urn:edge-service:problem:amount-out-of-range";
+    /// The tenant's ledger total would not fit in an `i64`.
+    pub const LEDGER_OUT_OF_RANGE: &str = "urn:edge-service:problem:ledger-total-out-of-range";
+    /// `X-Tenant-Id` sent more than once, or not visible ASCII.
+    pub const INVALID_TENANT: &str = "urn:edge-service:problem:invalid-tenant";
+    /// A path parameter could not be read.
+    pub const INVALID_PATH: &str = "urn:edge-service:problem:invalid-path";
+    /// The request took longer than `--request-timeout-ms`.
+    pub const TIMEOUT: &str = "urn:edge-service:problem:request-timeout";
+    /// Reading the store failed.
+    pub const READ_FAILED: &str = "urn:edge-service:problem:read-failed";
+}
 
 /// The request body of `POST /v1/payments`.
 #[derive(serde::Deserialize)]
@@ -60,8 +119,33 @@ struct NewPayment {
     currency: String,
 }
 
-/// The service's router on `store`: what `main` serves, and what the tests drive in-process.
-pub fn app(store: Store) -> Router {
+/// Events of each tenant that this process handed to the broker (here: stdout), shared by the
+/// dispatcher's publisher and `GET /v1/outbox`.
+#[derive(Clone, Default)]
+pub struct Delivered(Arc<Mutex<HashMap<String, u64>>>);
+
+impl Delivered {
+    fn add(&self, tenant: &str) {
+        // A poisoned lock only means a panic while counting: the map is still usable.
+        let mut map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        *map.entry(tenant.to_owned()).or_default() += 1;
+    }
+
+    fn of(&self, tenant: &str) -> u64 {
+        let map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        map.get(tenant).copied().unwrap_or(0)
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    store: Store,
+    delivered: Delivered,
+}
+
+/// The service's router on `store`: what `main` serves (inside [`with_timeouts`]), and what
+/// the tests drive in-process. `delivered` is shared with [`start_dispatcher`].
+pub fn app(store: Store, delivered: Delivered) -> Router {
     // `route_layer`: only matched routes are covered, and the layer sees the route template
     // (`POST /v1/payments/{id}/refund`), so the operation does not depend on the id.
     let idempotent = IdempotencyLayer::tenant_header(store.clone(), TENANT);
@@ -72,54 +156,312 @@ pub fn app(store: Store) -> Router {
         .route("/v1/ledger", get(ledger))
         .route("/v1/outbox", get(outbox))
         .route_layer(idempotent)
-        .with_state(store)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(AppState { store, delivered })
 }
 
-fn tenant_of(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get(TENANT)
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty())
-        .map(str::to_owned)
+/// Slow-client limits and the shutdown grace period.
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts {
+    /// A client must send a request's complete headers within this time once the connection
+    /// waits for a request (a new connection, or an idle keep-alive one), or the connection is
+    /// closed (hyper's `header_read_timeout`; `axum::serve` gives hyper no timer, so it is off
+    /// there).
+    pub header: Duration,
+    /// The whole body must arrive within this time after the headers; a body still incomplete
+    /// then fails, and the layer answers 400 (tower-http's `RequestBodyDeadlineLayer`: a
+    /// deadline on the whole transfer, so a client trickling one byte at a time is cut off too).
+    pub body: Duration,
+    /// The whole request (body, store, handler) gets this long before the service answers 503
+    /// + `Retry-After` ([`with_timeouts`]).
+    pub request: Duration,
+    /// On SIGTERM / ctrl-c: how long requests in flight may take to finish before they are
+    /// cut off ([`serve`]).
+    pub grace: Duration,
 }
 
-fn missing_tenant() -> Response {
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            header: Duration::from_secs(10),
+            body: Duration::from_secs(10),
+            request: Duration::from_secs(30),
+            grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// `app` with the body deadline and the overall request timeout of `timeouts`.
+pub fn with_timeouts(app: Router, timeouts: &Timeouts) -> Router {
+    // `Router::layer` covers every route and the fallbacks; the last layer added is the
+    // outermost. The body deadline starts when the request enters it, right after its headers.
+    app.layer(tower_http::timeout::RequestBodyDeadlineLayer::new(
+        timeouts.body,
+    ))
+    .layer(axum::middleware::from_fn_with_state(
+        timeouts.request,
+        request_deadline,
+    ))
+}
+
+/// Answers 503 + `Retry-After` when the request takes longer than `limit`.
+///
+/// This only stops *waiting*: it does not cancel a payment that already started. The
+/// Idempotency-Key layer runs the handler in a task of its own once it claimed the key, so a
+/// started handler finishes and its answer is recorded after this timeout answered. The detail
+/// says so: a retry with the same key gets that answer (or 409 while it is still running), and
+/// never books a second payment.
+async fn request_deadline(State(limit): State<Duration>, req: Request, next: Next) -> Response {
+    match tokio::time::timeout(limit, next.run(req)).await {
+        Ok(resp) => resp,
+        Err(_) => {
+            let mut resp = problem_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                problem::TIMEOUT,
+                "Request timed out",
+                &format!(
+                    "no answer within {} ms; a payment that had started still completes: \
+                     retry with the same Idempotency-Key to get its answer",
+                    limit.as_millis()
+                ),
+            );
+            resp.headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from(1u64));
+            resp
+        }
+    }
+}
+
+/// How [`serve`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stopped {
+    /// Every request in flight finished within the grace period.
+    Drained,
+    /// The grace period ran out: this many connections were still open and were cut off.
+    GraceExpired {
+        /// Connections cut off.
+        open: usize,
+    },
+}
+
+/// Serves `app` on `listener` over HTTP/1.1 until `shutdown` completes, with hyper's header
+/// read timeout ([`Timeouts::header`]). Then it stops accepting, lets requests in flight finish
+/// for at most [`Timeouts::grace`], and cuts off what is still open.
+///
+/// A cut-off request's handler, if the layer already started it, is not rolled back by this: its
+/// writes and answer commit together or not at all (the runtime drops it at its next await
+/// point), and the key's lease lapses if nothing was recorded.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    timeouts: &Timeouts,
+    shutdown: impl Future<Output = ()>,
+) -> Stopped {
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(timeouts.header);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut connections = tokio::task::JoinSet::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // E.g. out of file descriptors: wait a little rather than spin.
+                    eprintln!("edge_service: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        while connections.try_join_next().is_some() {}
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let conn = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+        let conn = graceful.watch(conn);
+        connections.spawn(async move {
+            // A connection error (client gone, header timeout) concerns that client only.
+            let _ = conn.await;
+        });
+    }
+    drop(listener); // stop accepting: new connections are refused from here on
+    while connections.try_join_next().is_some() {}
+    match tokio::time::timeout(timeouts.grace, graceful.shutdown()).await {
+        Ok(()) => Stopped::Drained,
+        Err(_) => {
+            while connections.try_join_next().is_some() {}
+            let open = connections.len();
+            connections.shutdown().await; // aborts them and waits until they are dropped
+            Stopped::GraceExpired { open }
+        }
+    }
+}
+
+async fn not_found(req: Request) -> Response {
     problem_response(
-        StatusCode::BAD_REQUEST,
-        idem::http::problem::MISSING_TENANT,
-        "Tenant required",
-        "send X-Tenant-Id",
+        StatusCode::NOT_FOUND,
+        problem::NOT_FOUND,
+        "Not found",
+        &format!("no route for {} {}", req.method(), req.uri().path()),
     )
 }
 
+async fn method_not_allowed(req: Request) -> Response {
+    problem_response(
+        StatusCode::METHOD_NOT_ALLOWED,
+        problem::METHOD_NOT_ALLOWED,
+        "Method not allowed",
+        &format!("{} does not accept {}", req.uri().path(), req.method()),
+    )
+}
+
+/// The request's tenant: exactly one `X-Tenant-Id` line of visible ASCII (the layer checks the
+/// same on the POST routes before the handler runs). Rejected with a 400 problem.
+struct Tenant(String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Tenant {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let mut lines = parts.headers.get_all(TENANT).iter();
+        match (lines.next(), lines.next()) {
+            (None, _) => Err(problem_response(
+                StatusCode::BAD_REQUEST,
+                idem::http::problem::MISSING_TENANT,
+                "Tenant required",
+                "send X-Tenant-Id",
+            )),
+            (Some(v), None) if !v.is_empty() && v.as_bytes().iter().all(u8::is_ascii_graphic) => {
+                // Visible ASCII is valid UTF-8: nothing is lost.
+                Ok(Tenant(String::from_utf8_lossy(v.as_bytes()).into_owned()))
+            }
+            _ => Err(problem_response(
+                StatusCode::BAD_REQUEST,
+                problem::INVALID_TENANT,
+                "Invalid tenant",
+                "send X-Tenant-Id exactly once, as visible ASCII characters",
+            )),
+        }
+    }
+}
+
+/// The `{id}` path parameter; axum's rejection (e.g. percent-encoding that is not UTF-8) is
+/// answered as a 400 problem instead of axum's plain-text one.
+struct PaymentId(String);
+
+impl<S: Send + Sync> FromRequestParts<S> for PaymentId {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match Path::<String>::from_request_parts(parts, state).await {
+            Ok(Path(id)) => Ok(PaymentId(id)),
+            Err(rejection) => Err(problem_response(
+                StatusCode::BAD_REQUEST,
+                problem::INVALID_PATH,
+                "Invalid path",
+                &rejection.body_text(),
+            )),
+        }
+    }
+}
+
+/// The layer's handle. It is always there on the routes under the layer; answered as a 500
+/// problem (nothing booked) if a route were ever served without it.
+struct Claimed(Idempotency);
+
+impl<S: Send + Sync> FromRequestParts<S> for Claimed {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        match parts.extensions.get::<Idempotency>() {
+            Some(idem) => Ok(Claimed(idem.clone())),
+            None => Err(problem_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                idem::http::problem::STORE_FAILED,
+                "Idempotency layer missing",
+                "the route is not covered by the Idempotency-Key layer; nothing was booked",
+            )),
+        }
+    }
+}
+
+/// A problem answer recorded by [`Idempotency::complete_with`] (replayed as it is, with its
+/// `application/problem+json` content type).
+fn recorded_problem(status: StatusCode, kind: &str, title: &str, detail: &str) -> Recorded {
+    let body = json!({"type": kind, "title": title, "status": status.as_u16(), "detail": detail});
+    let mut answer = Recorded::json(status, &body);
+    answer
+        .headers
+        .insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    answer
+}
+
 fn invalid(detail: &str) -> Recorded {
-    Recorded::json(
+    recorded_problem(
         StatusCode::UNPROCESSABLE_ENTITY,
-        &json!({"type": "about:blank", "title": "Invalid payment", "status": 422, "detail": detail}),
+        problem::INVALID_PAYMENT,
+        "Invalid payment",
+        detail,
+    )
+}
+
+fn ledger_out_of_range(total: i64, entry: i64) -> Recorded {
+    recorded_problem(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        problem::LEDGER_OUT_OF_RANGE,
+        "Ledger total out of range",
+        &format!(
+            "the tenant's ledger total {total} plus {entry} does not fit in a signed 64-bit \
+             integer (from {} to {}); nothing was booked",
+            i64::MIN,
+            i64::MAX
+        ),
     )
 }
 
 async fn create_payment(
-    headers: HeaderMap,
-    Extension(idem): Extension<Idempotency>,
+    Tenant(tenant): Tenant,
+    Claimed(idem): Claimed,
     body: axum::body::Bytes,
 ) -> Response {
-    let Some(tenant) = tenant_of(&headers) else {
-        return missing_tenant();
-    };
     // The id derives from the idempotency key: the same on every attempt of this intent.
     let hex = idem.downstream_key().to_hex();
     let id = format!("pay_{}", hex.get(..20).unwrap_or(&hex));
     idem.complete_with(move |tx| {
         let new: NewPayment = match serde_json::from_slice(&body) {
             Ok(p) => p,
-            Err(e) => return Ok(invalid(&e.to_string())),
+            Err(e) => {
+                return Ok(invalid(&format!(
+                    "expected {{\"account\", \"amount\", \"currency\"}}: {e}"
+                )));
+            }
         };
-        if new.amount <= 0 || new.currency.len() != 3 || new.account.is_empty() {
-            return Ok(invalid(
-                "amount must be > 0, currency a 3-letter code, account non-empty",
+        if !(1..=MAX_AMOUNT).contains(&new.amount) {
+            return Ok(recorded_problem(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                problem::AMOUNT_OUT_OF_RANGE,
+                "Amount out of range",
+                &format!(
+                    "amount is {}; it must be an integer number of minor units from 1 to \
+                     {MAX_AMOUNT}",
+                    new.amount
+                ),
             ));
         }
+        if new.currency.len() != 3 || new.account.is_empty() {
+            return Ok(invalid(
+                "currency must be a 3-letter code, account non-empty",
+            ));
+        }
+        // Checked before any write: a 4xx is recorded with the closure's writes, so nothing
+        // may be written on the refusal path.
+        let mut totals = tx.open_table(LEDGER_TOTALS)?;
+        let total = totals.get(tenant.as_str())?.map_or(0, |v| v.value());
+        let Some(new_total) = total.checked_add(new.amount) else {
+            return Ok(ledger_out_of_range(total, new.amount));
+        };
         let payment = json!({
             "id": id, "account": new.account, "amount": new.amount,
             "currency": new.currency, "status": "captured",
@@ -129,11 +471,12 @@ async fn create_payment(
             .insert(id.as_str(), stored.as_str())?;
         let entry = format!("{tenant}\0{id}:capture");
         tx.open_table(LEDGER)?.insert(entry.as_str(), new.amount)?;
+        totals.insert(tenant.as_str(), new_total)?;
         tx.outbox()
-            .push(payment_event("payment.captured", &id, &payment))?;
+            .push(payment_event("payment.captured", &tenant, &id, &payment))?;
         let mut answer = Recorded::json(StatusCode::CREATED, &payment);
         if let Ok(loc) = format!("/v1/payments/{id}").parse() {
-            answer.headers.insert(axum::http::header::LOCATION, loc);
+            answer.headers.insert(LOCATION, loc);
         }
         Ok(answer)
     })
@@ -141,13 +484,10 @@ async fn create_payment(
 }
 
 async fn refund_payment(
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    Extension(idem): Extension<Idempotency>,
+    Tenant(tenant): Tenant,
+    PaymentId(id): PaymentId,
+    Claimed(idem): Claimed,
 ) -> Response {
-    let Some(tenant) = tenant_of(&headers) else {
-        return missing_tenant();
-    };
     idem.complete_with(move |tx| {
         let mut payments = tx.open_table(PAYMENTS)?;
         let found = payments.get(id.as_str())?.map(|v| v.value().to_owned());
@@ -155,22 +495,39 @@ async fn refund_payment(
             .and_then(|s| serde_json::from_str::<Value>(&s).ok())
             .filter(|row| row["tenant"] == tenant.as_str())
         else {
-            return Ok(Recorded::json(
+            return Ok(recorded_problem(
                 StatusCode::NOT_FOUND,
-                &json!({"type": "about:blank", "title": "No such payment", "status": 404}),
+                problem::NO_SUCH_PAYMENT,
+                "No such payment",
+                "no payment with this id for this tenant",
             ));
         };
         let captured = row["payment"]["status"] == "captured";
         if let Some(payment) = row.get_mut("payment").and_then(Value::as_object_mut)
             && captured
         {
-            payment.insert("status".into(), json!("refunded"));
+            // Stored amounts were range-checked when captured; `checked_neg` and `checked_sub`
+            // still refuse a row that would not fit rather than wrap.
             let amount = payment.get("amount").and_then(Value::as_i64).unwrap_or(0);
+            let mut totals = tx.open_table(LEDGER_TOTALS)?;
+            let total = totals.get(tenant.as_str())?.map_or(0, |v| v.value());
+            let Some((entry, new_total)) = amount
+                .checked_neg()
+                .and_then(|entry| Some((entry, total.checked_add(entry)?)))
+            else {
+                return Ok(ledger_out_of_range(total, amount.saturating_neg()));
+            };
+            payment.insert("status".into(), json!("refunded"));
             payments.insert(id.as_str(), row.to_string().as_str())?;
-            let entry = format!("{tenant}\0{id}:refund");
-            tx.open_table(LEDGER)?.insert(entry.as_str(), -amount)?;
-            tx.outbox()
-                .push(payment_event("payment.refunded", &id, &row["payment"]))?;
+            let key = format!("{tenant}\0{id}:refund");
+            tx.open_table(LEDGER)?.insert(key.as_str(), entry)?;
+            totals.insert(tenant.as_str(), new_total)?;
+            tx.outbox().push(payment_event(
+                "payment.refunded",
+                &tenant,
+                &id,
+                &row["payment"],
+            ))?;
         }
         Ok(Recorded::json(StatusCode::OK, &row["payment"]))
     })
@@ -178,66 +535,69 @@ async fn refund_payment(
 }
 
 /// The outbox event of a payment state change: ordered per payment, so a consumer never sees
-/// the refund before the capture.
-fn payment_event(kind: &str, id: &str, payment: &Value) -> Event {
+/// the refund before the capture. The `tenant` header scopes `GET /v1/outbox`.
+fn payment_event(kind: &str, tenant: &str, id: &str, payment: &Value) -> Event {
     Event::new("payments", payment.to_string())
         .ordering_key(id)
         .header("type", kind)
+        .header("tenant", tenant)
+}
+
+fn header<'a>(event: &'a OutboxEvent, name: &str) -> Option<&'a str> {
+    event
+        .headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
 }
 
 /// One line per published event (no broker here: stdout stands in for it).
 pub fn describe(event: &OutboxEvent) -> String {
-    let kind = event
-        .headers
-        .iter()
-        .find(|(name, _)| name == "type")
-        .map_or("-", |(_, v)| v.as_str());
     format!(
-        "published seq={} id={} topic={} key={} type={kind} payload={}",
+        "published seq={} id={} topic={} tenant={} key={} type={} payload={}",
         event.seq,
         event.id,
         event.topic,
+        header(event, "tenant").unwrap_or("-"),
         event.ordering_key.as_deref().unwrap_or("-"),
+        header(event, "type").unwrap_or("-"),
         String::from_utf8_lossy(&event.payload)
     )
 }
 
 /// Starts the outbox dispatcher of the service: its publisher prints each event on stdout
-/// ([`describe`]) and reports it delivered. A real service would send it to its broker here.
-pub fn start_dispatcher(store: &Store) -> Result<DispatcherHandle, idem::Error> {
+/// ([`describe`]), counts it in `delivered` and reports it delivered. A real service would
+/// send it to its broker here.
+pub fn start_dispatcher(
+    store: &Store,
+    delivered: Delivered,
+) -> Result<DispatcherHandle, idem::Error> {
     store.start_dispatcher(
-        |event: &OutboxEvent| -> Result<(), idem::BoxError> {
+        move |event: &OutboxEvent| -> Result<(), idem::BoxError> {
             use std::io::Write;
             let mut out = std::io::stdout().lock();
             writeln!(out, "edge_service: {}", describe(event))?;
             out.flush()?;
+            delivered.add(header(event, "tenant").unwrap_or(""));
             Ok(())
         },
         DispatcherOptions::new(),
     )
 }
 
-/// Reads run on the blocking pool too: redb reads touch the disk.
+/// Store reads run on the blocking pool: they touch the disk.
 async fn read<T: Send + 'static>(
-    store: Store,
-    f: impl FnOnce(&idem::redb::ReadTransaction) -> Result<T, Box<dyn std::error::Error + Send + Sync>>
-    + Send
-    + 'static,
+    f: impl FnOnce() -> Result<T, idem::BoxError> + Send + 'static,
 ) -> Result<T, Response> {
     let failed = |detail: String| {
         problem_response(
             StatusCode::INTERNAL_SERVER_ERROR,
-            "about:blank",
+            problem::READ_FAILED,
             "Read failed",
             &detail,
         )
     };
-    match tokio::task::spawn_blocking(move || {
-        let txn = store.begin_read()?;
-        f(&txn)
-    })
-    .await
-    {
+    match tokio::task::spawn_blocking(f).await {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(failed(e.to_string())),
         Err(e) => Err(failed(e.to_string())),
@@ -245,14 +605,12 @@ async fn read<T: Send + 'static>(
 }
 
 async fn get_payment(
-    State(store): State<Store>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
+    State(app): State<AppState>,
+    Tenant(tenant): Tenant,
+    PaymentId(id): PaymentId,
 ) -> Response {
-    let Some(tenant) = tenant_of(&headers) else {
-        return missing_tenant();
-    };
-    let row = read(store, move |txn| {
+    let row = read(move || {
+        let txn = app.store.begin_read()?;
         let table = match txn.open_table(PAYMENTS) {
             Ok(t) => t,
             Err(idem::redb::TableError::TableDoesNotExist(_)) => return Ok(None),
@@ -269,7 +627,7 @@ async fn get_payment(
             }
             _ => problem_response(
                 StatusCode::NOT_FOUND,
-                "about:blank",
+                problem::NO_SUCH_PAYMENT,
                 "No such payment",
                 "no payment with this id for this tenant",
             ),
@@ -277,86 +635,120 @@ async fn get_payment(
     }
 }
 
-async fn ledger(State(store): State<Store>, headers: HeaderMap) -> Response {
-    let Some(tenant) = tenant_of(&headers) else {
-        return missing_tenant();
-    };
-    let counted = read(store, move |txn| {
+/// The tenant's ledger, summed with checked arithmetic: `None` when the sum leaves `i64`
+/// (impossible for entries this service wrote, which [`LEDGER_TOTALS`] bounds).
+async fn ledger(State(app): State<AppState>, Tenant(tenant): Tenant) -> Response {
+    let counted = read(move || {
+        let txn = app.store.begin_read()?;
         let table = match txn.open_table(LEDGER) {
             Ok(t) => t,
-            Err(idem::redb::TableError::TableDoesNotExist(_)) => return Ok((0u64, 0i64)),
+            Err(idem::redb::TableError::TableDoesNotExist(_)) => return Ok((0u64, Some(0i64))),
             Err(e) => return Err(e.into()),
         };
         let (from, to) = (format!("{tenant}\0"), format!("{tenant}\u{1}"));
         let mut entries = 0u64;
-        let mut total = 0i64;
+        let mut total = Some(0i64);
         for row in table.range(from.as_str()..to.as_str())? {
             let (_, amount) = row?;
             entries += 1;
-            total = total.saturating_add(amount.value());
+            total = total.and_then(|t| t.checked_add(amount.value()));
         }
         Ok((entries, total))
     })
     .await;
     match counted {
-        Ok((entries, total)) => Json(json!({"entries": entries, "total": total})).into_response(),
+        Ok((entries, Some(total))) => {
+            Json(json!({"entries": entries, "total": total})).into_response()
+        }
+        Ok((entries, None)) => problem_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            problem::LEDGER_OUT_OF_RANGE,
+            "Ledger total out of range",
+            &format!(
+                "the tenant's {entries} ledger entries add up to more than a signed 64-bit \
+                 integer holds; they were not written by this service's checked bookings"
+            ),
+        ),
         Err(resp) => resp,
     }
 }
 
-/// Outbox counts: undelivered events, dead letters, and events delivered by this process.
-async fn outbox(State(store): State<Store>) -> Response {
-    let counted = read(store.clone(), move |_| {
-        let stats = store.outbox_stats()?;
-        let delivered = store.metrics().outbox_delivered;
-        Ok((stats.pending, stats.dead, delivered))
+/// The tenant's outbox: its undelivered events and dead letters (counted among the oldest
+/// [`OUTBOX_SCAN`] of each), and its events this process delivered.
+async fn outbox(State(app): State<AppState>, Tenant(tenant): Tenant) -> Response {
+    let delivered = app.delivered.of(&tenant);
+    let counted = read(move || {
+        let ours = |e: &OutboxEvent| header(e, "tenant") == Some(tenant.as_str());
+        let pending = app.store.pending_events(OUTBOX_SCAN + 1)?;
+        let dead = app.store.dead_letters(OUTBOX_SCAN + 1)?;
+        let truncated = pending.len() > OUTBOX_SCAN || dead.len() > OUTBOX_SCAN;
+        let pending = pending.iter().take(OUTBOX_SCAN).filter(|e| ours(e)).count();
+        let dead = dead
+            .iter()
+            .take(OUTBOX_SCAN)
+            .filter(|d| ours(&d.event))
+            .count();
+        Ok((pending, dead, truncated))
     })
     .await;
     match counted {
-        Ok((pending, dead, delivered)) => {
-            Json(json!({"pending": pending, "dead": dead, "delivered": delivered})).into_response()
-        }
+        Ok((pending, dead, truncated)) => Json(json!({
+            "pending": pending, "dead": dead, "delivered": delivered, "truncated": truncated,
+        }))
+        .into_response(),
         Err(resp) => resp,
     }
 }
 
-struct Args {
-    data: PathBuf,
-    listen: SocketAddr,
-    lease: Duration,
+/// A small payments service on idem's Idempotency-Key layer, on one embedded store file.
+///
+/// Exit status: 0 stopped cleanly; 1 could not start; 2 bad command line; 3 the shutdown grace
+/// period ran out and requests in flight were cut off.
+#[derive(Parser, Debug)]
+#[command(name = "edge_service")]
+pub struct Args {
+    /// Directory of the store file DIR/idem.redb (created if missing).
+    #[arg(long, value_name = "DIR", default_value = "data")]
+    pub data: PathBuf,
+    /// Address to listen on; port 0 picks a free one (the address is printed on stderr).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// How long a request cut off by a crash (kill -9) blocks its key before a retry takes it
+    /// over, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub lease_ms: u64,
+    /// A client must send a request's headers within this many milliseconds (also the limit
+    /// for an idle keep-alive connection), or the connection is closed.
+    #[arg(long, value_name = "MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_timeout_ms: u64,
+    /// A request body must arrive completely within this many milliseconds after the headers,
+    /// or the request is answered 400 and the connection closed.
+    #[arg(long, value_name = "MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub body_timeout_ms: u64,
+    /// A request not answered within this many milliseconds is answered 503 + Retry-After (a
+    /// payment that had started still completes; a retry with the same key gets its answer).
+    #[arg(long, value_name = "MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub request_timeout_ms: u64,
+    /// On SIGTERM or ctrl-c: how many milliseconds requests in flight may take to finish before
+    /// they are cut off (exit status 3).
+    #[arg(long, value_name = "MS", default_value_t = 10_000)]
+    pub grace_ms: u64,
 }
 
-fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
-        data: PathBuf::from("data"),
-        listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
-        lease: Duration::from_secs(30),
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        match flag.as_str() {
-            "--data" => args.data = PathBuf::from(value),
-            "--listen" => {
-                args.listen = value
-                    .parse()
-                    .map_err(|e| format!("--listen {value}: {e}"))?
-            }
-            "--lease-ms" => {
-                let ms: u64 = value
-                    .parse()
-                    .map_err(|e| format!("--lease-ms {value}: {e}"))?;
-                args.lease = Duration::from_millis(ms.max(1));
-            }
-            other => {
-                return Err(format!(
-                    "unknown argument {other}; use --data DIR, --listen ADDR, --lease-ms MS"
-                ));
-            }
+impl Args {
+    /// The timeouts these flags set.
+    pub fn timeouts(&self) -> Timeouts {
+        Timeouts {
+            header: Duration::from_millis(self.header_timeout_ms),
+            body: Duration::from_millis(self.body_timeout_ms),
+            request: Duration::from_millis(self.request_timeout_ms),
+            grace: Duration::from_millis(self.grace_ms),
         }
     }
-    Ok(args)
 }
+
+/// Exit status when the grace period ran out with requests in flight.
+pub const EXIT_GRACE_EXPIRED: u8 = 3;
 
 async fn shutdown_signal() {
     let ctrl_c = async {
@@ -377,7 +769,6 @@ async fn shutdown_signal() {
         () = ctrl_c => {},
         () = term => {},
     }
-    eprintln!("edge_service: shutting down (finishing requests in flight)");
 }
 
 /// Opens the store the way the service does: sweeps every 10 minutes keep the file bounded;
@@ -394,21 +785,102 @@ pub fn open_store(
         .open(dir.join("idem.redb"))?)
 }
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = parse_args()?;
-    let store = open_store(&args.data, args.lease)?;
-    let dispatcher = start_dispatcher(&store)?;
-    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+/// What to tell an operator whose `--listen` address cannot be bound.
+fn bind_error(addr: SocketAddr, e: &std::io::Error) -> String {
+    let host = match addr {
+        SocketAddr::V4(a) => a.ip().to_string(),
+        SocketAddr::V6(a) => format!("[{}]", a.ip()),
+    };
+    match e.kind() {
+        std::io::ErrorKind::AddrInUse => format!(
+            "{addr} is in use (another process listens there): pass --listen {host}:PORT with a \
+             free port, or stop that process"
+        ),
+        std::io::ErrorKind::PermissionDenied => format!(
+            "not allowed to listen on {addr} (ports below 1024 need privileges): pass --listen \
+             {host}:PORT with a port from 1024 up"
+        ),
+        std::io::ErrorKind::AddrNotAvailable => format!(
+            "{addr} is not an address of this machine: pass --listen with one of its addresses, \
+             e.g. --listen 127.0.0.1:{}",
+            addr.port()
+        ),
+        _ => format!("cannot listen on {addr}: {e}; pass --listen with another address"),
+    }
+}
+
+async fn run(args: Args) -> Result<Stopped, String> {
+    // Bind first: a busy port is the commonest start-up failure, and it should not leave a
+    // store file behind in a directory the operator did not mean to use.
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| bind_error(args.listen, &e))?;
+    let store = open_store(&args.data, Duration::from_millis(args.lease_ms))
+        .map_err(|e| format!("cannot open the store in {}: {e}", args.data.display()))?;
+    let delivered = Delivered::default();
+    let dispatcher = start_dispatcher(&store, delivered.clone())
+        .map_err(|e| format!("cannot start the outbox dispatcher: {e}"))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| format!("cannot read the listening address: {e}"))?;
     eprintln!(
-        "edge_service: listening on http://{} (store {})",
-        listener.local_addr()?,
+        "edge_service: listening on http://{addr} (store {})",
         args.data.join("idem.redb").display()
     );
-    axum::serve(listener, app(store))
-        .with_graceful_shutdown(shutdown_signal())
-        .await?;
+    let timeouts = args.timeouts();
+    let router = with_timeouts(app(store.clone(), delivered), &timeouts);
+    let stopped = serve(listener, router, &timeouts, async {
+        shutdown_signal().await;
+        eprintln!(
+            "edge_service: shutting down (finishing requests in flight, at most {} ms)",
+            timeouts.grace.as_millis()
+        );
+    })
+    .await;
     // Stops after the publish in progress; undelivered events wait for the next start.
-    dispatcher.shutdown()?;
-    Ok(())
+    match tokio::task::spawn_blocking(move || dispatcher.shutdown()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => eprintln!("edge_service: outbox dispatcher: {e}"),
+        Err(e) => eprintln!("edge_service: outbox dispatcher: {e}"),
+    }
+    drop(store);
+    Ok(stopped)
+}
+
+fn main() -> ExitCode {
+    // `--help` prints usage and exits 0; a bad flag prints clap's error and exits 2.
+    let args = Args::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("edge_service: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(run(args));
+    // Tasks still holding store handles (a handler cut off by the grace period) are dropped
+    // here, so the store closes (its Drop makes every acknowledged commit durable) before exit.
+    // A blocking store call still running after 5 s is left to the OS: redb is crash-safe.
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    match result {
+        Ok(Stopped::Drained) => {
+            eprintln!("edge_service: stopped");
+            ExitCode::SUCCESS
+        }
+        Ok(Stopped::GraceExpired { open }) => {
+            eprintln!(
+                "edge_service: grace period over with {open} connection(s) still open: cut them \
+                 off (a request cut off mid-way either committed with its answer or left nothing; \
+                 its client retries with the same key)"
+            );
+            ExitCode::from(EXIT_GRACE_EXPIRED)
+        }
+        Err(e) => {
+            eprintln!("edge_service: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
