@@ -591,8 +591,8 @@ where
     heartbeat.abort();
     match done {
         Ok(result) => result,
-        // The task was cancelled (the runtime is shutting down): the lease went with it, and
-        // lapses.
+        // The task was cancelled (the runtime is shutting down), or the layer's own recording
+        // code panicked: a lease still unfinished went with the task, and lapses.
         Err(_) => Ok(problem_response(
             StatusCode::INTERNAL_SERVER_ERROR,
             problem::HANDLER_FAILED,
