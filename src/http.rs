@@ -26,7 +26,22 @@
 //! - **replay of the stored answer**: once recorded, every retry gets the stored status, body
 //!   and the configured headers, plus `Idempotent-Replayed: true`, without calling the handler;
 //! - **a key is bound to its request**: the same key with a different method, route, selected
-//!   headers or body is `422`.
+//!   headers or body is `422`;
+//! - **one key, one field line**: the key is exactly one `Idempotency-Key` field line holding a
+//!   Structured Field string (`"abc"`) or a bare key (`abc`, visible ASCII without `"` `,` `;`
+//!   `\` or whitespace); two lines, a list, parameters or a malformed value is `400` (see
+//!   `docs/HTTP.md` for the grammar). Key, tenant and operation are checked against the store's
+//!   [`crate::Limits`] before the body is read;
+//! - **once the handler ran, the key never runs it again** for the record's lifetime: an answer
+//!   over the store's `max_response_bytes` is recorded without its body and replayed with
+//!   [`IDEMPOTENT_BODY_OMITTED`]; a handler that panics, whose response body fails, or whose
+//!   inner service returns `Err` is recorded as a terminal `500` ([`problem::HANDLER_FAILED`]);
+//!   if recording itself fails, the lease is left to lapse, never released. Only a status the
+//!   user excludes with [`IdempotencyLayer::record_status`] (5xx by default) releases the key;
+//! - **bounded store admissions**: at most [`IdempotencyLayer::max_in_flight`] claims (default
+//!   the store's `max_queue`) run at once; over that, a covered request gets `503` +
+//!   `Retry-After` at once ([`problem::RETRY`]). Store calls after the handler ran are never
+//!   refused for lack of room.
 //!
 //! The handler's own writes are **not** in idem's transaction by default: if the process dies
 //! after the handler wrote and before the answer was recorded, the lease lapses and a retry runs
@@ -41,10 +56,14 @@
 //! and its answer is recorded even if the client disconnects. While it runs, the lease is
 //! heartbeated every third of the store's `lease_duration`, so a slow handler is not taken over
 //! by a retry; only a process that died stops heartbeating, and then the lease lapses.
+//! [`IdempotencyLayer::metrics`] counts what an operator should see (bodies not kept, overload,
+//! handler failures, answers that could not be recorded).
 
 use std::future::Future;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -56,14 +75,20 @@ use http::request::Parts;
 use http::{HeaderMap, Method, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use parking_lot::Mutex;
+use tokio::sync::Semaphore;
 use tower::{Layer, Service};
 
+use crate::error::Field;
 use crate::{Abort, Begin, Error, Fingerprint, Lease, Request, Response, Scope, Store, Tx};
 
 /// The request header that carries the key.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// The response header set on every replayed answer (Stripe's convention).
 pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+/// The response header (`true`) on a replay whose body was not kept: the handler's answer was
+/// over the store's `max_response_bytes`, so only its status, the replayed headers that do not
+/// describe the body, and `Location` were recorded. The handler ran once; it does not run again.
+pub const IDEMPOTENT_BODY_OMITTED: &str = "idempotent-body-omitted";
 /// The media type of every error the layer produces (RFC 9457).
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
@@ -71,10 +96,18 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 pub mod problem {
     /// 400: a covered request without the key (unless [`super::MissingKey::PassThrough`]).
     pub const MISSING_KEY: &str = "urn:idem:problem:missing-idempotency-key";
-    /// 400: the key is empty, too long, or not visible ASCII.
+    /// 400: the key field is not exactly one well-formed key (two field lines, a list,
+    /// parameters, a bad character or quote), or it is empty or over the store's key limit.
     pub const INVALID_KEY: &str = "urn:idem:problem:invalid-idempotency-key";
     /// 400: the tenant extractor found no tenant.
     pub const MISSING_TENANT: &str = "urn:idem:problem:missing-tenant";
+    /// 400: the tenant is empty, over the store's tenant limit, or (from a tenant header) not
+    /// exactly one field line of visible ASCII without commas.
+    pub const INVALID_TENANT: &str = "urn:idem:problem:invalid-tenant";
+    /// 500: the operation (`"{METHOD} {route template}"` or the `.operation(...)` override) is
+    /// empty or over the store's operation limit: a configuration error of the service. (400
+    /// when no route template is known and the request path stood in for it.)
+    pub const INVALID_OPERATION: &str = "urn:idem:problem:invalid-operation";
     /// 400: the request body could not be read.
     pub const UNREADABLE_BODY: &str = "urn:idem:problem:unreadable-body";
     /// 413: the request body is over the layer's body limit.
@@ -83,11 +116,14 @@ pub mod problem {
     pub const IN_FLIGHT: &str = "urn:idem:problem:request-in-flight";
     /// 422: the key was used before with a different request.
     pub const KEY_REUSED: &str = "urn:idem:problem:key-reused-with-different-request";
-    /// 503 + `Retry-After`: the store is saturated or the handler asked for a retry.
+    /// 503 + `Retry-After`: the layer's in-flight limit is reached, the store is saturated, or
+    /// the handler asked for a retry. Nothing ran or nothing was recorded.
     pub const RETRY: &str = "urn:idem:problem:retry-later";
     /// 500: the store failed; the outcome of this request may be unknown: retry with the key.
     pub const STORE_FAILED: &str = "urn:idem:problem:store-failed";
-    /// 500: the handler failed (panicked) before answering; nothing was recorded.
+    /// 500: the handler failed after it started (it panicked, its response body failed, or
+    /// the inner service returned an error). Recorded as a terminal failure and replayed: the
+    /// key does not run the handler again.
     pub const HANDLER_FAILED: &str = "urn:idem:problem:handler-failed";
 }
 
@@ -104,10 +140,19 @@ pub enum MissingKey {
 type PartsFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 type StatusFn = dyn Fn(StatusCode) -> bool + Send + Sync;
 
+/// Where the tenant comes from.
+#[derive(Clone)]
+enum TenantSource {
+    /// One field line of this header ([`IdempotencyLayer::tenant_header`]).
+    Header(HeaderName),
+    /// The caller's extractor ([`IdempotencyLayer::new`]).
+    Extract(Arc<PartsFn>),
+}
+
 #[derive(Clone)]
 struct Config {
     store: Store,
-    tenant: Arc<PartsFn>,
+    tenant: TenantSource,
     operation: Option<Arc<PartsFn>>,
     methods: Vec<Method>,
     key_header: HeaderName,
@@ -116,6 +161,49 @@ struct Config {
     body_limit: usize,
     missing_key: MissingKey,
     record_status: Arc<StatusFn>,
+    /// One permit per store admission (`begin`) running; shared by the layer's clones.
+    admissions: Arc<Semaphore>,
+    max_in_flight: usize,
+    counters: Arc<Counters>,
+}
+
+/// The layer's counters (monotonic since it was built), shared by its clones.
+#[derive(Debug, Default)]
+struct Counters {
+    bodies_not_kept: AtomicU64,
+    overloaded: AtomicU64,
+    handler_failures: AtomicU64,
+    not_recorded: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// What one [`IdempotencyLayer`] (with its clones and the services they built) has seen since
+/// it was built: [`IdempotencyLayer::metrics`]. The counters that should stay at zero in a
+/// healthy service are warnings worth an alert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct LayerMetrics {
+    /// Answers recorded without their body because they were over the store's
+    /// `max_response_bytes`; their replays carry [`IDEMPOTENT_BODY_OMITTED`]. Raise the cap or
+    /// answer with a pointer (`Location`) instead of a large body.
+    pub bodies_not_kept: u64,
+    /// Covered requests answered `503` + `Retry-After` because [`LayerMetrics::max_in_flight`]
+    /// store admissions were already running. Nothing ran for them.
+    pub overloaded: u64,
+    /// Handlers that failed after they started (panicked, their response body failed, or the
+    /// inner service returned an error) and were recorded as a terminal `500`.
+    pub handler_failures: u64,
+    /// Answers the layer could not record after the handler ran (a store failure, a lost
+    /// lease). The key was not released: its lease lapses at its deadline, and only then may a
+    /// retry run the handler again.
+    pub not_recorded: u64,
+    /// Store admissions running at the moment of the snapshot.
+    pub in_flight: usize,
+    /// The bound on them ([`IdempotencyLayer::max_in_flight`]).
+    pub max_in_flight: usize,
 }
 
 /// The tower [`Layer`]. Build it with [`IdempotencyLayer::new`] (any tenant extractor) or
@@ -125,7 +213,12 @@ struct Config {
 /// Defaults: methods POST, PUT, PATCH, DELETE; key header `Idempotency-Key`; operation
 /// `"{METHOD} {route template}"` (the request path when no template is known); fingerprint of
 /// method, operation, path and query, and body (no headers); body limit 1 MiB; missing key → 400; replayed
-/// headers `Content-Type` and `Location`; every status recorded except 5xx.
+/// headers `Content-Type` and `Location`; every status recorded except 5xx; at most the store's
+/// `max_queue` store admissions in flight.
+///
+/// Clones of a layer share its in-flight limit and its [`LayerMetrics`]; a builder method
+/// called on one clone changes only that clone's settings ([`IdempotencyLayer::max_in_flight`]
+/// gives it a limit of its own).
 #[derive(Clone)]
 pub struct IdempotencyLayer {
     config: Arc<Config>,
@@ -138,22 +231,43 @@ impl std::fmt::Debug for IdempotencyLayer {
             .field("key_header", &self.config.key_header)
             .field("body_limit", &self.config.body_limit)
             .field("missing_key", &self.config.missing_key)
+            .field("max_in_flight", &self.config.max_in_flight)
             .finish_non_exhaustive()
     }
 }
 
+/// A semaphore size within tokio's bounds (at least one permit).
+fn permits(n: usize) -> usize {
+    n.clamp(1, Semaphore::MAX_PERMITS)
+}
+
 impl IdempotencyLayer {
-    /// A layer on `store` whose tenant comes from `tenant` (e.g. a header, or the authenticated
-    /// principal an earlier layer put in the extensions). `None` answers `400`
-    /// ([`problem::MISSING_TENANT`]) on a covered request.
+    /// A layer on `store` whose tenant comes from `tenant` (e.g. the authenticated principal an
+    /// earlier layer put in the extensions). `None` answers `400` ([`problem::MISSING_TENANT`])
+    /// on a covered request; an empty tenant or one over the store's tenant limit answers `400`
+    /// ([`problem::INVALID_TENANT`]), before the body is read.
     pub fn new(
         store: Store,
         tenant: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
     ) -> Self {
+        Self::with_tenant(store, TenantSource::Extract(Arc::new(tenant)))
+    }
+
+    /// A layer whose tenant is the value of the request header `name`: exactly one field line
+    /// of visible ASCII without commas (`A, B` is what an intermediary makes of two lines), at
+    /// most the store's tenant limit. No such header answers `400`
+    /// ([`problem::MISSING_TENANT`]); two lines or a bad value answers `400`
+    /// ([`problem::INVALID_TENANT`]).
+    pub fn tenant_header(store: Store, name: &'static str) -> Self {
+        Self::with_tenant(store, TenantSource::Header(HeaderName::from_static(name)))
+    }
+
+    fn with_tenant(store: Store, tenant: TenantSource) -> Self {
+        let max_in_flight = permits(store.max_queue());
         IdempotencyLayer {
             config: Arc::new(Config {
                 store,
-                tenant: Arc::new(tenant),
+                tenant,
                 operation: None,
                 methods: vec![Method::POST, Method::PUT, Method::PATCH, Method::DELETE],
                 key_header: HeaderName::from_static(IDEMPOTENCY_KEY),
@@ -162,17 +276,11 @@ impl IdempotencyLayer {
                 body_limit: 1024 * 1024,
                 missing_key: MissingKey::Reject,
                 record_status: Arc::new(|s: StatusCode| !s.is_server_error()),
+                admissions: Arc::new(Semaphore::new(max_in_flight)),
+                max_in_flight,
+                counters: Arc::default(),
             }),
         }
-    }
-
-    /// A layer whose tenant is the value of the request header `name` (visible ASCII).
-    pub fn tenant_header(store: Store, name: &'static str) -> Self {
-        let name = HeaderName::from_static(name);
-        Self::new(store, move |parts| {
-            let v = parts.headers.get(&name)?.to_str().ok()?;
-            (!v.is_empty()).then(|| v.to_owned())
-        })
     }
 
     fn edit(mut self, f: impl FnOnce(&mut Config)) -> Self {
@@ -193,7 +301,8 @@ impl IdempotencyLayer {
     }
 
     /// Overrides the operation half of the scope. `None` from `f` falls back to the default,
-    /// `"{METHOD} {route template}"`.
+    /// `"{METHOD} {route template}"`. An operation over the store's operation limit answers
+    /// `500` ([`problem::INVALID_OPERATION`]): a configuration error.
     pub fn operation(self, f: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
         self.edit(|c| c.operation = Some(Arc::new(f)))
     }
@@ -225,8 +334,44 @@ impl IdempotencyLayer {
     /// Which handler statuses are recorded and replayed. The default records everything but
     /// 5xx; a status for which `f` returns false releases the key (nothing stored, the next
     /// retry runs the handler again).
+    ///
+    /// So a status excluded here must mean **"no effect happened"** (the handler refused, or
+    /// undid its work): it is the only way a key whose handler ran is given up. The default
+    /// excludes 5xx for that reason — a handler answering 503 is saying "try again". A handler
+    /// that fails *after* causing an effect must answer a recorded status (or panic, which
+    /// the layer records as a terminal 500).
     pub fn record_status(self, f: impl Fn(StatusCode) -> bool + Send + Sync + 'static) -> Self {
         self.edit(|c| c.record_status = Arc::new(f))
+    }
+
+    /// The most store admissions (the claim of a key, [`Store::begin`]) this layer and its
+    /// clones run at once (default: the store's `max_queue`, 4,096; at least 1). A covered
+    /// request that finds them all busy is answered `503` + `Retry-After: 1`
+    /// ([`problem::RETRY`]) at once, without waiting and without running the handler, and
+    /// counted in [`LayerMetrics::overloaded`]. Store calls after the handler ran (recording
+    /// its answer, heartbeats) are not counted against the limit and are never refused, so a
+    /// started request always records.
+    pub fn max_in_flight(self, n: usize) -> Self {
+        let n = permits(n);
+        self.edit(|c| {
+            c.max_in_flight = n;
+            c.admissions = Arc::new(Semaphore::new(n));
+        })
+    }
+
+    /// A snapshot of this layer's counters (shared with its clones and the services they
+    /// built).
+    pub fn metrics(&self) -> LayerMetrics {
+        let c = &self.config.counters;
+        let max = self.config.max_in_flight;
+        LayerMetrics {
+            bodies_not_kept: c.bodies_not_kept.load(Ordering::Relaxed),
+            overloaded: c.overloaded.load(Ordering::Relaxed),
+            handler_failures: c.handler_failures.load(Ordering::Relaxed),
+            not_recorded: c.not_recorded.load(Ordering::Relaxed),
+            in_flight: max.saturating_sub(self.config.admissions.available_permits()),
+            max_in_flight: max,
+        }
     }
 }
 
@@ -319,8 +464,11 @@ where
         let req = http::Request::from_parts(parts, Body::new(body));
         return Ok(call_inner(inner, req).await?.0);
     }
-    let key = match parts.headers.get(&config.key_header) {
-        None => match config.missing_key {
+    // Key, tenant and operation are checked before the body is read: a request refused for
+    // its names never costs a body buffer.
+    let key = match key_of(&config, &parts) {
+        Ok(Some(key)) => key,
+        Ok(None) => match config.missing_key {
             MissingKey::PassThrough => {
                 let req = http::Request::from_parts(parts, Body::new(body));
                 return Ok(call_inner(inner, req).await?.0);
@@ -340,28 +488,28 @@ where
                 ));
             }
         },
-        Some(v) => match parse_key(v) {
-            Some(k) => k,
-            None => {
-                return Ok(invalid_key(
-                    "the key must be 1 or more visible ASCII characters",
-                ));
-            }
-        },
+        Err(e) => return Ok(invalid_key(&e.detail(&config.key_header))),
     };
-    let Some(tenant) = (config.tenant)(&parts) else {
-        return Ok(problem_response(
-            StatusCode::BAD_REQUEST,
-            problem::MISSING_TENANT,
-            "Tenant required",
-            "the request names no tenant; idempotency keys are scoped per tenant",
+    let tenant = match tenant_of(&config, &parts) {
+        Ok(t) => t,
+        Err(e) => return Ok(e.response()),
+    };
+    let (operation, from_path) = match config.operation.as_ref().and_then(|f| f(&parts)) {
+        Some(op) => (op, false),
+        None => default_operation(&parts),
+    };
+    let max = config.store.limits().max_operation_len;
+    if operation.is_empty() || operation.len() > max {
+        return Ok(invalid_operation(
+            from_path,
+            &format!(
+                "the operation this request maps to is {} bytes; the store takes 1 to {max} \
+                 (Limits::max_operation_len): shorten the route template or the \
+                 `.operation(...)` name, add the layer with `route_layer`, or raise the limit",
+                operation.len()
+            ),
         ));
-    };
-    let operation = config
-        .operation
-        .as_ref()
-        .and_then(|f| f(&parts))
-        .unwrap_or_else(|| default_operation(&parts));
+    }
     let body = match read_body(&parts, body, config.body_limit).await {
         Ok(b) => b,
         Err(resp) => return Ok(resp),
@@ -369,28 +517,55 @@ where
     let fingerprint = fingerprint(&parts, &operation, &config.fingerprint_headers, &body);
     let request = Request::with_fingerprint(Scope::new(tenant, operation), key, fingerprint);
 
+    // Admission: a permit or an immediate 503, never a queue. The permit is held for the claim
+    // only, and dropped on the blocking pool when it ends, even if this future is dropped.
+    let Ok(permit) = Arc::clone(&config.admissions).try_acquire_owned() else {
+        bump(&config.counters.overloaded);
+        return Ok(overloaded(config.max_in_flight));
+    };
     let store = config.store.clone();
-    let begun = match blocking(move || store.begin(request)).await {
-        Ok(Ok(b)) => b,
+    let begun = blocking(move || {
+        let begun = store.begin(request);
+        drop(permit);
+        begun
+    })
+    .await;
+    let lease = match begun {
+        Ok(Ok(Begin::Acquired(lease))) => lease,
+        Ok(Ok(Begin::Replayed(stored))) => return Ok(replay(&stored)),
+        Ok(Ok(Begin::Expired(tombstone))) => return Ok(expired(&tombstone)),
+        Ok(Ok(Begin::InFlight { retry_after })) => return Ok(in_flight(retry_after)),
         Ok(Err(e)) => return Ok(error_response(&e)),
         Err(resp) => return Ok(resp),
     };
-    let lease = match begun {
-        Begin::Acquired(lease) => lease,
-        Begin::Replayed(stored) => return Ok(replay(&stored)),
-        Begin::Expired(tombstone) => return Ok(expired(&tombstone)),
-        Begin::InFlight { retry_after } => return Ok(in_flight(retry_after)),
-    };
+    run(config, inner, parts, body, lease).await
+}
 
-    // From here on the handler runs in its own task: once started it finishes, and its answer
-    // is recorded, even if this future is dropped (the client went away).
+/// Runs the handler under `lease` and records its answer.
+async fn run<S, RB>(
+    config: Arc<Config>,
+    inner: S,
+    mut parts: Parts,
+    body: Bytes,
+    mut lease: Lease,
+) -> Result<http::Response<Body>, S::Error>
+where
+    S: Service<http::Request<Body>, Response = http::Response<RB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    RB: http_body::Body<Data = Bytes> + Send + 'static,
+    RB::Error: Into<crate::BoxError>,
+{
+    // From here on the handler may cause an effect: the key is never released behind its back.
+    // A lease that is dropped unfinished (a cancelled task, a failed recording) lapses at its
+    // deadline; only the user's `record_status` policy releases it, explicitly.
+    lease.lapse_on_drop(true);
     let every =
         (lease.deadline().saturating_since(config.store.now()) / 3).max(Duration::from_millis(10));
     let request = Arc::new(lease.request().clone());
     let downstream = lease.downstream_key();
     let slot = Arc::new(Slot(Mutex::new(Some(lease))));
     let heartbeat = spawn_heartbeat(&slot, every);
-    let mut parts = parts;
     parts.extensions.insert(Idempotency {
         slot: Arc::clone(&slot),
         request,
@@ -399,26 +574,31 @@ where
         config: Arc::clone(&config),
     });
     let req = http::Request::from_parts(parts, Body::from(body));
+    // The handler runs in its own task: once started it finishes, and its answer is recorded,
+    // even if this future is dropped (the client went away). A panic is caught there, so the
+    // slot is still at hand to record the failure.
     let task = tokio::spawn(async move {
-        let answer = call_inner(inner, req).await;
-        let answer = match answer {
-            Ok(a) => a,
-            Err(e) => {
-                release(&slot).await;
-                return Err(e);
+        match CatchUnwind(Box::pin(call_inner(inner, req))).await {
+            Ok(Ok(answer)) => Ok(record(&config, &slot, answer.0).await),
+            Ok(Err(e)) => {
+                record_failure(&config, &slot).await;
+                Err(e)
             }
-        };
-        Ok(record(&config, &slot, answer.0).await)
+            Err(_panic) => Ok(record_failure(&config, &slot).await),
+        }
     });
     let done = task.await;
     heartbeat.abort();
     match done {
         Ok(result) => result,
+        // The task was cancelled (the runtime is shutting down), or the layer's own recording
+        // code panicked: a lease still unfinished went with the task, and lapses.
         Err(_) => Ok(problem_response(
             StatusCode::INTERNAL_SERVER_ERROR,
             problem::HANDLER_FAILED,
-            "Handler failed",
-            "the handler failed before answering; nothing was recorded: retry with the same key",
+            "Handler cancelled",
+            "the handler was cancelled before its answer was recorded; the key stays claimed \
+             until its lease lapses",
         )),
     }
 }
@@ -430,46 +610,78 @@ async fn record(
     slot: &Arc<Slot>,
     resp: http::Response<Body>,
 ) -> http::Response<Body> {
-    let Some(lease) = take_lease(slot).await else {
-        // The handler finished the lease itself (or it was released): its answer stands.
-        return resp;
-    };
     let status = resp.status();
     if !(config.record_status)(status) {
-        let _ = blocking(move || lease.release()).await;
+        // The user's policy: this status means no effect happened, so the key is given up.
+        if let Some(lease) = take_lease(slot).await {
+            let _ = blocking(move || lease.release()).await;
+        }
         return resp;
     }
+    // The body is collected while the lease is still in its slot (heartbeated).
     let (parts, body) = resp.into_parts();
     let bytes = match body.collect().await {
         Ok(c) => c.to_bytes(),
-        Err(_) => {
-            let _ = blocking(move || lease.release()).await;
-            return problem_response(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                problem::HANDLER_FAILED,
-                "Handler failed",
-                "the handler's response body failed; nothing was recorded: retry with the same key",
-            );
-        }
+        Err(_) => return record_failure(config, slot).await,
     };
-    let stored = stored_response(status, &parts.headers, &config.replay_headers, &bytes);
-    // A failure to record (e.g. a response over the store's max_response_bytes, or a lost
-    // lease) does not hide the handler's answer: the effect happened. The key is released (the
-    // lease is dropped on the blocking pool), so a retry would run the handler again.
-    let _ = blocking(move || {
-        if status.is_client_error() || status.is_server_error() {
-            lease.fail(stored)
-        } else {
-            lease.complete(stored)
-        }
-    })
-    .await;
+    if let Some(lease) = take_lease(slot).await {
+        finish(config, lease, status, &parts.headers, &bytes).await;
+    }
+    // If recording failed, the handler's answer still goes out: the effect happened.
     http::Response::from_parts(parts, Body::from(bytes))
 }
 
-async fn release(slot: &Arc<Slot>) {
-    if let Some(lease) = take_lease(slot).await {
-        let _ = blocking(move || lease.release()).await;
+/// The handler failed after it started: records a terminal `500` (its effect is unknown, so
+/// it must not run again) and returns that answer.
+async fn record_failure(config: &Config, slot: &Arc<Slot>) -> http::Response<Body> {
+    let (status, headers, body) = problem_parts(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        problem::HANDLER_FAILED,
+        "Handler failed",
+        "the handler failed after it started (it panicked, its response body failed, or the \
+         service returned an error), so its effect is unknown; this answer is recorded and \
+         this key will not run the request again: check the outcome, and use a new key for a \
+         new attempt",
+    );
+    // No lease in the slot: the handler recorded its own answer before failing.
+    if let Some(lease) = take_lease(slot).await
+        && finish(config, lease, status, &headers, &body).await
+    {
+        bump(&config.counters.handler_failures);
+    }
+    plain_response(status, headers, body)
+}
+
+/// Records an answer with the lease (a 4xx/5xx as a terminal failure), fitted into the store's
+/// response cap; true if it was recorded. If recording fails the lease is dropped unfinished
+/// and lapses (it was marked so before the handler ran): never released.
+async fn finish(
+    config: &Config,
+    lease: Lease,
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> bool {
+    let max = config.store.max_response_bytes();
+    let (stored, body_kept) = fit_response(status, headers, &config.replay_headers, body, max);
+    let done = blocking(move || finish_lease(lease, status, stored)).await;
+    let recorded = matches!(done, Ok(Ok(_)));
+    if !recorded {
+        bump(&config.counters.not_recorded);
+    } else if !body_kept {
+        bump(&config.counters.bodies_not_kept);
+    }
+    recorded
+}
+
+/// Runs on the blocking pool: completes or fails `lease` with `stored`, letting it lapse (not
+/// releasing it) if that fails.
+fn finish_lease(mut lease: Lease, status: StatusCode, stored: Response) -> Result<Response, Error> {
+    lease.lapse_on_drop(true);
+    if status.is_client_error() || status.is_server_error() {
+        lease.fail(stored)
+    } else {
+        lease.complete(stored)
     }
 }
 
@@ -503,20 +715,26 @@ fn spawn_heartbeat(slot: &Arc<Slot>, every: Duration) -> tokio::task::JoinHandle
     })
 }
 
-/// Owns the lease while the handler runs. If the last reference goes away with the lease
-/// still in it (a panicking handler), it is released on the blocking pool, never on a runtime
-/// thread.
+/// Owns the lease while the handler runs. The lease was marked to lapse when dropped
+/// unfinished, so if the last reference goes away with the lease still in it (the handler's
+/// task was cancelled), nothing is released: the key stays claimed until the deadline.
 struct Slot(Mutex<Option<Lease>>);
 
-impl Drop for Slot {
-    fn drop(&mut self) {
-        if let Some(lease) = self.0.get_mut().take() {
-            match tokio::runtime::Handle::try_current() {
-                Ok(rt) => {
-                    rt.spawn_blocking(move || drop(lease));
-                }
-                Err(_) => drop(lease),
-            }
+/// A future that turns a panic while polling `F` into `Err` (the payload), so the layer can
+/// record the failure instead of losing the lease with the unwinding task.
+struct CatchUnwind<F>(Pin<Box<F>>);
+
+impl<F: Future> Future for CatchUnwind<F> {
+    type Output = Result<F::Output, Box<dyn std::any::Any + Send>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let fut = self.get_mut().0.as_mut();
+        // AssertUnwindSafe: after a panic the inner future is never polled again (it is
+        // dropped with this one), so no broken state of it is observed.
+        match catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
+            Err(panic) => Poll::Ready(Err(panic)),
         }
     }
 }
@@ -583,16 +801,20 @@ impl Idempotency {
     /// and the answer commit together or not at all; `f` may run more than once (group commit)
     /// and only the committed run counts.
     ///
-    /// A status the layer records as a failure (4xx) is stored as a terminal failure; a status
-    /// the layer would not record (5xx by default) or [`Abort::Retryable`] rolls `f`'s writes
-    /// back and releases the key. Returns the HTTP response to send: the answer, or a problem
-    /// response when nothing could be recorded. Call it at most once per request; a second
-    /// call answers `500`.
+    /// A status the layer records as a failure (4xx) is stored as a terminal failure; an
+    /// answer over the store's `max_response_bytes` is stored without its body, like the
+    /// layer's own (replayed with [`IDEMPOTENT_BODY_OMITTED`]). A status the layer would not
+    /// record (5xx by default), [`Abort::Retryable`], or a transaction that fails to commit
+    /// rolls `f`'s writes back and releases the key: nothing of `f` happened. (Effects the
+    /// handler caused outside `f`, before calling this, are its own to make idempotent, with
+    /// [`Idempotency::downstream_key`].) Returns the HTTP response to send: the answer, or a
+    /// problem response when nothing could be recorded. Call it at most once per request; a
+    /// second call answers `500`.
     pub async fn complete_with<F>(&self, mut f: F) -> http::Response<Body>
     where
         F: FnMut(&Tx<'_>) -> Result<Recorded, Abort> + Send + 'static,
     {
-        let Some(lease) = take_lease(&self.slot).await else {
+        let Some(mut lease) = take_lease(&self.slot).await else {
             return problem_response(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 problem::STORE_FAILED,
@@ -600,15 +822,22 @@ impl Idempotency {
                 "complete_with was called twice for one request",
             );
         };
+        // The transaction holds the effect: if it does not commit, nothing happened, and the
+        // core's rule applies (an unfinished lease is released).
+        lease.lapse_on_drop(false);
         let replay_headers = Arc::clone(&self.replay_headers);
         let config = Arc::clone(&self.config);
+        let max = self.config.store.max_response_bytes();
         let done = blocking(move || {
             let mut answer = None;
+            let mut body_kept = true;
             let result = lease.complete_with(|tx| {
                 // Only the last (committed) run's answer counts.
                 answer = None;
                 let r = f(tx)?;
-                let stored = stored_response(r.status, &r.headers, &replay_headers, &r.body);
+                let (stored, kept) =
+                    fit_response(r.status, &r.headers, &replay_headers, &r.body, max);
+                body_kept = kept;
                 let status = r.status;
                 answer = Some(r);
                 if !(config.record_status)(status) {
@@ -621,17 +850,24 @@ impl Idempotency {
                     Ok(stored)
                 }
             });
-            (result, answer)
+            (result, answer, body_kept)
         })
         .await;
         match done {
-            Ok((Ok(_), Some(r))) => plain_response(r.status, r.headers, r.body),
-            // Not recorded because of its status: the handler's answer still goes out.
-            Ok((Err(Error::Aborted { .. }), Some(r))) if !(self.config.record_status)(r.status) => {
+            Ok((Ok(_), Some(r), body_kept)) => {
+                if !body_kept {
+                    bump(&self.config.counters.bodies_not_kept);
+                }
                 plain_response(r.status, r.headers, r.body)
             }
-            Ok((Err(e), _)) => error_response(&e),
-            Ok((Ok(stored), None)) => replay(&stored),
+            // Not recorded because of its status: the handler's answer still goes out.
+            Ok((Err(Error::Aborted { .. }), Some(r), _))
+                if !(self.config.record_status)(r.status) =>
+            {
+                plain_response(r.status, r.headers, r.body)
+            }
+            Ok((Err(e), _, _)) => error_response(&e),
+            Ok((Ok(stored), None, _)) => replay(&stored),
             Err(resp) => resp,
         }
     }
@@ -658,25 +894,227 @@ async fn blocking<T: Send + 'static>(
     })
 }
 
-fn parse_key(v: &HeaderValue) -> Option<String> {
-    let s = v.to_str().ok()?.trim();
-    // The draft defines the field as a Structured Field string ("..."); a bare token is
-    // accepted too (Stripe's convention).
-    let s = s
-        .strip_prefix('"')
-        .and_then(|s| s.strip_suffix('"'))
-        .unwrap_or(s);
-    (!s.is_empty()).then(|| s.to_owned())
+// ---- the key and the tenant ----
+
+/// Why a key field was refused (the problem's `detail` names the header).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum KeyError {
+    /// The field appears on this many lines.
+    Lines(usize),
+    /// No characters (an empty value, or `""`).
+    Empty,
+    /// Longer than the store's key limit.
+    TooLong { len: usize, max: usize },
+    /// Starts with a quote but is not exactly one Structured Field string without parameters.
+    NotAString(String),
+    /// A bare key with a character outside its alphabet, at this byte offset.
+    BadChar { byte: u8, at: usize },
 }
 
-fn default_operation(parts: &Parts) -> String {
-    let route = parts
-        .extensions
-        .get::<MatchedPath>()
-        .map_or_else(|| parts.uri.path(), MatchedPath::as_str);
-    format!("{} {}", parts.method, route)
+impl KeyError {
+    fn detail(&self, header: &HeaderName) -> String {
+        match self {
+            KeyError::Lines(n) => format!(
+                "the request has {n} {header} field lines: send exactly one key (two lines, or \
+                 one line listing two keys, never name one intent)"
+            ),
+            KeyError::Empty => format!("the {header} is empty: send a new unique key per intent"),
+            KeyError::TooLong { len, max } => format!(
+                "the {header} is {len} bytes, over the store's limit of {max} (Limits::max_key_len)"
+            ),
+            KeyError::NotAString(why) => format!(
+                "the {header} starts with a quote but is not one Structured Field string \
+                 (RFC 9651) without parameters: {why}"
+            ),
+            KeyError::BadChar { byte, at } => format!(
+                "the {header} has byte 0x{byte:02x} at offset {at}; an unquoted key is visible \
+                 ASCII without '\"', ',', ';', '\\' or whitespace (quote it as a Structured \
+                 Field string, \"...\", to use spaces)"
+            ),
+        }
+    }
 }
 
+/// A byte a bare (unquoted) key may contain: visible ASCII except the characters that would
+/// make it ambiguous with a Structured Field string (`"`, `\`), a list (`,`) or parameters
+/// (`;`). Whitespace and control characters are never part of a key.
+fn bare_key_byte(b: u8) -> bool {
+    matches!(b, 0x21..=0x7e) && !matches!(b, b'"' | b',' | b';' | b'\\')
+}
+
+/// Optional whitespace around a field value (RFC 9110 §5.5) is not part of it.
+fn trim_ows(v: &[u8]) -> &[u8] {
+    let start = v.iter().position(|b| !matches!(b, b' ' | b'\t'));
+    let end = v.iter().rposition(|b| !matches!(b, b' ' | b'\t'));
+    match (start, end) {
+        (Some(s), Some(e)) => &v[s..=e],
+        _ => &[],
+    }
+}
+
+/// Parses one key field value (see `docs/HTTP.md`): a value starting with `"` must be exactly
+/// one Structured Field string without parameters (RFC 9651, parsed by `sfv`); any other value
+/// is a bare key of [`bare_key_byte`]s (Stripe-style clients send unquoted UUIDs). Either way
+/// 1..=`max_len` bytes.
+fn parse_key(value: &[u8], max_len: usize) -> Result<String, KeyError> {
+    let v = trim_ows(value);
+    let key = if v.first() == Some(&b'"') {
+        sfv::Parser::new(v)
+            .parse_item_with_visitor(KeyItem)
+            .map_err(|e| KeyError::NotAString(e.to_string()))?
+    } else {
+        if let Some(at) = v.iter().position(|&b| !bare_key_byte(b)) {
+            return Err(KeyError::BadChar { byte: v[at], at });
+        }
+        // Every byte is ASCII (checked above), so this never fails.
+        String::from_utf8(v.to_vec()).map_err(|_| KeyError::BadChar { byte: 0, at: 0 })?
+    };
+    if key.is_empty() {
+        return Err(KeyError::Empty);
+    }
+    if key.len() > max_len {
+        return Err(KeyError::TooLong {
+            len: key.len(),
+            max: max_len,
+        });
+    }
+    Ok(key)
+}
+
+/// `sfv` visitor of the key item: a String bare item, no parameters.
+struct KeyItem;
+
+/// The key's parameters visitor: refuses any parameter.
+struct NoParams(String);
+
+/// Why a quoted value is not a key (wrapped into `sfv`'s error message).
+#[derive(Debug)]
+struct NotAKey(&'static str);
+
+impl std::fmt::Display for NotAKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl std::error::Error for NotAKey {}
+
+impl<'de> sfv::visitor::ItemVisitor<'de> for KeyItem {
+    type Out = String;
+    type Error = NotAKey;
+
+    fn bare_item(
+        self,
+        bare_item: sfv::BareItemFromInput<'de>,
+    ) -> Result<impl sfv::visitor::ParameterVisitor<'de, Out = String>, NotAKey> {
+        match bare_item {
+            sfv::GenericBareItem::String(s) => Ok(NoParams(s.as_str().to_owned())),
+            _ => Err(NotAKey("the value is not a string")),
+        }
+    }
+}
+
+impl<'de> sfv::visitor::ParameterVisitor<'de> for NoParams {
+    type Out = String;
+    type Error = NotAKey;
+
+    fn parameter(
+        &mut self,
+        _key: &'de sfv::KeyRef,
+        _value: sfv::BareItemFromInput<'de>,
+    ) -> Result<(), NotAKey> {
+        Err(NotAKey("the key has parameters"))
+    }
+
+    fn finish(self) -> Result<String, NotAKey> {
+        Ok(self.0)
+    }
+}
+
+/// The key of a covered request (`Ok(None)`: no key field at all).
+fn key_of(config: &Config, parts: &Parts) -> Result<Option<String>, KeyError> {
+    let mut lines = parts.headers.get_all(&config.key_header).iter();
+    let Some(first) = lines.next() else {
+        return Ok(None);
+    };
+    match lines.count() {
+        0 => parse_key(first.as_bytes(), config.store.limits().max_key_len).map(Some),
+        more => Err(KeyError::Lines(more + 1)),
+    }
+}
+
+/// Why a covered request has no usable tenant.
+enum TenantError {
+    /// The extractor found none, or there is no tenant header: `400` missing tenant.
+    Missing,
+    /// `400` invalid tenant, with this detail.
+    Invalid(String),
+}
+
+impl TenantError {
+    fn response(&self) -> http::Response<Body> {
+        match self {
+            TenantError::Missing => problem_response(
+                StatusCode::BAD_REQUEST,
+                problem::MISSING_TENANT,
+                "Tenant required",
+                "the request names no tenant; idempotency keys are scoped per tenant",
+            ),
+            TenantError::Invalid(detail) => invalid_tenant(detail),
+        }
+    }
+}
+
+/// The tenant of a covered request.
+fn tenant_of(config: &Config, parts: &Parts) -> Result<String, TenantError> {
+    let max = config.store.limits().max_tenant_len;
+    let tenant = match &config.tenant {
+        TenantSource::Extract(f) => f(parts).ok_or(TenantError::Missing)?,
+        TenantSource::Header(name) => {
+            let mut lines = parts.headers.get_all(name).iter();
+            let first = lines.next().ok_or(TenantError::Missing)?;
+            let more = lines.count();
+            if more > 0 {
+                return Err(TenantError::Invalid(format!(
+                    "the request has {} {name} field lines: send exactly one tenant",
+                    more + 1
+                )));
+            }
+            let v = trim_ows(first.as_bytes());
+            if let Some(at) = v
+                .iter()
+                .position(|&b| !matches!(b, 0x21..=0x7e) || b == b',')
+            {
+                return Err(TenantError::Invalid(format!(
+                    "the {name} has byte 0x{:02x} at offset {at}; a tenant is visible ASCII \
+                     without ',' or whitespace",
+                    v[at]
+                )));
+            }
+            // Every byte is ASCII (checked above): the conversion cannot fail.
+            String::from_utf8(v.to_vec()).map_err(|_| TenantError::Missing)?
+        }
+    };
+    if tenant.is_empty() {
+        return Err(TenantError::Invalid("the tenant is empty".into()));
+    }
+    if tenant.len() > max {
+        return Err(TenantError::Invalid(format!(
+            "the tenant is {} bytes, over the store's limit of {max} (Limits::max_tenant_len)",
+            tenant.len()
+        )));
+    }
+    Ok(tenant)
+}
+
+/// `"{METHOD} {route template}"`, and whether the request path stood in for an unknown
+/// template (then the client chose the operation's length).
+fn default_operation(parts: &Parts) -> (String, bool) {
+    match parts.extensions.get::<MatchedPath>() {
+        Some(route) => (format!("{} {}", parts.method, route.as_str()), false),
+        None => (format!("{} {}", parts.method, parts.uri.path()), true),
+    }
+}
 async fn read_body<B>(parts: &Parts, body: B, limit: usize) -> Result<Bytes, http::Response<Body>>
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
@@ -746,38 +1184,114 @@ pub fn fingerprint(
 
 // ---- the stored answer: status + (replayed headers, body) envelope ----
 
-const ENVELOPE_MAGIC: &[u8; 4] = b"IDH1";
+/// The envelope of an answer kept whole.
+const ENVELOPE_V1: &[u8; 4] = b"IDH1";
+/// The envelope with a flags byte, written only when a flag is set.
+const ENVELOPE_V2: &[u8; 4] = b"IDH2";
+/// `IDH2` flag: the body (and the headers that describe it) was over the store's response cap
+/// and was not kept. The only flag; any other bit makes the envelope unreadable.
+const FLAG_BODY_OMITTED: u8 = 0x01;
 
-/// The stored form of an HTTP answer: the store keeps a status and opaque bytes, so the
-/// replayed headers travel in a small envelope before the body: `"IDH1" ‖ u16be(count) ‖
-/// (u16be(len) ‖ name ‖ u32be(len) ‖ value)* ‖ body`. A `Location` header is also kept as
-/// the record's resource pointer, so it survives into the tombstone.
-fn stored_response(
-    status: StatusCode,
-    headers: &HeaderMap,
-    replay: &[HeaderName],
-    body: &[u8],
-) -> Response {
-    let selected: Vec<(&HeaderName, &HeaderValue)> = replay
+/// The replayed headers of an answer, in the order of the replay set.
+fn select_headers<'a>(
+    headers: &'a HeaderMap,
+    replay: &'a [HeaderName],
+) -> Vec<(&'a HeaderName, &'a HeaderValue)> {
+    replay
         .iter()
         .flat_map(|n| headers.get_all(n).iter().map(move |v| (n, v)))
         .filter(|(n, v)| n.as_str().len() <= usize::from(u16::MAX) && v.len() <= u32::MAX as usize)
         .take(usize::from(u16::MAX))
-        .collect();
+        .collect()
+}
+
+/// Headers that describe a body: not replayed with an omitted one (an empty body must not be
+/// announced as `application/json` of some length, or cached under the original's validator).
+fn describes_body(name: &HeaderName) -> bool {
+    let n = name.as_str();
+    n.starts_with("content-") || matches!(n, "etag" | "last-modified" | "digest" | "repr-digest")
+}
+
+/// The envelope bytes. `flags == 0`: `"IDH1" ‖ u16be(count) ‖ (u16be(len) ‖ name ‖
+/// u32be(len) ‖ value)* ‖ body` (the format since the first release, so older readers replay
+/// it). Otherwise `"IDH2" ‖ u8(flags) ‖` the same from the count on.
+fn encode_envelope(headers: &[(&HeaderName, &HeaderValue)], flags: u8, body: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(8 + body.len());
-    out.extend_from_slice(ENVELOPE_MAGIC);
-    out.extend_from_slice(&(selected.len() as u16).to_be_bytes());
-    for (n, v) in &selected {
+    if flags == 0 {
+        out.extend_from_slice(ENVELOPE_V1);
+    } else {
+        out.extend_from_slice(ENVELOPE_V2);
+        out.push(flags);
+    }
+    // `select_headers` keeps at most u16::MAX headers, each within the length prefixes.
+    out.extend_from_slice(&(headers.len() as u16).to_be_bytes());
+    for (n, v) in headers {
         out.extend_from_slice(&(n.as_str().len() as u16).to_be_bytes());
         out.extend_from_slice(n.as_str().as_bytes());
         out.extend_from_slice(&(v.len() as u32).to_be_bytes());
         out.extend_from_slice(v.as_bytes());
     }
     out.extend_from_slice(body);
-    let resp = Response::new(status.as_u16(), out);
-    match headers.get(LOCATION).and_then(|v| v.to_str().ok()) {
+    out
+}
+
+/// The record's resource pointer: the answer's `Location`, which so survives into the
+/// tombstone (and into a replay whose envelope had no room for it).
+fn location_of(headers: &HeaderMap) -> Option<&str> {
+    headers.get(LOCATION).and_then(|v| v.to_str().ok())
+}
+
+fn with_location(resp: Response, location: Option<&str>) -> Response {
+    match location {
         Some(loc) => resp.with_resource("location", loc),
         None => resp,
+    }
+}
+
+/// The stored form of an HTTP answer kept whole: the store keeps a status and opaque bytes,
+/// so the replayed headers travel in a small envelope before the body ([`encode_envelope`]).
+fn stored_response(
+    status: StatusCode,
+    headers: &HeaderMap,
+    replay: &[HeaderName],
+    body: &[u8],
+) -> Response {
+    let selected = select_headers(headers, replay);
+    let resp = Response::new(status.as_u16(), encode_envelope(&selected, 0, body));
+    with_location(resp, location_of(headers))
+}
+
+/// The stored form of an answer within `max` bytes (the store's `max_response_bytes`, as the
+/// store counts it: envelope plus resource pointer), and whether its body was kept. What
+/// fits is kept, in this order of sacrifice: the body and the headers that describe it
+/// (marked [`FLAG_BODY_OMITTED`]), then the other replayed headers from the last, then the
+/// resource pointer, and at last the envelope itself: the status alone can always be stored.
+fn fit_response(
+    status: StatusCode,
+    headers: &HeaderMap,
+    replay: &[HeaderName],
+    body: &[u8],
+    max: usize,
+) -> (Response, bool) {
+    let whole = stored_response(status, headers, replay, body);
+    if whole.stored_len() <= max {
+        return (whole, true);
+    }
+    let mut selected: Vec<_> = select_headers(headers, replay)
+        .into_iter()
+        .filter(|(n, _)| !describes_body(n))
+        .collect();
+    let mut location = location_of(headers);
+    loop {
+        let envelope = encode_envelope(&selected, FLAG_BODY_OMITTED, b"");
+        let resp = with_location(Response::new(status.as_u16(), envelope), location);
+        if resp.stored_len() <= max {
+            return (resp, false);
+        }
+        if selected.pop().is_none() && location.take().is_none() {
+            // Not even an empty envelope fits (a cap under 7 bytes): the status alone.
+            return (Response::new(status.as_u16(), Vec::new()), false);
+        }
     }
 }
 
@@ -790,11 +1304,32 @@ fn take<'a>(buf: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
     Some(head)
 }
 
-/// Decodes [`stored_response`]'s envelope; `None` if it is damaged. A body without the magic
-/// (a record written by other code) is replayed as is, without headers.
-fn decode_envelope(bytes: &[u8]) -> Option<(HeaderMap, Bytes)> {
-    let Some(mut rest) = bytes.strip_prefix(ENVELOPE_MAGIC.as_slice()) else {
-        return Some((HeaderMap::new(), Bytes::copy_from_slice(bytes)));
+/// A decoded envelope.
+#[derive(Debug)]
+struct Envelope {
+    headers: HeaderMap,
+    body: Bytes,
+    body_omitted: bool,
+}
+
+/// Decodes [`encode_envelope`]'s bytes (`IDH1` or `IDH2`); `None` if they are damaged or carry
+/// an unknown flag. A body without a magic (a record written by other code, or a status-only
+/// record) is replayed as is, without headers.
+fn decode_envelope(bytes: &[u8]) -> Option<Envelope> {
+    let (mut rest, flags) = if let Some(rest) = bytes.strip_prefix(ENVELOPE_V1.as_slice()) {
+        (rest, 0)
+    } else if let Some(mut rest) = bytes.strip_prefix(ENVELOPE_V2.as_slice()) {
+        let flags = take(&mut rest, 1)?[0];
+        if flags & !FLAG_BODY_OMITTED != 0 {
+            return None;
+        }
+        (rest, flags)
+    } else {
+        return Some(Envelope {
+            headers: HeaderMap::new(),
+            body: Bytes::copy_from_slice(bytes),
+            body_omitted: false,
+        });
     };
     let count = u16::from_be_bytes(take(&mut rest, 2)?.try_into().ok()?);
     let mut headers = HeaderMap::new();
@@ -805,13 +1340,25 @@ fn decode_envelope(bytes: &[u8]) -> Option<(HeaderMap, Bytes)> {
         let value = HeaderValue::from_bytes(take(&mut rest, usize::try_from(n).ok()?)?).ok()?;
         headers.append(name, value);
     }
-    Some((headers, Bytes::copy_from_slice(rest)))
+    Some(Envelope {
+        headers,
+        body: Bytes::copy_from_slice(rest),
+        body_omitted: flags & FLAG_BODY_OMITTED != 0,
+    })
+}
+
+fn replayed(resp: &mut http::Response<Body>) {
+    resp.headers_mut().insert(
+        HeaderName::from_static(IDEMPOTENT_REPLAYED),
+        HeaderValue::from_static("true"),
+    );
 }
 
 /// The HTTP answer for a stored response: its status, body and recorded headers, plus
-/// `Idempotent-Replayed: true`.
+/// `Idempotent-Replayed: true`; for an answer whose body was not kept, an empty body,
+/// [`IDEMPOTENT_BODY_OMITTED`]`: true` and the `Location` of the resource pointer.
 pub fn replay(stored: &Response) -> http::Response<Body> {
-    let Some((headers, body)) = decode_envelope(stored.body()) else {
+    let Some(envelope) = decode_envelope(stored.body()) else {
         return problem_response(
             StatusCode::INTERNAL_SERVER_ERROR,
             problem::STORE_FAILED,
@@ -820,11 +1367,20 @@ pub fn replay(stored: &Response) -> http::Response<Body> {
         );
     };
     let status = StatusCode::from_u16(stored.status()).unwrap_or(StatusCode::OK);
-    let mut resp = plain_response(status, headers, body);
-    resp.headers_mut().insert(
-        HeaderName::from_static(IDEMPOTENT_REPLAYED),
-        HeaderValue::from_static("true"),
-    );
+    let mut resp = plain_response(status, envelope.headers, envelope.body);
+    if envelope.body_omitted {
+        resp.headers_mut().insert(
+            HeaderName::from_static(IDEMPOTENT_BODY_OMITTED),
+            HeaderValue::from_static("true"),
+        );
+        if !resp.headers().contains_key(LOCATION)
+            && let Some(r) = stored.resource().filter(|r| r.kind == "location")
+            && let Ok(v) = HeaderValue::from_str(&r.id)
+        {
+            resp.headers_mut().insert(LOCATION, v);
+        }
+    }
+    replayed(&mut resp);
     resp
 }
 
@@ -839,10 +1395,7 @@ pub fn expired(tombstone: &crate::Tombstone) -> http::Response<Body> {
     {
         resp.headers_mut().insert(LOCATION, v);
     }
-    resp.headers_mut().insert(
-        HeaderName::from_static(IDEMPOTENT_REPLAYED),
-        HeaderValue::from_static("true"),
-    );
+    replayed(&mut resp);
     resp
 }
 
@@ -864,6 +1417,26 @@ fn in_flight(retry_after: Duration) -> http::Response<Body> {
     resp
 }
 
+fn retry_later(detail: &str) -> http::Response<Body> {
+    let mut resp = problem_response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        problem::RETRY,
+        "Retry later",
+        detail,
+    );
+    resp.headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(1u64));
+    resp
+}
+
+/// All `max` admission permits are taken: `503` at once.
+fn overloaded(max: usize) -> http::Response<Body> {
+    retry_later(&format!(
+        "the service is running its limit of {max} idempotency claims; nothing ran and nothing \
+         was recorded: retry with the same key after the delay"
+    ))
+}
+
 fn invalid_key(detail: &str) -> http::Response<Body> {
     problem_response(
         StatusCode::BAD_REQUEST,
@@ -873,8 +1446,34 @@ fn invalid_key(detail: &str) -> http::Response<Body> {
     )
 }
 
+fn invalid_tenant(detail: &str) -> http::Response<Body> {
+    problem_response(
+        StatusCode::BAD_REQUEST,
+        problem::INVALID_TENANT,
+        "Invalid tenant",
+        detail,
+    )
+}
+
+/// `500`: the service's own naming is over the limit; `400` when the request path stood in
+/// for the route template (the client chose it).
+fn invalid_operation(from_path: bool, detail: &str) -> http::Response<Body> {
+    let status = if from_path {
+        StatusCode::BAD_REQUEST
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR
+    };
+    problem_response(
+        status,
+        problem::INVALID_OPERATION,
+        "Invalid operation",
+        detail,
+    )
+}
+
 /// The HTTP answer for a store error (RFC 9457 problem): `PayloadMismatch` → 422; `Empty` /
-/// `TooLong` → 400; `Busy` / `Aborted` → 503 + `Retry-After: 1`; anything else → 500.
+/// `TooLong` → 400 for the key or the tenant, 500 for the operation (the service's own name);
+/// `Busy` / `Aborted` → 503 + `Retry-After: 1`; anything else → 500.
 pub fn error_response(e: &Error) -> http::Response<Body> {
     match e {
         Error::PayloadMismatch { .. } => problem_response(
@@ -884,17 +1483,13 @@ pub fn error_response(e: &Error) -> http::Response<Body> {
             "this key was first used with a different method, route, headers or body: a new \
              intent needs a new key; a retry must resend the original request",
         ),
-        Error::Empty { .. } | Error::TooLong { .. } => invalid_key(&e.to_string()),
+        Error::Empty { field } | Error::TooLong { field, .. } => match field {
+            Field::Tenant => invalid_tenant(&e.to_string()),
+            Field::Operation => invalid_operation(false, &e.to_string()),
+            Field::Key => invalid_key(&e.to_string()),
+        },
         Error::Busy { .. } | Error::Aborted { .. } => {
-            let mut resp = problem_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                problem::RETRY,
-                "Retry later",
-                "nothing was recorded; retry with the same key",
-            );
-            resp.headers_mut()
-                .insert(RETRY_AFTER, HeaderValue::from(1u64));
-            resp
+            retry_later("nothing was recorded; retry with the same key")
         }
         _ => problem_response(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -905,13 +1500,13 @@ pub fn error_response(e: &Error) -> http::Response<Body> {
     }
 }
 
-/// An RFC 9457 `application/problem+json` response.
-pub fn problem_response(
+/// The parts of an RFC 9457 `application/problem+json` answer.
+fn problem_parts(
     status: StatusCode,
     kind: &str,
     title: &str,
     detail: &str,
-) -> http::Response<Body> {
+) -> (StatusCode, HeaderMap, Bytes) {
     let body = serde_json::json!({
         "type": kind,
         "title": title,
@@ -920,45 +1515,269 @@ pub fn problem_response(
     });
     let mut headers = HeaderMap::new();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
-    plain_response(status, headers, Bytes::from(body.to_string()))
+    (status, headers, Bytes::from(body.to_string()))
+}
+
+/// An RFC 9457 `application/problem+json` response.
+pub fn problem_response(
+    status: StatusCode,
+    kind: &str,
+    title: &str,
+    detail: &str,
+) -> http::Response<Body> {
+    let (status, headers, body) = problem_parts(status, kind, title, detail);
+    plain_response(status, headers, body)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (n, v) in pairs {
+            h.append(*n, HeaderValue::from_static(v));
+        }
+        h
+    }
+
     #[test]
     fn envelope_round_trips_and_rejects_damage() {
-        let mut h = HeaderMap::new();
-        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        h.insert("x-other", HeaderValue::from_static("dropped"));
+        let h = headers(&[("content-type", "application/json"), ("x-other", "dropped")]);
         let stored = stored_response(StatusCode::CREATED, &h, &[CONTENT_TYPE, LOCATION], b"{}");
-        let (headers, body) = decode_envelope(stored.body()).unwrap();
-        assert_eq!(headers.len(), 1);
-        assert_eq!(headers[CONTENT_TYPE], "application/json");
-        assert_eq!(&body[..], b"{}");
+        let env = decode_envelope(stored.body()).unwrap();
+        assert_eq!(env.headers.len(), 1);
+        assert_eq!(env.headers[CONTENT_TYPE], "application/json");
+        assert_eq!(&env.body[..], b"{}");
+        assert!(!env.body_omitted);
         for cut in 5..stored.body().len() - 2 {
             // Truncations inside the header block are errors, never panics.
             let _ = decode_envelope(&stored.body()[..cut]);
         }
         assert!(decode_envelope(b"IDH1\x00\x01\x00\x05ab").is_none());
-        assert_eq!(&decode_envelope(b"raw").unwrap().1[..], b"raw");
+        assert!(decode_envelope(b"IDH2").is_none());
+        assert_eq!(&decode_envelope(b"raw").unwrap().body[..], b"raw");
+    }
+
+    #[test]
+    fn envelope_golden_bytes() {
+        let h = headers(&[("content-type", "a/b"), ("location", "/x")]);
+        let replay = [CONTENT_TYPE, LOCATION];
+        // A whole answer: IDH1, unchanged since the first release.
+        let whole = stored_response(StatusCode::CREATED, &h, &replay, b"hi");
+        let golden_v1: &[u8] = b"IDH1\x00\x02\
+            \x00\x0ccontent-type\x00\x00\x00\x03a/b\
+            \x00\x08location\x00\x00\x00\x02/x\
+            hi";
+        assert_eq!(whole.body(), golden_v1);
+        assert_eq!(whole.resource().unwrap().id, "/x");
+        // A record written by an earlier release decodes as before.
+        let env = decode_envelope(golden_v1).unwrap();
+        assert_eq!(
+            (env.headers.len(), &env.body[..], env.body_omitted),
+            (2, &b"hi"[..], false)
+        );
+
+        // A body that was not kept: IDH2, flags 0x01, no body, no header describing it.
+        let (omitted, kept) = fit_response(StatusCode::CREATED, &h, &replay, &[b'x'; 100], 40);
+        assert!(!kept);
+        let golden_v2: &[u8] = b"IDH2\x01\x00\x01\x00\x08location\x00\x00\x00\x02/x";
+        assert_eq!(omitted.body(), golden_v2);
+        assert_eq!(omitted.status(), 201);
+        assert_eq!(omitted.resource().unwrap().id, "/x");
+        let env = decode_envelope(golden_v2).unwrap();
+        assert!(env.body_omitted && env.body.is_empty());
+        assert_eq!(env.headers[LOCATION], "/x");
+
+        // Unknown flags are not guessed at.
+        assert!(decode_envelope(b"IDH2\x02\x00\x00").is_none());
+        assert!(decode_envelope(b"IDH2\x81\x00\x00").is_none());
+    }
+
+    #[test]
+    fn an_answer_is_fitted_into_the_cap_dropping_body_then_headers_then_pointer() {
+        let h = headers(&[
+            ("content-type", "text/csv"),
+            ("location", "/r/1"),
+            ("x-a", "aaaaaaaaaa"),
+        ]);
+        let replay = [CONTENT_TYPE, LOCATION, HeaderName::from_static("x-a")];
+        let fit = |max| fit_response(StatusCode::OK, &h, &replay, &[b'b'; 1000], max);
+        let cap = 64 * 1024;
+        let (r, kept) = fit(cap);
+        assert!(kept && r.body().ends_with(&[b'b'; 1000]));
+        for max in [1000, 100, 40, 30, 20, 10, 7, 6, 0] {
+            let (r, kept) = fit(max);
+            assert!(!kept, "{max}");
+            assert!(r.stored_len() <= max, "{max}: {}", r.stored_len());
+            assert_eq!(r.status(), 200);
+            let resp = replay_of(&r);
+            assert!(resp.headers().get(CONTENT_TYPE).is_none(), "{max}");
+        }
+        // Room for everything but the body: Location and x-a are kept, Content-Type is not.
+        let env = decode_envelope(fit(100).0.body()).unwrap();
+        assert_eq!(env.headers.len(), 2);
+        assert!(env.body_omitted);
+        // Less room: x-a (last) goes first, then Location from the envelope (the pointer
+        // still carries it), then the pointer.
+        let (r, _) = fit(35);
+        let env = decode_envelope(r.body()).unwrap();
+        assert_eq!(env.headers.len(), 0);
+        assert_eq!(r.resource().unwrap().id, "/r/1");
+        assert_eq!(replay_of(&r).headers()[LOCATION], "/r/1");
+        let (r, _) = fit(10);
+        assert!(r.resource().is_none() && decode_envelope(r.body()).unwrap().body_omitted);
+        // Under 7 bytes not even the empty envelope fits: the status alone.
+        let (r, _) = fit(6);
+        assert!(r.body().is_empty() && r.resource().is_none());
+    }
+
+    fn replay_of(r: &Response) -> http::Response<Body> {
+        replay(r)
+    }
+
+    #[test]
+    fn key_grammar_table() {
+        const MAX: usize = 8;
+        let ok = |v: &[u8], k: &str| assert_eq!(parse_key(v, MAX), Ok(k.to_owned()), "{v:?}");
+        let not_a_string = |v: &[u8]| {
+            assert!(
+                matches!(parse_key(v, MAX), Err(KeyError::NotAString(_))),
+                "{:?}: {:?}",
+                String::from_utf8_lossy(v),
+                parse_key(v, MAX)
+            )
+        };
+        let bad_char = |v: &[u8], byte: u8, at: usize| {
+            assert_eq!(
+                parse_key(v, MAX),
+                Err(KeyError::BadChar { byte, at }),
+                "{v:?}"
+            )
+        };
+
+        // Structured Field strings (RFC 9651 §3.3.3), parsed by sfv.
+        ok(b"\"abc\"", "abc");
+        ok(b"\"a b\"", "a b");
+        ok(b"\"a\\\"b\"", "a\"b");
+        ok(b"\"a\\\\b\"", "a\\b");
+        ok(b"\"a,b\"", "a,b");
+        ok(b"\"a;b\"", "a;b");
+        ok(b" \"abc\" ", "abc");
+        ok(b"\t\"abc\"\t", "abc");
+        ok(b"\"12345678\"", "12345678");
+        not_a_string(b"\"abc\";p=1"); // parameters
+        not_a_string(b"\"abc\";p"); // a boolean parameter
+        not_a_string(b"\"abc\"; p=1");
+        not_a_string(b"\"a\", \"b\""); // a list
+        not_a_string(b"\"a\",\"b\"");
+        not_a_string(b"\"a\" \"b\"");
+        not_a_string(b"\"abc"); // unbalanced quote
+        not_a_string(b"\"abc\\\""); // the closing quote is escaped
+        not_a_string(b"\"abc\"x"); // trailing characters
+        not_a_string(b"\"abc\",");
+        not_a_string(b"\"a\\tb\""); // only \" and \\ are escapes
+        not_a_string(b"\"a\tb\""); // a control character in the string
+        not_a_string(b"\"a\x7fb\"");
+        not_a_string(b"\"caf\xc3\xa9\""); // not ASCII
+        not_a_string(b"\"");
+        assert_eq!(parse_key(b"\"\"", MAX), Err(KeyError::Empty));
+        assert_eq!(parse_key(b" \"\" ", MAX), Err(KeyError::Empty));
+        assert_eq!(
+            parse_key(b"\"123456789\"", MAX),
+            Err(KeyError::TooLong { len: 9, max: MAX })
+        );
+
+        // Bare keys: Stripe-style values, visible ASCII without " , ; \ or whitespace.
+        ok(b"abc", "abc");
+        ok(b"8e03978e", "8e03978e"); // starts with a digit: not an sf-token, still a key
+        ok(b"a-b_c.d~", "a-b_c.d~");
+        ok(b"?1", "?1");
+        ok(b":YQ==:", ":YQ==:");
+        ok(b"*/+=!#$%", "*/+=!#$%");
+        ok(b"(a)", "(a)");
+        ok(b"@1", "@1");
+        ok(b"  abc\t", "abc"); // OWS around the value is not part of it
+        ok(b"12345678", "12345678");
+        bad_char(b"a, b", b',', 1); // a combined list
+        bad_char(b"a,b", b',', 1);
+        bad_char(b"a;p=1", b';', 1); // parameters
+        bad_char(b"a b", b' ', 1); // whitespace inside
+        bad_char(b"a\tb", b'\t', 1);
+        bad_char(b"a\x01b", 0x01, 1); // control characters
+        bad_char(b"a\x7fb", 0x7f, 1);
+        bad_char(b"abc\"", b'"', 3); // a quote not at the start
+        bad_char(b"a\\b", b'\\', 1);
+        bad_char(b"caf\xc3\xa9", 0xc3, 3); // not ASCII
+        bad_char(b"\xff", 0xff, 0);
+        assert_eq!(parse_key(b"", MAX), Err(KeyError::Empty));
+        assert_eq!(parse_key(b" \t ", MAX), Err(KeyError::Empty));
+        assert_eq!(
+            parse_key(b"123456789", MAX),
+            Err(KeyError::TooLong { len: 9, max: MAX })
+        );
+
+        // Every single byte, bare: exactly the alphabet is accepted.
+        for b in 0..=255u8 {
+            let accepted = parse_key(&[b'k', b, b'k'], MAX).is_ok();
+            let expected = (0x21..=0x7e).contains(&b) && !b"\",;\\".contains(&b);
+            assert_eq!(accepted, expected, "byte 0x{b:02x}");
+        }
+        // Two field lines are refused before parsing (`key_of`); the detail says so.
+        assert!(
+            KeyError::Lines(2)
+                .detail(&HeaderName::from_static(IDEMPOTENCY_KEY))
+                .contains("2 idempotency-key field lines")
+        );
     }
 
     #[test]
     fn keys_and_retry_after() {
-        assert_eq!(
-            parse_key(&HeaderValue::from_static("\"abc\"")),
-            Some("abc".into())
-        );
-        assert_eq!(
-            parse_key(&HeaderValue::from_static("abc")),
-            Some("abc".into())
-        );
-        assert_eq!(parse_key(&HeaderValue::from_static("\"\"")), None);
         assert_eq!(retry_after_secs(Duration::from_millis(0)), 1);
         assert_eq!(retry_after_secs(Duration::from_millis(300)), 1);
         assert_eq!(retry_after_secs(Duration::from_millis(1000)), 1);
         assert_eq!(retry_after_secs(Duration::from_millis(1500)), 2);
+    }
+
+    fn claimed(store: &Store) -> Lease {
+        let req = Request::from_canonical_bytes(Scope::new("t", "POST /x"), "k", b"");
+        match store.begin(req).unwrap() {
+            Begin::Acquired(lease) => lease,
+            other => panic!("expected a claim, got {other:?}"),
+        }
+    }
+
+    fn in_flight_now(store: &Store) -> bool {
+        let req = Request::from_canonical_bytes(Scope::new("t", "POST /x"), "k", b"");
+        matches!(store.begin(req).unwrap(), Begin::InFlight { .. })
+    }
+
+    #[test]
+    fn a_recording_that_fails_after_the_handler_ran_lets_the_lease_lapse() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::builder()
+            .max_response_bytes(16)
+            .open(dir.path().join("idem.redb"))
+            .unwrap();
+        // A recording the store refuses (here: over its cap, bypassing `fit_response`).
+        let lease = claimed(&store);
+        let too_big = Response::new(200, vec![0; 64]);
+        assert!(matches!(
+            finish_lease(lease, StatusCode::OK, too_big),
+            Err(Error::ResponseTooLarge { .. })
+        ));
+        // Not released: a retry is told "in flight" until the lease lapses.
+        assert!(in_flight_now(&store));
+    }
+
+    #[test]
+    fn a_slot_dropped_with_its_lease_lets_the_lease_lapse() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("idem.redb")).unwrap();
+        let mut lease = claimed(&store);
+        lease.lapse_on_drop(true);
+        // The handler's task was cancelled with the slot still holding the lease.
+        drop(Slot(Mutex::new(Some(lease))));
+        assert!(in_flight_now(&store));
     }
 }

@@ -32,6 +32,8 @@ pub struct Lease {
     deadline: Timestamp,
     attempt: u32,
     finished: bool,
+    /// Dropped unfinished, the lease lapses at its deadline instead of being released.
+    lapse_on_drop: bool,
 }
 
 impl Lease {
@@ -51,7 +53,18 @@ impl Lease {
             deadline,
             attempt,
             finished: false,
+            lapse_on_drop: false,
         }
+    }
+
+    /// Whether dropping this lease unfinished — including inside a finishing call that failed
+    /// with anything but `LeaseLost` — releases the key (the default, `false`) or lets the lease
+    /// lapse at its deadline (`true`). For a face whose work may already have caused an effect
+    /// outside the record's transaction: a retry must not run it again at once. An explicit
+    /// [`Lease::release`] still releases. (Used by the HTTP layer.)
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn lapse_on_drop(&mut self, lapse: bool) {
+        self.lapse_on_drop = lapse;
     }
 
     /// The key to send downstream (e.g. as the payment provider's idempotency key). Derived
@@ -220,7 +233,7 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if !self.finished {
+        if !self.finished && !self.lapse_on_drop {
             // Best effort: if this fails (fail-stopped store, I/O error), the lease deadline
             // frees the key instead. I/O failures were latched by the store already.
             let _ = self.release_inner();

@@ -9,35 +9,13 @@ use axum::body::{Body, Bytes};
 use axum::http::{HeaderName, Method, Request, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
-use http_body_util::BodyExt;
 use idem::Store;
 use idem::http::{IdempotencyLayer, MissingKey};
 use tokio::sync::Notify;
 use tower::ServiceExt;
 
-fn store(dir: &tempfile::TempDir) -> Store {
-    Store::open(dir.path().join("idem.redb")).unwrap()
-}
-
-fn post_req(path: &str, key: Option<&str>, body: &str) -> Request<Body> {
-    let mut b = Request::builder()
-        .method(Method::POST)
-        .uri(path)
-        .header("x-tenant-id", "t1");
-    if let Some(k) = key {
-        b = b.header("idempotency-key", k);
-    }
-    b.body(Body::from(body.to_owned())).unwrap()
-}
-
-async fn body_of(resp: axum::response::Response) -> (StatusCode, axum::http::HeaderMap, Bytes) {
-    let (parts, body) = resp.into_parts();
-    (
-        parts.status,
-        parts.headers,
-        body.collect().await.unwrap().to_bytes(),
-    )
-}
+mod http_fixtures;
+use http_fixtures::{Chunks, body_of, post_req, store};
 
 /// A route that counts its calls and answers with the status the test set.
 fn counting(store: Store, status: Arc<AtomicU32>, calls: Arc<AtomicU32>) -> Router {
@@ -334,26 +312,6 @@ async fn mismatch_missing_key_tenant_body_limit_and_safe_methods() {
     )
     .await;
     assert_eq!(s, StatusCode::OK);
-}
-
-/// A body that arrives in chunks with no declared length.
-struct Chunks(Vec<&'static str>);
-
-impl http_body::Body for Chunks {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
-        if self.0.is_empty() {
-            return std::task::Poll::Ready(None);
-        }
-        let c = self.0.remove(0);
-        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from_static(
-            c.as_bytes(),
-        )))))
-    }
 }
 
 #[tokio::test]

@@ -1,0 +1,244 @@
+//! Issue 11 A2: once the handler ran, its key never runs it again for the record's lifetime.
+//! An answer over the store's `max_response_bytes` is recorded without its body (status,
+//! replayed headers, `Location`) and replayed with `Idempotent-Body-Omitted: true`; a handler
+//! that panics, whose response body fails, or whose inner service returns `Err`, is recorded as
+//! a terminal 500 failure and replayed. (Only a status the user excludes with `record_status`
+//! releases the key: `tests/http_layer.rs`.)
+#![cfg(feature = "http")]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::Extension;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::post;
+use idem::http::{IDEMPOTENT_BODY_OMITTED, Idempotency, IdempotencyLayer, Recorded};
+use idem::redb::ReadableTableMetadata;
+use tower::{Layer, ServiceExt};
+
+mod http_fixtures;
+use http_fixtures::{Breaks, body_of, post_req, problem, store};
+
+/// 100 KiB: over the store's default `max_response_bytes` (64 KiB).
+const BIG: usize = 100 * 1024;
+
+#[tokio::test]
+async fn an_oversized_answer_runs_once_and_is_replayed_without_its_body() {
+    let dir = tempfile::tempdir().unwrap();
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = Arc::clone(&calls);
+    let layer = IdempotencyLayer::tenant_header(store(&dir), "x-tenant-id");
+    let app = Router::new()
+        .route(
+            "/reports",
+            post(move || {
+                c.fetch_add(1, Ordering::SeqCst);
+                async {
+                    (
+                        StatusCode::CREATED,
+                        [("location", "/reports/7"), ("content-type", "text/csv")],
+                        "x".repeat(BIG),
+                    )
+                }
+            }),
+        )
+        .route_layer(layer.clone());
+
+    // The first answer goes out whole.
+    let (s, h, body) = body_of(
+        app.clone()
+            .oneshot(post_req("/reports", Some("k"), "q"))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!((s, body.len()), (StatusCode::CREATED, BIG));
+    assert!(h.get("idempotent-replayed").is_none());
+    assert!(h.get(IDEMPOTENT_BODY_OMITTED).is_none());
+
+    // Every retry: the recorded status and Location, no body, and the marker; no second run.
+    for _ in 0..2 {
+        let (s, h, body) = body_of(
+            app.clone()
+                .oneshot(post_req("/reports", Some("k"), "q"))
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(s, StatusCode::CREATED);
+        assert!(body.is_empty());
+        assert_eq!(h["idempotent-replayed"], "true");
+        assert_eq!(h[IDEMPOTENT_BODY_OMITTED], "true");
+        assert_eq!(h["location"], "/reports/7");
+        // A header that describes the body is not replayed without it.
+        assert!(h.get("content-type").is_none());
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "one execution, two replays"
+    );
+    assert_eq!(layer.metrics().bodies_not_kept, 1);
+}
+
+const ROWS: idem::redb::TableDefinition<&str, u64> = idem::redb::TableDefinition::new("rows");
+
+#[tokio::test]
+async fn an_oversized_answer_recorded_by_the_handler_commits_its_effect_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(&dir);
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = Arc::clone(&calls);
+    let layer = IdempotencyLayer::tenant_header(store.clone(), "x-tenant-id");
+    let app = Router::new()
+        .route(
+            "/rows",
+            post(move |Extension(idem): Extension<Idempotency>| {
+                c.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    idem.complete_with(|tx| {
+                        let mut rows = tx.open_table(ROWS)?;
+                        let n = rows.len()?;
+                        rows.insert(format!("row-{n}").as_str(), n)?;
+                        let mut answer = Recorded::json(
+                            StatusCode::OK,
+                            &serde_json::json!({"row": n, "pad": "x".repeat(BIG)}),
+                        );
+                        answer
+                            .headers
+                            .insert("location", "/rows/0".parse().unwrap());
+                        Ok(answer)
+                    })
+                    .await
+                }
+            }),
+        )
+        .route_layer(layer.clone());
+
+    let (s, h, body) = body_of(
+        app.clone()
+            .oneshot(post_req("/rows", Some("k"), ""))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(body.len() > BIG);
+    assert!(h.get("idempotent-replayed").is_none());
+    for _ in 0..2 {
+        let (s, h, body) = body_of(
+            app.clone()
+                .oneshot(post_req("/rows", Some("k"), ""))
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK);
+        assert!(body.is_empty());
+        assert_eq!(h["idempotent-replayed"], "true");
+        assert_eq!(h[IDEMPOTENT_BODY_OMITTED], "true");
+        assert_eq!(h["location"], "/rows/0");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let read = store.begin_read().unwrap();
+    assert_eq!(read.open_table(ROWS).unwrap().len().unwrap(), 1, "one row");
+    assert_eq!(layer.metrics().bodies_not_kept, 1);
+}
+
+/// Sends `key` twice to `app`: the first answer is the layer's 500 problem, the second its
+/// replay; returns nothing, asserts both.
+async fn fails_once_then_replays_the_failure(app: Router, path: &str) {
+    let (s, h, first) = body_of(
+        app.clone()
+            .oneshot(post_req(path, Some("k"), ""))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(h["content-type"], "application/problem+json");
+    assert_eq!(problem(&first)["type"], "urn:idem:problem:handler-failed");
+    assert!(h.get("idempotent-replayed").is_none());
+    let (s, h, again) = body_of(app.oneshot(post_req(path, Some("k"), "")).await.unwrap()).await;
+    assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(h["idempotent-replayed"], "true");
+    assert_eq!(h["content-type"], "application/problem+json");
+    assert_eq!(again, first);
+}
+
+#[tokio::test]
+async fn a_panicking_handler_is_recorded_as_a_failure_and_never_runs_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = Arc::clone(&calls);
+    let layer = IdempotencyLayer::tenant_header(store(&dir), "x-tenant-id");
+    let app = Router::new()
+        .route(
+            "/charge",
+            post(move || {
+                let c = Arc::clone(&c);
+                async move {
+                    // The effect happens, then the handler panics before answering.
+                    c.fetch_add(1, Ordering::SeqCst);
+                    if c.load(Ordering::SeqCst) > 0 {
+                        panic!("handler bug after the charge");
+                    }
+                    "unreachable"
+                }
+            }),
+        )
+        .route_layer(layer.clone());
+    fails_once_then_replays_the_failure(app, "/charge").await;
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(layer.metrics().handler_failures, 1);
+}
+
+#[tokio::test]
+async fn a_response_body_that_fails_is_recorded_as_a_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = Arc::clone(&calls);
+    let layer = IdempotencyLayer::tenant_header(store(&dir), "x-tenant-id");
+    let app = Router::new()
+        .route(
+            "/export",
+            post(move || {
+                c.fetch_add(1, Ordering::SeqCst);
+                async { (StatusCode::OK, Body::new(Breaks(false))).into_response() }
+            }),
+        )
+        .route_layer(layer.clone());
+    fails_once_then_replays_the_failure(app, "/export").await;
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(layer.metrics().handler_failures, 1);
+}
+
+#[tokio::test]
+async fn an_inner_service_error_is_recorded_as_a_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = Arc::clone(&calls);
+    let layer = IdempotencyLayer::tenant_header(store(&dir), "x-tenant-id");
+    // A plain tower service whose error is not an HTTP answer (e.g. a timeout inside it).
+    let svc = layer.layer(tower::service_fn(move |_req: axum::http::Request<Body>| {
+        c.fetch_add(1, Ordering::SeqCst);
+        async { Err::<axum::http::Response<Body>, _>(std::io::Error::other("timed out")) }
+    }));
+    let first = svc.clone().oneshot(post_req("/job", Some("k"), "")).await;
+    assert_eq!(first.unwrap_err().to_string(), "timed out");
+    let (s, h, body) = body_of(
+        svc.clone()
+            .oneshot(post_req("/job", Some("k"), ""))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(h["idempotent-replayed"], "true");
+    assert_eq!(problem(&body)["type"], "urn:idem:problem:handler-failed");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(layer.metrics().handler_failures, 1);
+}
