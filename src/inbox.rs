@@ -11,7 +11,7 @@ use crate::clock::Timestamp;
 use crate::commit::Step;
 use crate::error::{Abort, Error, Field};
 use crate::expiry::{ExpiryTable, entry_key};
-use crate::outbox::open_optional;
+use crate::outbox::{Origin, open_optional};
 use crate::record::checksum8;
 use crate::response::Response;
 use crate::store::Store;
@@ -312,7 +312,9 @@ impl Store {
                 }
                 Err(e) => return Step::Clean(Err(e)),
             }
-            let consumed = match self.run_closure(|| f(&Tx::new(txn, now, &key))) {
+            // The mark written below is processed at `now`: its generation.
+            let origin = Origin::mark(&key, now);
+            let consumed = match self.run_closure(|| f(&Tx::new(txn, now, origin))) {
                 Ok(v) => Consumed::Ran(v),
                 Err(Abort::Terminal(r)) => Consumed::Rejected(r.mark_failed()),
                 Err(Abort::Retryable(source)) => return Step::Abort(Error::Aborted { source }),

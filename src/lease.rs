@@ -5,6 +5,7 @@ use crate::commit::Step;
 use crate::decision::{heartbeat_deadline, holds_lease};
 use crate::error::{Abort, Error};
 use crate::fingerprint::DownstreamKey;
+use crate::outbox::Origin;
 use crate::record::{HolderToken, Record, State};
 use crate::response::Response;
 use crate::scope::Request;
@@ -163,7 +164,9 @@ impl Lease {
                 Ok(r) => r,
                 Err(e) => return Step::Clean(Err(e)),
             };
-            let result = store.run_closure(|| f(&Tx::new(txn, now, &self.key)));
+            // The intent's creation time, kept by takeovers: every attempt pushes the same ids.
+            let origin = Origin::record(&self.key, record.created_at);
+            let result = store.run_closure(|| f(&Tx::new(txn, now, origin)));
             let (state, response) = match store.settle(result) {
                 Ok(settled) => settled,
                 Err(e) => return Step::Abort(e),

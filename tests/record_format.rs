@@ -637,6 +637,126 @@ fn downstream_key_is_pinned() {
     );
 }
 
+// ---- outbox event ids ----
+
+/// docs/FORMAT.md, "Outbox event ids": the contexts, one per kind of origin.
+const EVENT_ID_RECORD_CONTEXT: &str =
+    "idem 2026-11-30 outbox event id from an idempotency record v2";
+const EVENT_ID_MARK_CONTEXT: &str = "idem 2026-11-30 outbox event id from an inbox mark v2";
+const EVENT_ID_CALLER_CONTEXT: &str = "idem 2026-11-30 outbox event id from caller identity v1";
+
+/// The id of push `n` of a transaction committing the row `key` of generation `generation`,
+/// written from docs/FORMAT.md: `derive_key(context, u64be(len key) ‖ key ‖ u64be(generation)
+/// ‖ u32be(n))`.
+fn event_id(context: &str, key: &[u8], generation: u64, n: u32) -> String {
+    let mut input = Vec::new();
+    input.extend_from_slice(&(key.len() as u64).to_be_bytes());
+    input.extend_from_slice(key);
+    input.extend_from_slice(&generation.to_be_bytes());
+    input.extend_from_slice(&n.to_be_bytes());
+    blake3::derive_key(context, &input)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The message id that makes subscriber `"t"`'s inbox mark key the same bytes as the record key
+/// of `t`/`op`/`k` (docs/FORMAT.md, "Outbox event ids").
+const SPELLING_MESSAGE_ID: &[u8] = b"\x00\x02op\x00\x01k";
+
+/// The pinned event ids: (what, id as idem pushes it, independent derivation, pinned hex).
+fn golden_event_ids() -> Vec<(&'static str, String, String, &'static str)> {
+    let store = Store::builder()
+        .clock(ManualClock::new(Timestamp(T0)))
+        .open(
+            tempfile::tempdir()
+                .expect("tempdir")
+                .path()
+                .join("idem.redb"),
+        )
+        .expect("open");
+    let mut pushed = Vec::new();
+    let outcome = store
+        .execute(
+            Request::from_canonical_bytes(Scope::new("t", "op"), "k", b"x"),
+            |tx| {
+                pushed.push(tx.outbox().push(idem::Event::new("e", b"0".to_vec()))?);
+                pushed.push(tx.outbox().push(idem::Event::new("e", b"1".to_vec()))?);
+                pushed.push(
+                    tx.outbox()
+                        .push(idem::Event::new("e", b"2".to_vec()).identity("k"))?,
+                );
+                Ok(Response::new(200, "ok"))
+            },
+        )
+        .expect("execute");
+    assert!(matches!(outcome, idem::Outcome::Executed(_)), "{outcome:?}");
+    store
+        .process("t", SPELLING_MESSAGE_ID, |tx| {
+            pushed.push(tx.outbox().push(idem::Event::new("e", b"m".to_vec()))?);
+            Ok(())
+        })
+        .expect("process");
+    let from_store: Vec<String> = store
+        .pending_events(10)
+        .expect("pending")
+        .into_iter()
+        .map(|e| e.id.to_hex())
+        .collect();
+    let returned: Vec<String> = pushed.iter().map(|id| id.to_hex()).collect();
+    assert_eq!(from_store, returned, "push returns the id that is stored");
+
+    let record_key = golden_record_key();
+    let mark_key = [&[0x01u8, 0x00, 0x01][..], b"t", SPELLING_MESSAGE_ID].concat();
+    assert_eq!(record_key, mark_key, "the two origins are the same bytes");
+    let caller: String = blake3::derive_key(EVENT_ID_CALLER_CONTEXT, b"k")
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    vec![
+        (
+            "record t/op/k, created_at T0, push 0",
+            from_store[0].clone(),
+            event_id(EVENT_ID_RECORD_CONTEXT, &record_key, T0, 0),
+            "445b8cbb3abdb4df31968d9926105b4141fe7d012c68e5e4de39735fe22e0140",
+        ),
+        (
+            "record t/op/k, created_at T0, push 1",
+            from_store[1].clone(),
+            event_id(EVENT_ID_RECORD_CONTEXT, &record_key, T0, 1),
+            "1b5c90cfb41eb789aaf12452988389b755b25d771b532e90fb097091d8deef31",
+        ),
+        (
+            "Event::identity(\"k\")",
+            from_store[2].clone(),
+            caller,
+            "5572147b49e8d2f394dcd18e1fd6ff9882ff9df60b73d76150efc0e6a0389e6c",
+        ),
+        (
+            "inbox mark with the same key bytes, processed_at T0, push 0",
+            from_store[3].clone(),
+            event_id(EVENT_ID_MARK_CONTEXT, &mark_key, T0, 0),
+            "b0f20c64ff947485c23e44f8e6c0f68a192e89adb71d437f9d7ee5520da50b79",
+        ),
+    ]
+}
+
+/// Event ids are what consumers deduplicate on: idem's ids equal the derivation written from
+/// docs/FORMAT.md, equal the pinned values, and the document shows every pinned value.
+#[test]
+fn event_ids_are_pinned_and_derive_as_documented() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/FORMAT.md");
+    let doc = std::fs::read_to_string(path).expect("docs/FORMAT.md exists");
+    for (what, pushed, derived, pinned) in golden_event_ids() {
+        assert_eq!(pushed, derived, "{what}: idem vs the documented derivation");
+        assert_eq!(pushed, pinned, "{what}: idem vs the pinned value");
+        assert!(
+            doc.contains(pinned),
+            "docs/FORMAT.md must show the event id of {what}: {pinned}"
+        );
+    }
+}
+
 // ---- the store file ----
 
 const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idem.records.v1");
@@ -981,5 +1101,8 @@ fn print_format_dumps() {
     println!("expiry entry: {}\n", hex_row(&golden_expiry_entry()));
     for (name, _, golden) in goldens() {
         println!("{name} ({} bytes):\n{}", golden.len(), dump(&golden));
+    }
+    for (what, pushed, _, _) in golden_event_ids() {
+        println!("event id of {what}: {pushed}");
     }
 }
