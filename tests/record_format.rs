@@ -757,6 +757,185 @@ fn event_ids_are_pinned_and_derive_as_documented() {
     }
 }
 
+// ---- inbox marks ----
+
+const INBOX: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idem.inbox.v2");
+/// docs/FORMAT.md, "Inbox marks": the checksum contexts of the two layouts.
+const MARK_CONTEXT: &str = "idem 2026-11-30 inbox mark checksum";
+const REJECTION_MARK_CONTEXT: &str = "idem 2026-11-30 inbox mark with rejection checksum";
+
+/// A processed mark and a rejection mark as a store at `T0` (default 7-day inbox retention)
+/// writes them: (mark key, value) of subscriber `"sub"`, messages `"m-1"` and `"m-2"`.
+fn stored_marks() -> Vec<(Vec<u8>, Vec<u8>)> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("idem.redb");
+    {
+        let store = Store::builder()
+            .clock(ManualClock::new(Timestamp(T0)))
+            .open(&path)
+            .expect("open");
+        store.process("sub", "m-1", |_| Ok(())).expect("process");
+        let r = store
+            .process("sub", "m-2", |_| -> Result<(), idem::Abort> {
+                Err(idem::Abort::terminal(
+                    Response::new(422, "bad").with_resource("order", "o1"),
+                ))
+            })
+            .expect("process");
+        assert!(matches!(r, idem::Processed::Rejected(_)), "{r:?}");
+    }
+    let db = idem::redb::Database::open(&path).expect("reopen with redb");
+    let read = db.begin_read().expect("read");
+    let inbox = read.open_table(INBOX).expect("inbox table");
+    inbox
+        .iter()
+        .expect("iter")
+        .map(|row| {
+            let (k, v) = row.expect("row");
+            (k.value().to_vec(), v.value().to_vec())
+        })
+        .collect()
+}
+
+/// The plain mark: `u64be(processed_at) ‖ u64be(forget_at) ‖ checksum`.
+fn golden_plain_mark() -> Vec<u8> {
+    let mut v = Vec::new();
+    v.extend_from_slice(&T0.to_be_bytes());
+    v.extend_from_slice(&(T0 + 7 * DAY_MS).to_be_bytes());
+    v.extend_from_slice(&[0xe5, 0xb5, 0xb6, 0xe7, 0x10, 0x8a, 0x0b, 0xe1]);
+    v
+}
+
+/// The rejection mark: `03 ‖ u64be(processed_at) ‖ u64be(forget_at) ‖ u16be(status) ‖
+/// u32be(len body) ‖ body ‖ 01 ‖ u32be(len kind) ‖ kind ‖ u32be(len id) ‖ id ‖ checksum`.
+fn golden_rejection_mark() -> Vec<u8> {
+    let mut v = vec![0x03];
+    v.extend_from_slice(&T0.to_be_bytes());
+    v.extend_from_slice(&(T0 + 7 * DAY_MS).to_be_bytes());
+    v.extend_from_slice(&[0x01, 0xa6]); // 422
+    v.extend_from_slice(&[0, 0, 0, 3]);
+    v.extend_from_slice(b"bad");
+    v.push(0x01);
+    v.extend_from_slice(&[0, 0, 0, 5]);
+    v.extend_from_slice(b"order");
+    v.extend_from_slice(&[0, 0, 0, 2]);
+    v.extend_from_slice(b"o1");
+    v.extend_from_slice(&[0xb1, 0xbc, 0xd8, 0x2f, 0xb4, 0x7f, 0x70, 0xad]);
+    v
+}
+
+/// What a mark says, decoded from docs/FORMAT.md alone: (processed_at, forget_at, rejection as
+/// (status, body, resource)).
+type MarkFields = (u64, u64, Option<(u16, Vec<u8>, Option<(String, String)>)>);
+
+/// Decodes a mark following docs/FORMAT.md, "Inbox marks" (no idem code).
+fn walk_mark(bytes: &[u8]) -> Result<MarkFields, String> {
+    fn take<'a>(b: &mut &'a [u8], n: usize) -> Result<&'a [u8], String> {
+        if b.len() < n {
+            return Err("short".into());
+        }
+        let (head, rest) = b.split_at(n);
+        *b = rest;
+        Ok(head)
+    }
+    fn u32be(b: &mut &[u8]) -> Result<usize, String> {
+        Ok(u32::from_be_bytes(take(b, 4)?.try_into().map_err(|_| "u32")?) as usize)
+    }
+    fn u64be(b: &mut &[u8]) -> Result<u64, String> {
+        Ok(u64::from_be_bytes(
+            take(b, 8)?.try_into().map_err(|_| "u64")?,
+        ))
+    }
+    fn sum(context: &str, covered: &[u8]) -> Vec<u8> {
+        blake3::derive_key(context, covered)[..8].to_vec()
+    }
+    if bytes.len() < 8 {
+        return Err("short".into());
+    }
+    let (covered, stored) = bytes.split_at(bytes.len() - 8);
+    if bytes.len() == 24 {
+        if stored != sum(MARK_CONTEXT, covered) {
+            return Err("checksum".into());
+        }
+        let mut b = covered;
+        return Ok((u64be(&mut b)?, u64be(&mut b)?, None));
+    }
+    if covered.first() != Some(&0x03) || stored != sum(REJECTION_MARK_CONTEXT, covered) {
+        return Err("not a rejection mark".into());
+    }
+    let mut b = &covered[1..];
+    let processed_at = u64be(&mut b)?;
+    let forget_at = u64be(&mut b)?;
+    let status = u16::from_be_bytes(take(&mut b, 2)?.try_into().map_err(|_| "u16")?);
+    let n = u32be(&mut b)?;
+    let body = take(&mut b, n)?.to_vec();
+    let resource = match take(&mut b, 1)? {
+        [0] => None,
+        [1] => {
+            let n = u32be(&mut b)?;
+            let kind = String::from_utf8(take(&mut b, n)?.to_vec()).map_err(|e| e.to_string())?;
+            let n = u32be(&mut b)?;
+            let id = String::from_utf8(take(&mut b, n)?.to_vec()).map_err(|e| e.to_string())?;
+            Some((kind, id))
+        }
+        _ => return Err("resource flag".into()),
+    };
+    if !b.is_empty() {
+        return Err("trailing".into());
+    }
+    Ok((processed_at, forget_at, Some((status, body, resource))))
+}
+
+/// Both mark layouts, as a store writes them: the exact bytes (checksums included), what the
+/// independent decoder reads from them, and the hex rows docs/FORMAT.md shows. The plain layout
+/// is the one every mark had before rejections were kept, byte for byte, so old marks read.
+#[test]
+fn inbox_marks_encode_to_golden_bytes() {
+    let marks = stored_marks();
+    let key = |m: &str| [&[0x01u8, 0x00, 0x03][..], b"sub", m.as_bytes()].concat();
+    let plain = golden_plain_mark();
+    let rejection = golden_rejection_mark();
+    let fill = |mut v: Vec<u8>, context: &str| {
+        let at = v.len() - 8;
+        let sum = blake3::derive_key(context, &v[..at]);
+        v[at..].copy_from_slice(&sum[..8]);
+        v
+    };
+    assert_eq!(fill(plain.clone(), MARK_CONTEXT), plain, "pinned checksum");
+    assert_eq!(
+        fill(rejection.clone(), REJECTION_MARK_CONTEXT),
+        rejection,
+        "pinned checksum"
+    );
+    assert_eq!(
+        marks,
+        vec![(key("m-1"), plain.clone()), (key("m-2"), rejection.clone())]
+    );
+    assert_eq!(
+        walk_mark(&plain),
+        Ok((T0, T0 + 7 * DAY_MS, None)),
+        "the plain mark"
+    );
+    assert_eq!(
+        walk_mark(&rejection),
+        Ok((
+            T0,
+            T0 + 7 * DAY_MS,
+            Some((422, b"bad".to_vec(), Some(("order".into(), "o1".into()))))
+        )),
+        "the rejection mark"
+    );
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/FORMAT.md"))
+        .expect("docs/FORMAT.md exists");
+    for (what, bytes) in [("plain mark", &plain), ("rejection mark", &rejection)] {
+        let row = hex_row(bytes);
+        assert!(
+            doc.contains(&row),
+            "docs/FORMAT.md must show the {what}: {row}"
+        );
+    }
+}
+
 // ---- the store file ----
 
 const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idem.records.v1");
@@ -1104,5 +1283,8 @@ fn print_format_dumps() {
     }
     for (what, pushed, _, _) in golden_event_ids() {
         println!("event id of {what}: {pushed}");
+    }
+    for (key, value) in stored_marks() {
+        println!("mark {}: {}", hex_row(&key), hex_row(&value));
     }
 }

@@ -241,3 +241,45 @@ fn a_replayed_delivery_is_a_duplicate_and_a_forged_one_persists_nothing() {
     );
     assert_eq!(store.inbox_mark("standard", SW_ID).unwrap(), None);
 }
+
+/// Issue 11, item 14: a redelivered webhook whose first delivery was rejected (terminal) is
+/// answered with the same response, not a 2xx: `Receipt::Duplicate` carries it. An accepted
+/// delivery's duplicate carries none (answer 2xx).
+#[test]
+fn a_redelivered_rejected_webhook_answers_with_the_first_rejection() {
+    let h = Harness::new();
+    let store = h.store();
+    let reject = |tx: &idem::Tx<'_>| -> Result<(), idem::Abort> {
+        bump(tx, "webhook")?;
+        Err(idem::Abort::terminal(idem::Response::new(
+            422,
+            "unknown event type",
+        )))
+    };
+    let first = store.receive("github", "d-rejected", reject).unwrap();
+    let Receipt::Rejected(response) = first else {
+        panic!("expected Rejected, got {first:?}")
+    };
+    assert_eq!(response.status(), 422);
+    let again = store.receive("github", "d-rejected", reject).unwrap();
+    assert_eq!(
+        again,
+        Receipt::Duplicate {
+            received_at: common::T0,
+            rejection: Some(response),
+        }
+    );
+    assert_eq!(effects(store, "webhook"), 1);
+    let accept = |tx: &idem::Tx<'_>| bump(tx, "webhook");
+    assert_eq!(
+        store.receive("github", "d-ok", accept).unwrap(),
+        Receipt::Accepted(())
+    );
+    assert!(matches!(
+        store.receive("github", "d-ok", accept).unwrap(),
+        Receipt::Duplicate {
+            rejection: None,
+            ..
+        }
+    ));
+}
