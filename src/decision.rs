@@ -1,9 +1,10 @@
 //! The decision logic, as pure functions of (stored record, request fingerprint, time).
 //!
 //! No I/O happens here: the store reads the record inside its write transaction, asks
-//! [`decide`], and acts; a heartbeat asks [`heartbeat_deadline`]; the sweep asks [`sweep_due`] where a record belongs in the expiry index
-//! and [`sweep_action`] what to do with it once due. The fuzzer's reference model, the tests and
-//! any future backend use the same functions, so the rules live in exactly one place.
+//! [`decide`], and acts; a heartbeat asks [`heartbeat_deadline`]; the sweep asks [`sweep_due`]
+//! where a record belongs in the expiry index and [`sweep_action`] what to do with it once due.
+//! The fuzzer's reference model, the tests and any future backend use the same functions, so
+//! the rules live in exactly one place.
 
 use std::time::Duration;
 

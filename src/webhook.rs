@@ -202,8 +202,7 @@ impl StandardWebhooks {
 fn mac(key: &[u8]) -> Result<HmacSha256, WebhookError> {
     if key.is_empty() {
         return Err(WebhookError::BadSecret {
-            reason: "it is empty: anyone could sign with it (is the secret's setting unset?)"
-                .into(),
+            reason: "it is empty, so anyone could sign; is its setting unset?".into(),
         });
     }
     HmacSha256::new_from_slice(key).map_err(|e| WebhookError::BadSecret {
