@@ -11,9 +11,9 @@ use crate::clock::Timestamp;
 use crate::commit::Step;
 use crate::error::{Abort, Error, Field};
 use crate::expiry::{ExpiryTable, entry_key};
-use crate::outbox::open_optional;
+use crate::outbox::{Origin, open_optional};
 use crate::record::checksum8;
-use crate::response::Response;
+use crate::response::{Resource, Response};
 use crate::store::Store;
 use crate::tables::{EXPIRY, INBOX};
 use crate::tx::Tx;
@@ -30,30 +30,67 @@ const NS_INBOX: u8 = 0x01;
 /// Key namespace of webhook receipts.
 const NS_WEBHOOK: u8 = 0x02;
 
-/// A stored mark: when the message was processed and when the mark is forgotten.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A stored mark: when the message was processed, when the mark is forgotten, and the
+/// response of a first handling that was a terminal rejection.
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Mark {
     /// When the message was processed (the store clock's time of the transaction).
     pub processed_at: Timestamp,
     /// From this instant the mark is treated as absent (and swept).
     pub forget_at: Timestamp,
+    /// The response of [`Abort::Terminal`] when the first handling rejected the message
+    /// ([`Processed::Rejected`], [`Receipt::Rejected`]), answered again to every redelivery;
+    /// `None` when it was processed (and for marks written before rejections were kept).
+    pub rejection: Option<Response>,
 }
 
-/// The blake3 key-derivation context of an inbox mark's checksum (docs/FORMAT.md).
+/// The blake3 key-derivation context of a plain mark's checksum (docs/FORMAT.md).
 const MARK_CHECKSUM_CONTEXT: &str = "idem 2026-11-30 inbox mark checksum";
 
-/// A stored mark's length: two big-endian u64 instants and an 8-byte checksum of them.
+/// The blake3 key-derivation context of the checksum of a mark that keeps a rejection.
+const REJECTION_MARK_CHECKSUM_CONTEXT: &str = "idem 2026-11-30 inbox mark with rejection checksum";
+
+/// A plain mark's length: two big-endian u64 instants and an 8-byte checksum of them. Every
+/// mark without a rejection is written this way (as before rejections were kept), so a build
+/// that predates them reads it.
 const MARK_LEN: usize = 24;
 
+/// The first byte of a mark that keeps a rejection (docs/FORMAT.md, "Inbox marks"). Such a
+/// value is never 24 bytes long, so it is never mistaken for a plain mark, and no plain mark
+/// is ever read as one.
+const REJECTION_MARK_TAG: u8 = 0x03;
+
+/// The shortest mark with a rejection: tag, two instants, status, body length, resource flag,
+/// checksum.
+const REJECTION_MARK_MIN_LEN: usize = 1 + 8 + 8 + 2 + 4 + 1 + 8;
+
 impl Mark {
-    fn encode(&self) -> [u8; MARK_LEN] {
-        let mut covered = [0u8; 16];
-        covered[..8].copy_from_slice(&self.processed_at.0.to_be_bytes());
-        covered[8..].copy_from_slice(&self.forget_at.0.to_be_bytes());
-        let mut out = [0u8; MARK_LEN];
-        out[..16].copy_from_slice(&covered);
-        out[16..].copy_from_slice(&checksum8(MARK_CHECKSUM_CONTEXT, &covered));
+    fn encode(&self) -> Vec<u8> {
+        let Some(r) = &self.rejection else {
+            let mut out = Vec::with_capacity(MARK_LEN);
+            out.extend_from_slice(&self.processed_at.0.to_be_bytes());
+            out.extend_from_slice(&self.forget_at.0.to_be_bytes());
+            let sum = checksum8(MARK_CHECKSUM_CONTEXT, &out);
+            out.extend_from_slice(&sum);
+            return out;
+        };
+        let mut out = Vec::with_capacity(REJECTION_MARK_MIN_LEN + r.stored_len() + 8);
+        out.push(REJECTION_MARK_TAG);
+        out.extend_from_slice(&self.processed_at.0.to_be_bytes());
+        out.extend_from_slice(&self.forget_at.0.to_be_bytes());
+        out.extend_from_slice(&r.status().to_be_bytes());
+        put_bytes(&mut out, r.body());
+        match r.resource() {
+            None => out.push(0),
+            Some(res) => {
+                out.push(1);
+                put_bytes(&mut out, res.kind.as_bytes());
+                put_bytes(&mut out, res.id.as_bytes());
+            }
+        }
+        let sum = checksum8(REJECTION_MARK_CHECKSUM_CONTEXT, &out);
+        out.extend_from_slice(&sum);
         out
     }
 
@@ -63,27 +100,103 @@ impl Mark {
         let corrupt = |what: String| Error::CorruptRecord {
             reason: format!("inbox mark: {what}"),
         };
-        let parts = bytes
-            .split_first_chunk::<8>()
-            .and_then(|(a, rest)| rest.split_first_chunk::<8>().map(|(b, sum)| (a, b, sum)));
-        let (a, b, sum) = match parts {
-            Some(parts) if bytes.len() == MARK_LEN => parts,
-            _ => {
-                return Err(corrupt(format!(
-                    "{} bytes, expected {MARK_LEN}",
+        const DAMAGED: &str = "checksum mismatch: its bytes changed after idem wrote them (Store::purge_inbox_mark or Store::purge_webhook_receipt removes it, and the message is then processed again)";
+        if bytes.len() != MARK_LEN {
+            return match bytes.first() {
+                Some(&REJECTION_MARK_TAG) if bytes.len() >= REJECTION_MARK_MIN_LEN => {
+                    let (covered, sum) = bytes.split_at(bytes.len() - 8);
+                    if checksum8(REJECTION_MARK_CHECKSUM_CONTEXT, covered) != sum {
+                        return Err(corrupt(DAMAGED.into()));
+                    }
+                    decode_rejection_mark(&covered[1..]).map_err(corrupt)
+                }
+                // Only a later release writes other first bytes in a value of this length.
+                Some(&found) if found > REJECTION_MARK_TAG => Err(Error::UnsupportedFormat {
+                    found,
+                    supported: REJECTION_MARK_TAG,
+                }),
+                _ => Err(corrupt(format!(
+                    "{} bytes, neither a {MARK_LEN}-byte mark nor a mark with a rejection",
                     bytes.len()
-                )));
-            }
-        };
-        if checksum8(MARK_CHECKSUM_CONTEXT, &bytes[..16]) != sum {
-            return Err(corrupt(
-                "checksum mismatch: its bytes changed after idem wrote them (Store::purge_inbox_mark or Store::purge_webhook_receipt removes it, and the message is then processed again)".into(),
-            ));
+                ))),
+            };
         }
+        let (covered, sum) = bytes.split_at(16);
+        if checksum8(MARK_CHECKSUM_CONTEXT, covered) != sum {
+            return Err(corrupt(DAMAGED.into()));
+        }
+        let mut r = Reader(covered);
         Ok(Mark {
-            processed_at: Timestamp(u64::from_be_bytes(*a)),
-            forget_at: Timestamp(u64::from_be_bytes(*b)),
+            processed_at: Timestamp(r.u64().map_err(corrupt)?),
+            forget_at: Timestamp(r.u64().map_err(corrupt)?),
+            rejection: None,
         })
+    }
+}
+
+/// Appends `u32be(len bytes) ‖ bytes`. Lengths fit: a kept response is at most the store's
+/// `max_response_bytes`, which is capped far below `u32::MAX` at open.
+fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.extend_from_slice(&u32::try_from(bytes.len()).unwrap_or(u32::MAX).to_be_bytes());
+    out.extend_from_slice(bytes);
+}
+
+/// Decodes the checksummed fields of a mark with a rejection (after the tag), bounds-checking
+/// every length and refusing trailing bytes.
+fn decode_rejection_mark(fields: &[u8]) -> Result<Mark, String> {
+    let mut r = Reader(fields);
+    let processed_at = Timestamp(r.u64()?);
+    let forget_at = Timestamp(r.u64()?);
+    let status = u16::from_be_bytes(r.array::<2>("status")?);
+    let body = r.bytes("body")?.to_vec();
+    let resource = match r.array::<1>("resource flag")? {
+        [0] => None,
+        [1] => Some(Resource {
+            kind: r.text("resource kind")?,
+            id: r.text("resource id")?,
+        }),
+        [other] => return Err(format!("resource flag {other}, expected 0 or 1")),
+    };
+    if !r.0.is_empty() {
+        return Err(format!("{} trailing bytes after the rejection", r.0.len()));
+    }
+    Ok(Mark {
+        processed_at,
+        forget_at,
+        rejection: Some(Response::from_parts(status, body, resource, true)),
+    })
+}
+
+/// A cursor over a mark's fields; every read is bounds-checked.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N], String> {
+        let (head, rest) = self
+            .0
+            .split_first_chunk::<N>()
+            .ok_or_else(|| format!("the value ends inside the {what}"))?;
+        self.0 = rest;
+        Ok(*head)
+    }
+
+    fn u64(&mut self) -> Result<u64, String> {
+        self.array::<8>("instants").map(u64::from_be_bytes)
+    }
+
+    fn bytes(&mut self, what: &str) -> Result<&'a [u8], String> {
+        let len = u32::from_be_bytes(self.array::<4>(what)?) as usize;
+        let (head, rest) = self
+            .0
+            .split_at_checked(len)
+            .ok_or_else(|| format!("the {what} claims {len} bytes, more than the value holds"))?;
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn text(&mut self, what: &str) -> Result<String, String> {
+        let bytes = self.bytes(what)?;
+        String::from_utf8(bytes.to_vec()).map_err(|_| format!("the {what} is not UTF-8"))
     }
 }
 
@@ -117,13 +230,20 @@ pub fn inbox_decide(mark: Option<&Mark>, now: Timestamp) -> InboxDecision {
 pub enum Processed<T> {
     /// The closure ran; its writes and the mark committed together. Ack the message.
     Processed(T),
-    /// The closure returned [`Abort::Terminal`]: the mark and the closure's writes committed
-    /// (the message is consumed, a redelivery is a duplicate); the response says why.
+    /// The closure returned [`Abort::Terminal`]: the mark (keeping this response) and the
+    /// closure's writes committed (the message is consumed, a redelivery is a duplicate that
+    /// carries the same response); the response says why.
     Rejected(Response),
     /// The message was processed before: the closure did not run. Ack the message.
     Duplicate {
         /// When it was processed.
         processed_at: Timestamp,
+        /// `Some(response)` when the first handling was a terminal rejection: the response it
+        /// returned then ([`Processed::Rejected`]), so a redelivery can be answered the same
+        /// way (e.g. the same dead-letter reason). `None` when the first handling succeeded
+        /// (the closure's value is not kept: keep what a redelivery needs in your own tables,
+        /// written in the same transaction), and for marks written before rejections were kept.
+        rejection: Option<Response>,
     },
 }
 
@@ -133,20 +253,26 @@ pub enum Processed<T> {
 pub enum Receipt<T> {
     /// First delivery: the receipt and the closure's writes committed together (answer 2xx).
     Accepted(T),
-    /// The closure returned [`Abort::Terminal`]: the receipt and the closure's writes
-    /// committed; answer the sender with this response (a redelivery is a duplicate).
+    /// The closure returned [`Abort::Terminal`]: the receipt (keeping this response) and the
+    /// closure's writes committed; answer the sender with this response (a redelivery is a
+    /// duplicate that carries the same response).
     Rejected(Response),
-    /// This delivery id was received before: nothing ran (answer 2xx so the sender stops).
+    /// This delivery id was received before: nothing ran.
     Duplicate {
         /// When the first delivery was received.
         received_at: Timestamp,
+        /// `Some(response)` when the first delivery was rejected ([`Receipt::Rejected`]):
+        /// answer the redelivery with that same response, not with a 2xx. `None` when the
+        /// first delivery was accepted: answer 2xx so the sender stops (and for receipts
+        /// written before rejections were kept).
+        rejection: Option<Response>,
     },
 }
 
 enum Consumed<T> {
     Ran(T),
     Rejected(Response),
-    Duplicate(Timestamp),
+    Duplicate(Timestamp, Option<Response>),
 }
 
 impl Store {
@@ -160,7 +286,12 @@ impl Store {
     ///   `f`'s writes: the error is returned ([`Error::Aborted`]), do not ack, the redelivery
     ///   runs again;
     /// - a message whose mark is live → [`Processed::Duplicate`] without running `f` (read
-    ///   from a read transaction first, re-checked inside the write transaction).
+    ///   from a read transaction first, re-checked inside the write transaction), with the
+    ///   first handling's rejection response if it was rejected.
+    ///
+    /// A rejection's response is kept in the mark, so it counts against
+    /// [`crate::StoreBuilder::max_response_bytes`] like a record's: a larger one is
+    /// [`Error::ResponseTooLarge`] and nothing commits (the redelivery runs again).
     ///
     /// The subscriber is limited like an operation and the message id like a key
     /// ([`crate::Limits`]; errors name them `operation` and `idempotency key`). Marks live for
@@ -179,7 +310,10 @@ impl Store {
             match self.consume(NS_INBOX, subscriber, message_id.as_ref(), f)? {
                 Consumed::Ran(v) => Processed::Processed(v),
                 Consumed::Rejected(r) => Processed::Rejected(r),
-                Consumed::Duplicate(processed_at) => Processed::Duplicate { processed_at },
+                Consumed::Duplicate(processed_at, rejection) => Processed::Duplicate {
+                    processed_at,
+                    rejection,
+                },
             },
         )
     }
@@ -203,7 +337,10 @@ impl Store {
             match self.consume(NS_WEBHOOK, source, delivery_id.as_ref(), f)? {
                 Consumed::Ran(v) => Receipt::Accepted(v),
                 Consumed::Rejected(r) => Receipt::Rejected(r),
-                Consumed::Duplicate(received_at) => Receipt::Duplicate { received_at },
+                Consumed::Duplicate(received_at, rejection) => Receipt::Duplicate {
+                    received_at,
+                    rejection,
+                },
             },
         )
     }
@@ -295,32 +432,40 @@ impl Store {
         F: FnMut(&Tx<'_>) -> Result<T, Abort>,
     {
         let key = self.inbox_key(ns, subscriber, id)?;
-        if let InboxDecision::Duplicate { processed_at } =
-            inbox_decide(self.read_mark(&key)?.as_ref(), self.now())
-        {
-            return Ok(Consumed::Duplicate(processed_at));
+        if let Some(duplicate) = duplicate(self.read_mark(&key)?, self.now()) {
+            return Ok(duplicate);
         }
         let retention = self.inner.config.inbox_retention;
         let result = self.write(false, |txn, now| {
             match self.load_mark(txn, &key) {
                 Ok(mark) => {
-                    if let InboxDecision::Duplicate { processed_at } =
-                        inbox_decide(mark.as_ref(), now)
-                    {
-                        return Step::Clean(Ok(Consumed::Duplicate(processed_at)));
+                    if let Some(duplicate) = duplicate(mark, now) {
+                        return Step::Clean(Ok(duplicate));
                     }
                 }
                 Err(e) => return Step::Clean(Err(e)),
             }
-            let consumed = match self.run_closure(|| f(&Tx::new(txn, now, &key))) {
-                Ok(v) => Consumed::Ran(v),
-                Err(Abort::Terminal(r)) => Consumed::Rejected(r.mark_failed()),
-                Err(Abort::Retryable(source)) => return Step::Abort(Error::Aborted { source }),
+            // The mark written below is processed at `now`: its generation.
+            let origin = Origin::mark(&key, now);
+            let (consumed, rejection) = match self.run_closure(|| f(&Tx::new(txn, now, origin))) {
+                Ok(v) => (Consumed::Ran(v), None),
+                Err(Abort::Terminal(r)) => {
+                    let r = r.mark_failed();
+                    // Kept in the mark: the same cap as a record's response.
+                    if let Err(e) = self.check_response(&r) {
+                        return Step::Abort(e);
+                    }
+                    (Consumed::Rejected(r.clone()), Some(r))
+                }
+                Err(Abort::Retryable(source)) => {
+                    return Step::Abort(Error::Aborted { source });
+                }
                 Err(Abort::Store(e)) => return Step::Abort(e),
             };
             let mark = Mark {
                 processed_at: now,
                 forget_at: now.saturating_add(retention),
+                rejection,
             };
             match self.put_mark(txn, &key, &mark) {
                 Ok(()) => Step::Done(Ok(consumed)),
@@ -358,6 +503,17 @@ impl Store {
             )
             .map_err(|e| self.storage(e))?;
         Ok(())
+    }
+}
+
+/// The duplicate answer for a live `mark` at `now`, or `None` when the message may run.
+fn duplicate<T>(mark: Option<Mark>, now: Timestamp) -> Option<Consumed<T>> {
+    let mark = mark?;
+    match inbox_decide(Some(&mark), now) {
+        InboxDecision::Duplicate { processed_at } => {
+            Some(Consumed::Duplicate(processed_at, mark.rejection))
+        }
+        InboxDecision::Process => None,
     }
 }
 
@@ -441,6 +597,7 @@ mod tests {
         let m = Mark {
             processed_at: Timestamp(10),
             forget_at: Timestamp(20),
+            rejection: None,
         };
         assert_eq!(inbox_decide(None, Timestamp(15)), InboxDecision::Process);
         assert_eq!(
@@ -460,8 +617,14 @@ mod tests {
         let m = Mark {
             processed_at: Timestamp(1),
             forget_at: Timestamp(u64::MAX),
+            rejection: None,
         };
-        assert_eq!(Mark::decode(&m.encode()).ok(), Some(m));
+        assert_eq!(
+            m.encode().len(),
+            MARK_LEN,
+            "a plain mark keeps its 24 bytes"
+        );
+        assert_eq!(Mark::decode(&m.encode()).ok(), Some(m.clone()));
         for len in [0, 15, 16, 23, 25] {
             assert!(matches!(
                 Mark::decode(&vec![0; len]),
@@ -475,6 +638,84 @@ mod tests {
             assert!(
                 matches!(Mark::decode(&bytes), Err(Error::CorruptRecord { .. })),
                 "flip at {i}"
+            );
+        }
+    }
+
+    fn rejected(resource: bool) -> Mark {
+        let r = Response::new(422, "bad order");
+        let r = if resource {
+            r.with_resource("order", "o-1")
+        } else {
+            r
+        };
+        Mark {
+            processed_at: Timestamp(10),
+            forget_at: Timestamp(20),
+            rejection: Some(r.mark_failed()),
+        }
+    }
+
+    #[test]
+    fn marks_with_a_rejection_round_trip_and_every_damage_is_a_typed_error() {
+        for m in [rejected(false), rejected(true)] {
+            let bytes = m.encode();
+            assert_ne!(bytes.len(), MARK_LEN);
+            assert_eq!(bytes[0], REJECTION_MARK_TAG);
+            let back = Mark::decode(&bytes).expect("decodes");
+            assert_eq!(back, m);
+            assert!(back.rejection.as_ref().is_some_and(|r| r.is_failure()));
+            for i in 0..bytes.len() {
+                let mut flipped = bytes.clone();
+                flipped[i] ^= 0x01;
+                assert!(
+                    matches!(Mark::decode(&flipped), Err(Error::CorruptRecord { .. })),
+                    "flip at {i}"
+                );
+            }
+            for len in 0..bytes.len() {
+                assert!(Mark::decode(&bytes[..len]).is_err(), "truncated to {len}");
+            }
+        }
+        // An empty body and no resource: the shortest value.
+        let short = Mark {
+            rejection: Some(Response::new(400, "").mark_failed()),
+            ..rejected(false)
+        };
+        assert_eq!(short.encode().len(), REJECTION_MARK_MIN_LEN);
+        assert_eq!(Mark::decode(&short.encode()).ok(), Some(short));
+        // A value from a later layout.
+        let mut later = rejected(false).encode();
+        later[0] = REJECTION_MARK_TAG + 1;
+        assert!(matches!(
+            Mark::decode(&later),
+            Err(Error::UnsupportedFormat { found: 4, .. })
+        ));
+    }
+
+    /// Bytes with a right checksum but wrong fields (lengths past the end, a bad resource
+    /// flag, text that is not UTF-8, trailing bytes) are typed errors, never a panic.
+    #[test]
+    fn resealed_garbage_in_a_rejection_mark_is_a_typed_error() {
+        let seal = |fields: &[u8]| {
+            let mut v = vec![REJECTION_MARK_TAG];
+            v.extend_from_slice(fields);
+            let sum = checksum8(REJECTION_MARK_CHECKSUM_CONTEXT, &v);
+            v.extend_from_slice(&sum);
+            v
+        };
+        let head = [&[0u8; 16][..], &[0x01, 0x90]].concat();
+        let cases: [&[u8]; 4] = [
+            &[0xff, 0xff, 0xff, 0xff, 0],
+            &[0, 0, 0, 0, 7],
+            &[0, 0, 0, 0, 1, 0, 0, 0, 1, 0xff, 0, 0, 0, 0],
+            &[0, 0, 0, 0, 0, 9],
+        ];
+        for case in cases {
+            let bytes = seal(&[head.as_slice(), case].concat());
+            assert!(
+                matches!(Mark::decode(&bytes), Err(Error::CorruptRecord { .. })),
+                "{case:?}"
             );
         }
     }

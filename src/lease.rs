@@ -2,9 +2,10 @@
 
 use crate::clock::Timestamp;
 use crate::commit::Step;
-use crate::decision::holds_lease;
+use crate::decision::{heartbeat_deadline, holds_lease};
 use crate::error::{Abort, Error};
 use crate::fingerprint::DownstreamKey;
+use crate::outbox::Origin;
 use crate::record::{HolderToken, Record, State};
 use crate::response::Response;
 use crate::scope::Request;
@@ -101,8 +102,10 @@ impl Lease {
         self.holder
     }
 
-    /// Extends the lease by the store's lease duration from now, and returns the new deadline.
-    /// A lapsed lease that nobody took over can still be extended.
+    /// Extends the lease to the store's lease duration from now, and returns the new deadline.
+    /// A lapsed lease that nobody took over can still be extended. A heartbeat never lowers
+    /// the deadline ([`crate::heartbeat_deadline`]): if the clock moved backwards, the deadline
+    /// already granted stays, so no other attempt can take the key over before it.
     pub fn heartbeat(&mut self) -> Result<Timestamp, Error> {
         let store = &self.store;
         let lease = store.inner.config.lease_duration;
@@ -111,10 +114,14 @@ impl Lease {
                 Ok(r) => r,
                 Err(e) => return Step::Clean(Err(e)),
             };
-            let deadline = now.saturating_add(lease);
-            if let State::Pending { lease_deadline, .. } = &mut record.state {
-                *lease_deadline = deadline;
-            }
+            // `held` only returns a Pending record; the stored deadline is the one in force.
+            let State::Pending { lease_deadline, .. } = &mut record.state else {
+                return Step::Clean(Err(Error::LeaseLost {
+                    key: self.request.key_display(),
+                }));
+            };
+            let deadline = heartbeat_deadline(*lease_deadline, now, lease);
+            *lease_deadline = deadline;
             // A Pending record stays until at least its lease deadline (and is never due for
             // a sweep before it); it leaves no tombstone, so forget_at follows expires_at.
             record.expires_at = record.expires_at.max(deadline);
@@ -170,7 +177,9 @@ impl Lease {
                 Ok(r) => r,
                 Err(e) => return Step::Clean(Err(e)),
             };
-            let result = store.run_closure(|| f(&Tx::new(txn, now, &self.key)));
+            // The intent's creation time, kept by takeovers: every attempt pushes the same ids.
+            let origin = Origin::record(&self.key, record.created_at);
+            let result = store.run_closure(|| f(&Tx::new(txn, now, origin)));
             let (state, response) = match store.settle(result) {
                 Ok(settled) => settled,
                 Err(e) => return Step::Abort(e),

@@ -74,7 +74,8 @@ pub mod webhook;
 
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use decision::{
-    Decision, SweepAction, decide, holds_lease, is_expired, is_forgotten, sweep_action, sweep_due,
+    Decision, SweepAction, decide, heartbeat_deadline, holds_lease, is_expired, is_forgotten,
+    sweep_action, sweep_due,
 };
 pub use dispatch::{DispatcherHandle, DispatcherOptions, Publisher};
 pub use error::{Abort, BoxError, Error, Field};

@@ -24,10 +24,56 @@ use crate::store::Store;
 use crate::tables::{META, META_OUTBOX_SEQ, OUTBOX, OUTBOX_DEAD};
 use crate::tx::Tx;
 
-/// blake3 `derive_key` context of event ids derived from the pushing transaction.
-const CTX_EVENT_ID_TX: &str = "idem 2026-11-30 outbox event id from transaction origin v1";
+/// blake3 `derive_key` context of event ids pushed by a transaction that commits an
+/// idempotency record (`execute`, a lease's completion). One context per origin kind, so a
+/// record key and an inbox mark key with the same bytes never give the same id.
+const CTX_EVENT_ID_RECORD: &str = "idem 2026-11-30 outbox event id from an idempotency record v2";
+/// blake3 `derive_key` context of event ids pushed by a transaction that commits an inbox mark
+/// or webhook receipt (`process`, `receive`).
+const CTX_EVENT_ID_MARK: &str = "idem 2026-11-30 outbox event id from an inbox mark v2";
 /// blake3 `derive_key` context of event ids derived from a caller-supplied identity.
 const CTX_EVENT_ID_CALLER: &str = "idem 2026-11-30 outbox event id from caller identity v1";
+
+/// What a transaction commits, as the root of the ids of the events it pushes: the kind of
+/// row, its key, and the instant that names this generation of the row. The generation is
+/// fixed for the life of one intent (a record's `created_at`, kept by takeovers and by
+/// finishing; a mark's `processed_at`) and differs for a new intent that re-uses a key after the
+/// old one was forgotten or purged, so a consumer that still remembers the old intent's event
+/// ids does not drop the new intent's events.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Origin<'a> {
+    kind: OriginKind,
+    key: &'a [u8],
+    generation: Timestamp,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OriginKind {
+    /// An idempotency record (`execute`, `Lease::complete_with`).
+    Record,
+    /// An inbox mark or a webhook receipt (`process`, `receive`).
+    Mark,
+}
+
+impl<'a> Origin<'a> {
+    /// The record under `key`, of the intent created at `created_at`.
+    pub(crate) fn record(key: &'a [u8], created_at: Timestamp) -> Self {
+        Origin {
+            kind: OriginKind::Record,
+            key,
+            generation: created_at,
+        }
+    }
+
+    /// The inbox mark (or webhook receipt) under `key`, processed at `processed_at`.
+    pub(crate) fn mark(key: &'a [u8], processed_at: Timestamp) -> Self {
+        Origin {
+            kind: OriginKind::Mark,
+            key,
+            generation: processed_at,
+        }
+    }
+}
 
 /// Version byte in front of every stored event.
 const EVENT_FORMAT: u8 = 1;
@@ -99,9 +145,12 @@ impl Event {
 
     /// Derives the event id from `identity` instead of from the pushing transaction: two
     /// pushes with the same identity get the same id (consumers then drop the second). By
-    /// default the id is derived from what the transaction commits (the idempotency record or
-    /// inbox mark key) and the push's position in the closure, which is the same on every
-    /// re-run of the closure as long as it pushes the same events in the same order.
+    /// default the id is derived from what the transaction commits — the kind of row
+    /// (idempotency record or inbox mark), its key, the instant its intent began (the record's
+    /// `created_at`, the mark's `processed_at`) — and the push's position in the closure. So
+    /// the committed events of one intent keep their ids across a lease takeover and are
+    /// recomputable from the stored record, while a new intent that re-uses the key after the
+    /// old one was forgotten or purged gets new ids.
     pub fn identity(mut self, identity: impl AsRef<[u8]>) -> Self {
         self.identity = Some(identity.as_ref().to_vec());
         self
@@ -247,11 +296,19 @@ impl<'a, 't> Outbox<'a, 't> {
     }
 }
 
-/// The id of the `n`-th event pushed by a transaction committing `origin`.
-pub(crate) fn event_id_from_origin(origin: &[u8], n: u32) -> EventId {
-    let mut h = blake3::Hasher::new_derive_key(CTX_EVENT_ID_TX);
-    h.update(&(origin.len() as u64).to_be_bytes());
-    h.update(origin);
+/// The id of the `n`-th event (0-based) pushed by a transaction committing `origin`:
+/// `derive_key(context of its kind, u64be(len key) ‖ key ‖ u64be(generation) ‖ u32be(n))`
+/// (docs/FORMAT.md, "Outbox event ids"). The context separates the kinds; the length prefix
+/// and the fixed widths make the input unambiguous within a kind.
+pub(crate) fn event_id_from_origin(origin: Origin<'_>, n: u32) -> EventId {
+    let context = match origin.kind {
+        OriginKind::Record => CTX_EVENT_ID_RECORD,
+        OriginKind::Mark => CTX_EVENT_ID_MARK,
+    };
+    let mut h = blake3::Hasher::new_derive_key(context);
+    h.update(&(origin.key.len() as u64).to_be_bytes());
+    h.update(origin.key);
+    h.update(&origin.generation.0.to_be_bytes());
     h.update(&n.to_be_bytes());
     EventId(*h.finalize().as_bytes())
 }
@@ -519,20 +576,40 @@ mod tests {
         assert_eq!(after_failure(1, 1, b, m, 0), AfterFailure::DeadLetter);
     }
 
+    const T: Timestamp = Timestamp(1_000);
+
     #[test]
     fn event_ids_are_stable_and_distinct() {
-        assert_eq!(event_id_from_origin(b"k", 0), event_id_from_origin(b"k", 0));
-        assert_ne!(event_id_from_origin(b"k", 0), event_id_from_origin(b"k", 1));
-        assert_ne!(event_id_from_origin(b"k", 0), event_id_from_origin(b"j", 0));
-        assert_ne!(event_id_from_origin(b"k", 0), event_id_from_identity(b"k"));
+        let rec = |key, at, n| event_id_from_origin(Origin::record(key, Timestamp(at)), n);
+        let mark = |key, at, n| event_id_from_origin(Origin::mark(key, Timestamp(at)), n);
+        assert_eq!(rec(b"k", 1, 0), rec(b"k", 1, 0));
+        assert_ne!(rec(b"k", 1, 0), rec(b"k", 1, 1));
+        assert_ne!(rec(b"k", 1, 0), rec(b"j", 1, 0));
+        // Another generation of the same key.
+        assert_ne!(rec(b"k", 1, 0), rec(b"k", 2, 0));
+        // The same bytes as another kind of origin.
+        assert_ne!(rec(b"k", 1, 0), mark(b"k", 1, 0));
+        assert_ne!(rec(b"k", 1, 0), event_id_from_identity(b"k"));
+        assert_ne!(mark(b"k", 1, 0), event_id_from_identity(b"k"));
+        // The length prefix: a key that ends where the generation begins.
+        assert_ne!(
+            rec(b"k\0\0\0\0\0\0\0", 1, 0),
+            rec(b"k", 1 << 56, 0),
+            "unambiguous"
+        );
     }
 
-    /// Event ids are what consumers deduplicate on: they must never change between releases.
+    /// Event ids are what consumers deduplicate on: a derivation never changes silently
+    /// (docs/FORMAT.md, "Outbox event ids"; tests/record_format.rs derives them independently).
     #[test]
     fn event_id_derivation_is_pinned() {
         assert_eq!(
-            event_id_from_origin(b"k", 0).to_hex(),
-            "eb2887f63755ad8052ffe5fa836c1279486d86e217c8f911d04999b36d70aefc"
+            event_id_from_origin(Origin::record(b"k", T), 0).to_hex(),
+            "28539f54a256a50e1300f6cb737b9a036206ec07724aaca71793a321ead8fd16"
+        );
+        assert_eq!(
+            event_id_from_origin(Origin::mark(b"k", T), 0).to_hex(),
+            "26d0b900c49c574fab54f074ebd02f35b0d1a490ff0ae859f06854ddc9f114b7"
         );
         assert_eq!(
             event_id_from_identity(b"k").to_hex(),

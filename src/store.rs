@@ -16,6 +16,7 @@ use crate::decision::{Decision, decide};
 use crate::error::{Abort, Error};
 use crate::expiry::{put_in, remove_in};
 use crate::lease::Lease;
+use crate::outbox::Origin;
 use crate::record::{FORMAT_VERSION, HolderToken, Record, State};
 use crate::response::{Begin, Outcome, Response, Tombstone};
 use crate::retention::{Retention, RetentionPolicy, Windows};
@@ -835,7 +836,8 @@ impl Store {
                 Ok(Claimed::Early(early)) => return Step::Clean(early.into_outcome()),
                 Err(e) => return Step::Clean(Err(e)),
             };
-            let result = self.run_closure(|| f(&Tx::new(txn, now, &key)));
+            let origin = Origin::record(&key, created_at);
+            let result = self.run_closure(|| f(&Tx::new(txn, now, origin)));
             let (state, response) = match self.settle(result) {
                 Ok(settled) => settled,
                 Err(e) => return Step::Abort(e),

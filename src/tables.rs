@@ -22,7 +22,9 @@ pub(crate) const META_FORMAT: &str = "format";
 
 /// Inbox marks and webhook receipts: `namespace ‖ u16be(len(subscriber)) ‖ subscriber ‖
 /// message id` → `u64be(processed_at) ‖ u64be(forget_at) ‖ checksum` (8 bytes, see
-/// `docs/design.md`; `v2` since the checksum was added). Each mark has an entry of kind
+/// `docs/design.md`; `v2` since the checksum was added), or a longer value starting with
+/// `0x03` that also keeps a terminal rejection's response (docs/FORMAT.md, "Inbox marks";
+/// old 24-byte marks read unchanged). Each mark has an entry of kind
 /// `0x02` in [`EXPIRY`], so sweeps remove it after the inbox retention.
 pub(crate) const INBOX: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idem.inbox.v2");
 

@@ -7,6 +7,7 @@ use redb::{
 
 use crate::clock::Timestamp;
 use crate::error::Error;
+use crate::outbox::Origin;
 use crate::tables::RESERVED_PREFIX;
 
 /// The write transaction that will also commit the idempotency record. Open your own tables
@@ -16,15 +17,15 @@ use crate::tables::RESERVED_PREFIX;
 pub struct Tx<'t> {
     txn: &'t WriteTransaction,
     now: Timestamp,
-    /// What this transaction commits (a record key, an inbox mark key): the root of the stable
-    /// ids of the outbox events it pushes.
-    origin: &'t [u8],
+    /// What this transaction commits (a record, an inbox mark, and which generation of it):
+    /// the root of the stable ids of the outbox events it pushes.
+    origin: Origin<'t>,
     /// Outbox events pushed so far by this run of the closure.
     pushed: std::cell::Cell<u32>,
 }
 
 impl<'t> Tx<'t> {
-    pub(crate) fn new(txn: &'t WriteTransaction, now: Timestamp, origin: &'t [u8]) -> Self {
+    pub(crate) fn new(txn: &'t WriteTransaction, now: Timestamp, origin: Origin<'t>) -> Self {
         Tx {
             txn,
             now,
@@ -49,7 +50,7 @@ impl<'t> Tx<'t> {
         self.txn
     }
 
-    pub(crate) fn origin(&self) -> &'t [u8] {
+    pub(crate) fn origin(&self) -> Origin<'t> {
         self.origin
     }
 

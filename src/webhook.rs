@@ -68,8 +68,13 @@ pub enum WebhookError {
 /// Verifies a GitHub-style `X-Hub-Signature-256` header (`sha256=` followed by the lowercase
 /// hex HMAC-SHA256 of the raw `body` under `secret`). `header` is the header's value, `None`
 /// if absent. Pass the body bytes exactly as received, before any parsing.
+///
+/// An empty `secret` is [`WebhookError::BadSecret`] for every request, checked first: anyone
+/// can compute an HMAC under the empty key, so accepting it would accept forged requests (an
+/// unset environment variable is the usual cause).
 pub fn verify_github(secret: &[u8], body: &[u8], header: Option<&str>) -> Result<(), WebhookError> {
     const NAME: &str = "X-Hub-Signature-256";
+    let mut mac = mac(secret)?;
     let header = header.ok_or(WebhookError::MissingHeader { name: NAME })?;
     let hex = header
         .trim()
@@ -82,7 +87,6 @@ pub fn verify_github(secret: &[u8], body: &[u8], header: Option<&str>) -> Result
         name: NAME,
         reason: "the signature is not 64 hex digits".into(),
     })?;
-    let mut mac = mac(secret)?;
     mac.update(body);
     mac.verify_slice(&expected)
         .map_err(|_| WebhookError::BadSignature)
@@ -193,7 +197,14 @@ impl StandardWebhooks {
     }
 }
 
+/// The HMAC under `key`. Every verification goes through here, so an empty key (anyone can
+/// sign with it) is refused for all of them.
 fn mac(key: &[u8]) -> Result<HmacSha256, WebhookError> {
+    if key.is_empty() {
+        return Err(WebhookError::BadSecret {
+            reason: "it is empty, so anyone could sign; is its setting unset?".into(),
+        });
+    }
     HmacSha256::new_from_slice(key).map_err(|e| WebhookError::BadSecret {
         reason: e.to_string(),
     })

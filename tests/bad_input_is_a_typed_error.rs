@@ -161,9 +161,11 @@ fn a_large_request_payload_is_only_fingerprinted() {
 // happens, pinned here:
 // - a completed intent replays; a live lease is not stolen (InFlight, with a retry hint capped
 //   by `retry_after_cap`); the holder can still heartbeat and complete;
-// - a heartbeat under a backward clock sets the deadline to (clock + lease duration), which is
-//   earlier than the one it replaces: deadlines follow the clock, and the holder learns the new
-//   deadline from the heartbeat's return value;
+// - a heartbeat under a backward clock keeps the deadline already granted (a heartbeat never
+//   lowers a deadline: `heartbeat_deadline`), so no other attempt takes the key over before it
+//   (issue 11, item 13; until then the deadline followed the clock back and a takeover came
+//   early: `lease_takeover_fencing::a_heartbeat_under_a_backward_clock_keeps_the_granted_
+//   deadline_and_nobody_takes_over_early`);
 // - a sweep under a backward clock deletes and shrinks nothing;
 // - a record written under a backward clock takes its windows from that clock (created_at,
 //   expires_at are in the past once the clock is right again);
@@ -198,10 +200,9 @@ fn a_clock_moving_backwards_frees_nothing_and_steals_no_lease() {
     // Nothing is due for a sweep.
     let swept = store.sweep().expect("sweep");
     assert_eq!((swept.deleted, swept.tombstoned), (0, 0), "{swept:?}");
-    // The holder heartbeats: the deadline follows the (earlier) clock.
+    // The holder heartbeats: the deadline already granted stays (never lowered).
     let deadline = lease.heartbeat().expect("heartbeat");
-    assert_eq!(deadline, Timestamp(T0.0 - 3_600_000 + 30_000));
-    assert!(deadline < first_deadline);
+    assert_eq!(deadline, first_deadline);
     // A claim under the backward clock.
     executed(store.execute(req("t", "op", "past", b"p"), |tx| {
         bump(tx, "past")?;
@@ -210,8 +211,10 @@ fn a_clock_moving_backwards_frees_nothing_and_steals_no_lease() {
     let past = store.get(&scope(), "past").expect("get").expect("record");
     assert_eq!(past.created_at, Timestamp(T0.0 - 3_600_000));
 
-    // Back to real time: the heartbeat's (earlier) deadline has passed, so the lease lapsed,
-    // and nobody took it over yet: its holder can still complete.
+    // Back to real time, just before the granted deadline: the lease is still live, nobody
+    // takes it over; its holder completes.
+    clock.set(Timestamp(first_deadline.0 - 1));
+    begin_in_flight(store.begin(req("t", "op", "L", b"p")));
     clock.set(T0);
     lease
         .complete(Response::new(201, "charged"))

@@ -32,7 +32,9 @@ fn redelivery_after_a_crash_before_the_ack_is_a_duplicate() {
         })
         .unwrap();
     assert!(!ran, "the closure must not run for a duplicate");
-    assert!(matches!(again, Processed::Duplicate { processed_at } if processed_at == common::T0));
+    assert!(
+        matches!(again, Processed::Duplicate { processed_at, rejection: None } if processed_at == common::T0)
+    );
     assert_eq!(effects(h.store(), "charge"), 1);
 }
 
@@ -70,6 +72,164 @@ fn a_failing_closure_leaves_neither_mark_nor_writes() {
         .unwrap();
     assert_eq!(r, Processed::Processed(()));
     assert_eq!(effects(h.store(), "charge"), 1);
+}
+
+/// Issue 11, item 14: a redelivered message whose first handling was a terminal rejection only
+/// said `Duplicate`; it now carries the first handling's response (status, body, resource
+/// pointer, failure flag), also after a restart, so the consumer can answer it the same way
+/// (e.g. the same dead-letter reason). A successfully processed message's duplicate carries
+/// none.
+#[test]
+fn a_redelivered_rejected_message_answers_with_the_first_rejection() {
+    let mut h = Harness::new();
+    let first = h
+        .store()
+        .process("billing", "msg-r", |tx| -> Result<(), Abort> {
+            bump(tx, "audit")?;
+            Err(Abort::terminal(
+                idem::Response::new(422, "amount must be positive").with_resource("order", "o-7"),
+            ))
+        })
+        .unwrap();
+    let Processed::Rejected(rejected) = first else {
+        panic!("expected Rejected, got {first:?}")
+    };
+    assert!(rejected.is_failure());
+    assert_eq!(
+        h.store()
+            .inbox_mark("billing", "msg-r")
+            .unwrap()
+            .and_then(|m| m.rejection),
+        Some(rejected.clone()),
+        "the mark keeps the rejection"
+    );
+    for restart in [false, true] {
+        if restart {
+            h.reopen();
+        }
+        let again = h
+            .store()
+            .process("billing", "msg-r", |tx| bump(tx, "audit"))
+            .unwrap();
+        assert_eq!(
+            again,
+            Processed::Duplicate {
+                processed_at: common::T0,
+                rejection: Some(rejected.clone()),
+            },
+            "restart: {restart}"
+        );
+    }
+    assert_eq!(effects(h.store(), "audit"), 1);
+    // A processed message: its duplicate carries no rejection.
+    h.store()
+        .process("billing", "msg-ok", |tx| bump(tx, "ok"))
+        .unwrap();
+    let dup = h
+        .store()
+        .process("billing", "msg-ok", |tx| bump(tx, "ok"))
+        .unwrap();
+    assert!(
+        matches!(
+            dup,
+            Processed::Duplicate {
+                rejection: None,
+                ..
+            }
+        ),
+        "{dup:?}"
+    );
+    h.store().check_expiry_index().unwrap();
+}
+
+/// A rejection is kept in the mark, so it is held to the store's response cap like a record's:
+/// an oversized one is `ResponseTooLarge` and nothing commits (neither the mark nor the
+/// closure's writes); the redelivery runs again.
+#[test]
+fn an_oversized_rejection_commits_nothing() {
+    let h = Harness::with(|b| b.max_response_bytes(16));
+    let store = h.store();
+    let err = store
+        .process("billing", "big", |tx| -> Result<(), Abort> {
+            bump(tx, "audit")?;
+            Err(Abort::terminal(idem::Response::new(422, vec![b'x'; 17])))
+        })
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::ResponseTooLarge { len: 17, max: 16 }),
+        "{err:?}"
+    );
+    assert_eq!(effects(store, "audit"), 0);
+    assert_eq!(store.inbox_mark("billing", "big").unwrap(), None);
+    let r = store
+        .process("billing", "big", |tx| -> Result<(), Abort> {
+            bump(tx, "audit")?;
+            Err(Abort::terminal(idem::Response::new(422, "too big")))
+        })
+        .unwrap();
+    assert!(matches!(r, Processed::Rejected(_)), "{r:?}");
+    assert_eq!(effects(store, "audit"), 1);
+}
+
+/// A mark in the 24-byte layout (what every mark was before rejections were kept, and what a
+/// processed message's mark still is) reads as before: a duplicate, with no rejection.
+#[test]
+fn a_mark_written_before_rejections_were_kept_still_reads() {
+    const INBOX: idem::redb::TableDefinition<&[u8], &[u8]> =
+        idem::redb::TableDefinition::new("idem.inbox.v2");
+    let mut h = Harness::new();
+    h.store()
+        .process("billing", "msg-old", |tx| -> Result<(), Abort> {
+            bump(tx, "audit")?;
+            Err(Abort::terminal(idem::Response::new(422, "bad")))
+        })
+        .unwrap();
+    let forget_at = h
+        .store()
+        .inbox_mark("billing", "msg-old")
+        .unwrap()
+        .expect("mark")
+        .forget_at;
+    h.close();
+    // Replace it with the mark the previous release wrote for the same rejection (docs/FORMAT.md,
+    // "Inbox marks": two instants and their checksum, no response).
+    {
+        let mut old = Vec::new();
+        old.extend_from_slice(&common::T0.as_millis().to_be_bytes());
+        old.extend_from_slice(&forget_at.as_millis().to_be_bytes());
+        let sum = blake3::derive_key("idem 2026-11-30 inbox mark checksum", &old);
+        old.extend_from_slice(&sum[..8]);
+        let db = idem::redb::Database::open(&h.path).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut t = txn.open_table(INBOX).unwrap();
+            let key = [&[0x01u8, 0, 7][..], b"billing", b"msg-old"].concat();
+            assert!(t.insert(key.as_slice(), old.as_slice()).unwrap().is_some());
+        }
+        txn.commit().unwrap();
+    }
+    h.reopen();
+    let store = h.store();
+    let mark = store
+        .inbox_mark("billing", "msg-old")
+        .unwrap()
+        .expect("mark");
+    assert_eq!(
+        (mark.processed_at, mark.forget_at, mark.rejection),
+        (common::T0, forget_at, None)
+    );
+    let again = store
+        .process("billing", "msg-old", |tx| bump(tx, "audit"))
+        .unwrap();
+    assert_eq!(
+        again,
+        Processed::Duplicate {
+            processed_at: common::T0,
+            rejection: None
+        }
+    );
+    assert_eq!(effects(store, "audit"), 1);
+    store.check_expiry_index().unwrap();
 }
 
 #[test]

@@ -199,6 +199,71 @@ fn heartbeat_extends_the_lease_past_its_original_deadline() {
     lease.complete(Response::new(200, "ok")).expect("complete");
 }
 
+/// Issue 11, item 13: a heartbeat while the clock is an hour behind returned a deadline an hour
+/// earlier than the one already granted, so a second attempt took the key over 29 s early
+/// (while the first holder still counted on its lease). A heartbeat never lowers a deadline:
+/// `max(granted, now + lease)`.
+#[test]
+fn a_heartbeat_under_a_backward_clock_keeps_the_granted_deadline_and_nobody_takes_over_early() {
+    let h = Harness::new();
+    let store = h.store();
+    let mut lease = acquired(store.begin(charge()));
+    let granted = lease.deadline();
+    assert_eq!(granted, T0.saturating_add(LEASE));
+
+    // The clock goes an hour back; the holder heartbeats.
+    h.clock.set(idem::Timestamp(T0.as_millis() - 3_600_000));
+    let deadline = lease.heartbeat().expect("heartbeat");
+    assert_eq!(deadline, granted, "the deadline already granted stays");
+    assert_eq!(lease.deadline(), granted);
+    match stored(store).map(|r| r.state) {
+        Some(State::Pending { lease_deadline, .. }) => assert_eq!(lease_deadline, granted),
+        other => panic!("expected the Pending record, got {other:?}"),
+    }
+
+    // Back to real time, one second before the granted deadline: nobody may take over.
+    h.clock.set(T0.saturating_add(Duration::from_secs(29)));
+    begin_in_flight(store.begin(charge()));
+    let ran = Cell::new(false);
+    let outcome = store.execute(charge(), |_| {
+        ran.set(true);
+        Ok(Response::new(200, "flow A"))
+    });
+    assert!(
+        matches!(outcome, Ok(idem::Outcome::InFlight { .. })),
+        "{outcome:?}"
+    );
+    assert!(
+        !ran.get(),
+        "no second attempt ran before the granted deadline"
+    );
+
+    // A heartbeat with the clock right again extends from now, as always.
+    let extended = lease.heartbeat().expect("heartbeat");
+    assert_eq!(extended, store.now().saturating_add(LEASE));
+    lease.complete(Response::new(200, "ok")).expect("complete");
+    assert_eq!(begin_replayed(store.begin(charge())).body(), b"ok");
+}
+
+/// `begin` and `begin_wait` under a backward clock keep the same rule: a live lease is not
+/// taken over while the clock is behind (the lapse is measured against the granted deadline).
+#[test]
+fn a_backward_clock_lets_neither_begin_nor_begin_wait_take_a_live_lease() {
+    let h = Harness::new();
+    let store = h.store();
+    let lease = acquired(store.begin(charge()));
+    h.clock.set(idem::Timestamp(T0.as_millis() - 3_600_000));
+    begin_in_flight(store.begin(charge()));
+    match store.begin_wait(charge(), Duration::from_millis(50)) {
+        Ok(Begin::InFlight { .. }) => {}
+        other => panic!("expected InFlight, got {other:?}"),
+    }
+    // The holder still holds it, and finishes.
+    lease.complete(Response::new(200, "ok")).expect("complete");
+    h.clock.set(T0);
+    assert_eq!(begin_replayed(store.begin(charge())).body(), b"ok");
+}
+
 #[test]
 fn a_lapsed_lease_that_nobody_took_over_can_still_finish() {
     let h = Harness::new();

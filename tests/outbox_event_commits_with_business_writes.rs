@@ -65,9 +65,11 @@ fn a_failing_closure_leaves_neither_write_nor_event() {
 
 #[test]
 fn the_event_id_is_the_same_when_the_intent_runs_again() {
-    // The first run aborts (nothing commits), the retry of the same intent commits: the
-    // committed event has the id the first run computed, because ids derive from the intent
-    // (its record key) and the push's position, not from a counter or the time.
+    // The first run aborts (nothing commits), the retry of the same intent commits at the
+    // same instant: the committed event has the id the first run computed, because ids derive
+    // from the intent (its record key and creation instant) and the push's position, not from a
+    // counter. (Had the clock moved, the retry would be a claim at a later instant with other
+    // ids; the first run's ids were never committed, so no consumer can have seen them.)
     let h = Harness::new();
     let store = h.store();
     let mut first = None;

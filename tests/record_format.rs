@@ -637,6 +637,305 @@ fn downstream_key_is_pinned() {
     );
 }
 
+// ---- outbox event ids ----
+
+/// docs/FORMAT.md, "Outbox event ids": the contexts, one per kind of origin.
+const EVENT_ID_RECORD_CONTEXT: &str =
+    "idem 2026-11-30 outbox event id from an idempotency record v2";
+const EVENT_ID_MARK_CONTEXT: &str = "idem 2026-11-30 outbox event id from an inbox mark v2";
+const EVENT_ID_CALLER_CONTEXT: &str = "idem 2026-11-30 outbox event id from caller identity v1";
+
+/// The id of push `n` of a transaction committing the row `key` of generation `generation`,
+/// written from docs/FORMAT.md: `derive_key(context, u64be(len key) ‖ key ‖ u64be(generation)
+/// ‖ u32be(n))`.
+fn event_id(context: &str, key: &[u8], generation: u64, n: u32) -> String {
+    let mut input = Vec::new();
+    input.extend_from_slice(&(key.len() as u64).to_be_bytes());
+    input.extend_from_slice(key);
+    input.extend_from_slice(&generation.to_be_bytes());
+    input.extend_from_slice(&n.to_be_bytes());
+    blake3::derive_key(context, &input)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The message id that makes subscriber `"t"`'s inbox mark key the same bytes as the record key
+/// of `t`/`op`/`k` (docs/FORMAT.md, "Outbox event ids").
+const SPELLING_MESSAGE_ID: &[u8] = b"\x00\x02op\x00\x01k";
+
+/// The pinned event ids: (what, id as idem pushes it, independent derivation, pinned hex).
+fn golden_event_ids() -> Vec<(&'static str, String, String, &'static str)> {
+    let store = Store::builder()
+        .clock(ManualClock::new(Timestamp(T0)))
+        .open(
+            tempfile::tempdir()
+                .expect("tempdir")
+                .path()
+                .join("idem.redb"),
+        )
+        .expect("open");
+    let mut pushed = Vec::new();
+    let outcome = store
+        .execute(
+            Request::from_canonical_bytes(Scope::new("t", "op"), "k", b"x"),
+            |tx| {
+                pushed.push(tx.outbox().push(idem::Event::new("e", b"0".to_vec()))?);
+                pushed.push(tx.outbox().push(idem::Event::new("e", b"1".to_vec()))?);
+                pushed.push(
+                    tx.outbox()
+                        .push(idem::Event::new("e", b"2".to_vec()).identity("k"))?,
+                );
+                Ok(Response::new(200, "ok"))
+            },
+        )
+        .expect("execute");
+    assert!(matches!(outcome, idem::Outcome::Executed(_)), "{outcome:?}");
+    store
+        .process("t", SPELLING_MESSAGE_ID, |tx| {
+            pushed.push(tx.outbox().push(idem::Event::new("e", b"m".to_vec()))?);
+            Ok(())
+        })
+        .expect("process");
+    let from_store: Vec<String> = store
+        .pending_events(10)
+        .expect("pending")
+        .into_iter()
+        .map(|e| e.id.to_hex())
+        .collect();
+    let returned: Vec<String> = pushed.iter().map(|id| id.to_hex()).collect();
+    assert_eq!(from_store, returned, "push returns the id that is stored");
+
+    let record_key = golden_record_key();
+    let mark_key = [&[0x01u8, 0x00, 0x01][..], b"t", SPELLING_MESSAGE_ID].concat();
+    assert_eq!(record_key, mark_key, "the two origins are the same bytes");
+    let caller: String = blake3::derive_key(EVENT_ID_CALLER_CONTEXT, b"k")
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    vec![
+        (
+            "record t/op/k, created_at T0, push 0",
+            from_store[0].clone(),
+            event_id(EVENT_ID_RECORD_CONTEXT, &record_key, T0, 0),
+            "445b8cbb3abdb4df31968d9926105b4141fe7d012c68e5e4de39735fe22e0140",
+        ),
+        (
+            "record t/op/k, created_at T0, push 1",
+            from_store[1].clone(),
+            event_id(EVENT_ID_RECORD_CONTEXT, &record_key, T0, 1),
+            "1b5c90cfb41eb789aaf12452988389b755b25d771b532e90fb097091d8deef31",
+        ),
+        (
+            "Event::identity(\"k\")",
+            from_store[2].clone(),
+            caller,
+            "5572147b49e8d2f394dcd18e1fd6ff9882ff9df60b73d76150efc0e6a0389e6c",
+        ),
+        (
+            "inbox mark with the same key bytes, processed_at T0, push 0",
+            from_store[3].clone(),
+            event_id(EVENT_ID_MARK_CONTEXT, &mark_key, T0, 0),
+            "b0f20c64ff947485c23e44f8e6c0f68a192e89adb71d437f9d7ee5520da50b79",
+        ),
+    ]
+}
+
+/// Event ids are what consumers deduplicate on: idem's ids equal the derivation written from
+/// docs/FORMAT.md, equal the pinned values, and the document shows every pinned value.
+#[test]
+fn event_ids_are_pinned_and_derive_as_documented() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/FORMAT.md");
+    let doc = std::fs::read_to_string(path).expect("docs/FORMAT.md exists");
+    for (what, pushed, derived, pinned) in golden_event_ids() {
+        assert_eq!(pushed, derived, "{what}: idem vs the documented derivation");
+        assert_eq!(pushed, pinned, "{what}: idem vs the pinned value");
+        assert!(
+            doc.contains(pinned),
+            "docs/FORMAT.md must show the event id of {what}: {pinned}"
+        );
+    }
+}
+
+// ---- inbox marks ----
+
+const INBOX: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idem.inbox.v2");
+/// docs/FORMAT.md, "Inbox marks": the checksum contexts of the two layouts.
+const MARK_CONTEXT: &str = "idem 2026-11-30 inbox mark checksum";
+const REJECTION_MARK_CONTEXT: &str = "idem 2026-11-30 inbox mark with rejection checksum";
+
+/// A processed mark and a rejection mark as a store at `T0` (default 7-day inbox retention)
+/// writes them: (mark key, value) of subscriber `"sub"`, messages `"m-1"` and `"m-2"`.
+fn stored_marks() -> Vec<(Vec<u8>, Vec<u8>)> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("idem.redb");
+    {
+        let store = Store::builder()
+            .clock(ManualClock::new(Timestamp(T0)))
+            .open(&path)
+            .expect("open");
+        store.process("sub", "m-1", |_| Ok(())).expect("process");
+        let r = store
+            .process("sub", "m-2", |_| -> Result<(), idem::Abort> {
+                Err(idem::Abort::terminal(
+                    Response::new(422, "bad").with_resource("order", "o1"),
+                ))
+            })
+            .expect("process");
+        assert!(matches!(r, idem::Processed::Rejected(_)), "{r:?}");
+    }
+    let db = idem::redb::Database::open(&path).expect("reopen with redb");
+    let read = db.begin_read().expect("read");
+    let inbox = read.open_table(INBOX).expect("inbox table");
+    inbox
+        .iter()
+        .expect("iter")
+        .map(|row| {
+            let (k, v) = row.expect("row");
+            (k.value().to_vec(), v.value().to_vec())
+        })
+        .collect()
+}
+
+/// The plain mark: `u64be(processed_at) ‖ u64be(forget_at) ‖ checksum`.
+fn golden_plain_mark() -> Vec<u8> {
+    let mut v = Vec::new();
+    v.extend_from_slice(&T0.to_be_bytes());
+    v.extend_from_slice(&(T0 + 7 * DAY_MS).to_be_bytes());
+    v.extend_from_slice(&[0xe5, 0xb5, 0xb6, 0xe7, 0x10, 0x8a, 0x0b, 0xe1]);
+    v
+}
+
+/// The rejection mark: `03 ‖ u64be(processed_at) ‖ u64be(forget_at) ‖ u16be(status) ‖
+/// u32be(len body) ‖ body ‖ 01 ‖ u32be(len kind) ‖ kind ‖ u32be(len id) ‖ id ‖ checksum`.
+fn golden_rejection_mark() -> Vec<u8> {
+    let mut v = vec![0x03];
+    v.extend_from_slice(&T0.to_be_bytes());
+    v.extend_from_slice(&(T0 + 7 * DAY_MS).to_be_bytes());
+    v.extend_from_slice(&[0x01, 0xa6]); // 422
+    v.extend_from_slice(&[0, 0, 0, 3]);
+    v.extend_from_slice(b"bad");
+    v.push(0x01);
+    v.extend_from_slice(&[0, 0, 0, 5]);
+    v.extend_from_slice(b"order");
+    v.extend_from_slice(&[0, 0, 0, 2]);
+    v.extend_from_slice(b"o1");
+    v.extend_from_slice(&[0xb1, 0xbc, 0xd8, 0x2f, 0xb4, 0x7f, 0x70, 0xad]);
+    v
+}
+
+/// What a mark says, decoded from docs/FORMAT.md alone: (processed_at, forget_at, rejection as
+/// (status, body, resource)).
+type MarkFields = (u64, u64, Option<(u16, Vec<u8>, Option<(String, String)>)>);
+
+/// Decodes a mark following docs/FORMAT.md, "Inbox marks" (no idem code).
+fn walk_mark(bytes: &[u8]) -> Result<MarkFields, String> {
+    fn take<'a>(b: &mut &'a [u8], n: usize) -> Result<&'a [u8], String> {
+        if b.len() < n {
+            return Err("short".into());
+        }
+        let (head, rest) = b.split_at(n);
+        *b = rest;
+        Ok(head)
+    }
+    fn u32be(b: &mut &[u8]) -> Result<usize, String> {
+        Ok(u32::from_be_bytes(take(b, 4)?.try_into().map_err(|_| "u32")?) as usize)
+    }
+    fn u64be(b: &mut &[u8]) -> Result<u64, String> {
+        Ok(u64::from_be_bytes(
+            take(b, 8)?.try_into().map_err(|_| "u64")?,
+        ))
+    }
+    fn sum(context: &str, covered: &[u8]) -> Vec<u8> {
+        blake3::derive_key(context, covered)[..8].to_vec()
+    }
+    if bytes.len() < 8 {
+        return Err("short".into());
+    }
+    let (covered, stored) = bytes.split_at(bytes.len() - 8);
+    if bytes.len() == 24 {
+        if stored != sum(MARK_CONTEXT, covered) {
+            return Err("checksum".into());
+        }
+        let mut b = covered;
+        return Ok((u64be(&mut b)?, u64be(&mut b)?, None));
+    }
+    if covered.first() != Some(&0x03) || stored != sum(REJECTION_MARK_CONTEXT, covered) {
+        return Err("not a rejection mark".into());
+    }
+    let mut b = &covered[1..];
+    let processed_at = u64be(&mut b)?;
+    let forget_at = u64be(&mut b)?;
+    let status = u16::from_be_bytes(take(&mut b, 2)?.try_into().map_err(|_| "u16")?);
+    let n = u32be(&mut b)?;
+    let body = take(&mut b, n)?.to_vec();
+    let resource = match take(&mut b, 1)? {
+        [0] => None,
+        [1] => {
+            let n = u32be(&mut b)?;
+            let kind = String::from_utf8(take(&mut b, n)?.to_vec()).map_err(|e| e.to_string())?;
+            let n = u32be(&mut b)?;
+            let id = String::from_utf8(take(&mut b, n)?.to_vec()).map_err(|e| e.to_string())?;
+            Some((kind, id))
+        }
+        _ => return Err("resource flag".into()),
+    };
+    if !b.is_empty() {
+        return Err("trailing".into());
+    }
+    Ok((processed_at, forget_at, Some((status, body, resource))))
+}
+
+/// Both mark layouts, as a store writes them: the exact bytes (checksums included), what the
+/// independent decoder reads from them, and the hex rows docs/FORMAT.md shows. The plain layout
+/// is the one every mark had before rejections were kept, byte for byte, so old marks read.
+#[test]
+fn inbox_marks_encode_to_golden_bytes() {
+    let marks = stored_marks();
+    let key = |m: &str| [&[0x01u8, 0x00, 0x03][..], b"sub", m.as_bytes()].concat();
+    let plain = golden_plain_mark();
+    let rejection = golden_rejection_mark();
+    let fill = |mut v: Vec<u8>, context: &str| {
+        let at = v.len() - 8;
+        let sum = blake3::derive_key(context, &v[..at]);
+        v[at..].copy_from_slice(&sum[..8]);
+        v
+    };
+    assert_eq!(fill(plain.clone(), MARK_CONTEXT), plain, "pinned checksum");
+    assert_eq!(
+        fill(rejection.clone(), REJECTION_MARK_CONTEXT),
+        rejection,
+        "pinned checksum"
+    );
+    assert_eq!(
+        marks,
+        vec![(key("m-1"), plain.clone()), (key("m-2"), rejection.clone())]
+    );
+    assert_eq!(
+        walk_mark(&plain),
+        Ok((T0, T0 + 7 * DAY_MS, None)),
+        "the plain mark"
+    );
+    assert_eq!(
+        walk_mark(&rejection),
+        Ok((
+            T0,
+            T0 + 7 * DAY_MS,
+            Some((422, b"bad".to_vec(), Some(("order".into(), "o1".into()))))
+        )),
+        "the rejection mark"
+    );
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/FORMAT.md"))
+        .expect("docs/FORMAT.md exists");
+    for (what, bytes) in [("plain mark", &plain), ("rejection mark", &rejection)] {
+        let row = hex_row(bytes);
+        assert!(
+            doc.contains(&row),
+            "docs/FORMAT.md must show the {what}: {row}"
+        );
+    }
+}
+
 // ---- the store file ----
 
 const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idem.records.v1");
@@ -981,5 +1280,11 @@ fn print_format_dumps() {
     println!("expiry entry: {}\n", hex_row(&golden_expiry_entry()));
     for (name, _, golden) in goldens() {
         println!("{name} ({} bytes):\n{}", golden.len(), dump(&golden));
+    }
+    for (what, pushed, _, _) in golden_event_ids() {
+        println!("event id of {what}: {pushed}");
+    }
+    for (key, value) in stored_marks() {
+        println!("mark {}: {}", hex_row(&key), hex_row(&value));
     }
 }

@@ -62,6 +62,49 @@ fn github_bad_or_missing_signatures_are_rejected() {
     }
 }
 
+/// Issue 11, item 14: `verify_github` accepted an empty secret, so anyone could sign a forged
+/// request (the HMAC under the empty key). It is refused like `StandardWebhooks::new("")`,
+/// before the header is even looked at, whatever the request carries.
+#[test]
+fn an_empty_github_secret_is_refused_as_a_bad_secret() {
+    use hmac::Mac;
+    // A request "signed" with the empty key: what a forger would send.
+    let mut forged = hmac::Hmac::<sha2::Sha256>::new_from_slice(b"").unwrap();
+    forged.update(b"{\"action\":\"refund\"}");
+    let hex: String = forged
+        .finalize()
+        .into_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let header = format!("sha256={hex}");
+    for (body, header) in [
+        (&b"{\"action\":\"refund\"}"[..], Some(header.as_str())),
+        (GH_BODY, Some(GH_SIG)),
+        (GH_BODY, None),
+        (GH_BODY, Some("garbage")),
+    ] {
+        assert!(
+            matches!(
+                verify_github(b"", body, header),
+                Err(WebhookError::BadSecret { .. })
+            ),
+            "{header:?}"
+        );
+    }
+    let message = verify_github(b"", GH_BODY, Some(GH_SIG))
+        .unwrap_err()
+        .to_string();
+    assert!(message.contains("empty"), "{message}");
+    // The Standard Webhooks twin, for symmetry.
+    for secret in ["", "whsec_"] {
+        assert!(matches!(
+            StandardWebhooks::new(secret),
+            Err(WebhookError::BadSecret { .. })
+        ));
+    }
+}
+
 #[test]
 fn standard_webhooks_spec_example_verifies() {
     let v = StandardWebhooks::new(SW_SECRET).unwrap();
@@ -197,4 +240,46 @@ fn a_replayed_delivery_is_a_duplicate_and_a_forged_one_persists_nothing() {
         Receipt::Accepted(())
     );
     assert_eq!(store.inbox_mark("standard", SW_ID).unwrap(), None);
+}
+
+/// Issue 11, item 14: a redelivered webhook whose first delivery was rejected (terminal) is
+/// answered with the same response, not a 2xx: `Receipt::Duplicate` carries it. An accepted
+/// delivery's duplicate carries none (answer 2xx).
+#[test]
+fn a_redelivered_rejected_webhook_answers_with_the_first_rejection() {
+    let h = Harness::new();
+    let store = h.store();
+    let reject = |tx: &idem::Tx<'_>| -> Result<(), idem::Abort> {
+        bump(tx, "webhook")?;
+        Err(idem::Abort::terminal(idem::Response::new(
+            422,
+            "unknown event type",
+        )))
+    };
+    let first = store.receive("github", "d-rejected", reject).unwrap();
+    let Receipt::Rejected(response) = first else {
+        panic!("expected Rejected, got {first:?}")
+    };
+    assert_eq!(response.status(), 422);
+    let again = store.receive("github", "d-rejected", reject).unwrap();
+    assert_eq!(
+        again,
+        Receipt::Duplicate {
+            received_at: common::T0,
+            rejection: Some(response),
+        }
+    );
+    assert_eq!(effects(store, "webhook"), 1);
+    let accept = |tx: &idem::Tx<'_>| bump(tx, "webhook");
+    assert_eq!(
+        store.receive("github", "d-ok", accept).unwrap(),
+        Receipt::Accepted(())
+    );
+    assert!(matches!(
+        store.receive("github", "d-ok", accept).unwrap(),
+        Receipt::Duplicate {
+            rejection: None,
+            ..
+        }
+    ));
 }

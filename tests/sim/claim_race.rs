@@ -590,15 +590,22 @@ impl Sim {
             );
             return;
         }
-        let deadline = ts(now, LEASE_MS);
-        assert_eq!(result.ok(), Some(deadline), "heartbeat of the holder");
-        assert_eq!(lease.deadline(), deadline);
         let Some(record) = self.intents[intent].record.as_mut() else {
             unreachable!("a held lease has a record");
         };
-        if let State::Pending { lease_deadline, .. } = &mut record.state {
-            *lease_deadline = deadline;
-        }
+        let State::Pending { lease_deadline, .. } = &mut record.state else {
+            unreachable!("a held lease's record is Pending");
+        };
+        // A heartbeat never lowers a deadline (the clock may have moved backwards).
+        let deadline = ts(now, LEASE_MS).max(*lease_deadline);
+        assert_eq!(
+            idem::heartbeat_deadline(*lease_deadline, now, Duration::from_millis(LEASE_MS)),
+            deadline,
+            "heartbeat_deadline agrees with the model"
+        );
+        *lease_deadline = deadline;
+        assert_eq!(result.ok(), Some(deadline), "heartbeat of the holder");
+        assert_eq!(lease.deadline(), deadline);
         record.expires_at = record.expires_at.max(deadline);
         record.forget_at = record.forget_at.max(record.expires_at);
     }
