@@ -12,96 +12,30 @@
 //! `Store::begin_read`, as `idem export` did; now `Store::for_each_record`) 12.
 
 mod common;
+mod damage;
 
 use std::ops::ControlFlow;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::path::Path;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::*;
+use damage::{PAGE, build_store, damage};
 use idem::{Durability, Error, ManualClock, Request, Response, Scope, Store, Timestamp};
 
 /// Records in the store: enough for several levels of redb's B-trees, few enough for a quick
 /// test in a debug build (the CLI test, tests/cli_damaged_file_never_panics.rs, uses 3,000).
 const RECORDS_N: usize = 800;
 const SEEDS: u64 = 60;
-const PAGE: usize = 4096;
 
-/// A deterministic generator (splitmix64): the same seeds damage the same bytes on every run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
-/// The bytes of a cleanly closed store with `RECORDS_N` records: completed and failed answers
-/// with bodies of varied length, written at a fixed clock (the layout is the same every run).
-/// Built once per test binary.
+/// The bytes of a cleanly closed store with `RECORDS_N` records (built once per test binary).
 fn store_bytes() -> &'static [u8] {
     static IMAGE: OnceLock<Vec<u8>> = OnceLock::new();
     IMAGE.get_or_init(|| {
         let dir = tempfile::tempdir().expect("tempdir");
-        build_store(&dir.path().join("base.redb"))
+        build_store(&dir.path().join("base.redb"), RECORDS_N)
     })
-}
-
-fn build_store(path: &Path) -> Vec<u8> {
-    // No fsync per commit (the file is closed, hence made durable, at the end).
-    let store = Store::builder()
-        .clock(ManualClock::new(T0))
-        .durability(Durability::Periodic(Duration::from_secs(3600)))
-        .open(path)
-        .expect("open");
-    for i in 0..RECORDS_N {
-        let key = format!("key-{i:05}");
-        let body = format!("body-{i}-{}", "x".repeat(i % 60));
-        let r = store.execute(req("t", "op", &key, b"p"), |_| {
-            if i % 7 == 0 {
-                Err(idem::Abort::terminal(Response::new(402, body.clone())))
-            } else {
-                Ok(Response::new(201, body.clone()).with_resource("thing", &key))
-            }
-        });
-        executed(r);
-    }
-    drop(store);
-    std::fs::read(path).expect("read")
-}
-
-/// Seed `seed`'s damage: 8 bytes xor-ed with non-zero values inside one page. Every fifth seed
-/// hits the header page (redb's super-header and commit slots); odd seeds the first 64 bytes of a
-/// page (a B-tree page's header and its first offsets); the others anywhere in a page.
-fn damage(image: &[u8], seed: u64) -> (Vec<u8>, usize) {
-    let mut rng = Rng(seed);
-    let pages = image.len() / PAGE;
-    let page = if seed.is_multiple_of(5) {
-        0
-    } else {
-        1 + rng.below(pages - 1)
-    };
-    let within = if seed % 2 == 1 {
-        rng.below(64)
-    } else {
-        rng.below(PAGE - 8)
-    };
-    let at = page * PAGE + within;
-    let mut damaged = image.to_vec();
-    for b in &mut damaged[at..at + 8] {
-        *b ^= 1 + rng.below(255) as u8;
-    }
-    (damaged, at)
 }
 
 /// Counts panics raised inside redb (contained or not), and keeps the default report for every

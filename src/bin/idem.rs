@@ -585,7 +585,7 @@ fn check<W: Write>(cli: &Cli, o: &mut Out<W>, in_place: bool) -> Result<(), Fail
                 out!(o, "  {subject} does not open as a store: {}", detail(&e));
                 out!(o, "  {file} itself was not modified; the copy was removed");
                 return Err(format!(
-                    "{file} does not open as an idem store (above): if it should be one, restore it from a backup"
+                    "{file} does not open as an idem store: it is damaged or is not one (above); if it should be one, restore it from a backup"
                 )
                 .into());
             }
