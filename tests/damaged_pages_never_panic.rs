@@ -1,5 +1,5 @@
 //! Issue 11, item 8 (library half): no store file makes the library panic. A cleanly closed
-//! store with a few thousand records gets 8 bytes flipped inside one page — the header page for
+//! store with 800 records gets 8 bytes flipped inside one page — the header page for
 //! some seeds, the start of a page (its header, its key offsets) for others, anywhere in a page
 //! for the rest — and every `Store` call on it returns `Ok` or a typed error; none panics.
 //!
@@ -7,9 +7,9 @@
 //! trusts the damaged lengths and offsets and, for some of these seeds, indexes out of bounds or
 //! unwraps a decoding error. idem contains those panics at its storage boundary (src/store.rs)
 //! and reports `Error::CorruptStore` (fail-stop once it happened inside a write). Before that
-//! boundary (e693a17), 21 of these 60 seeds panicked at their first call on redb's damaged data:
-//! `Store::open` 4, `get` 1, `stats` 4, and a walk over every record (then done with
-//! `Store::begin_read`, as `idem export` did; now `Store::for_each_record`) 12.
+//! boundary (e693a17), 21 of these 60 seeds panicked at their first call on the damaged data:
+//! `Store::open` 1, `get` 1, `stats` 4, `execute` 1, and a walk over every record (then done
+//! with `Store::begin_read`, as `idem export` did; now `Store::for_each_record`) 14.
 
 mod common;
 mod damage;
