@@ -81,6 +81,19 @@ impl Config {
 /// | [`queue_timeout`](Self::queue_timeout) | 5 s, then [`Error::Busy`] |
 /// | [`multi_process`](Self::multi_process) | off: one process opens the file |
 /// | [`inbox_retention`](Self::inbox_retention) | 7 days (inbox marks and webhook receipts) |
+///
+/// Three ways to open a file:
+///
+/// | open | missing file | empty (0-byte) file | redb file without idem's marker | writes |
+/// |---|---|---|---|---|
+/// | [`open`](Self::open) | new store | new store | made an idem store | yes (recovers a crashed file) |
+/// | [`open_existing`](Self::open_existing) | [`Error::Storage`] | [`Error::CorruptStore`] | [`Error::CorruptStore`] | yes (recovers a crashed file) |
+/// | [`open_read_only`](Self::open_read_only) | [`Error::Storage`] | [`Error::CorruptStore`] | [`Error::CorruptStore`] | never ([`Error::NeedsRecovery`] for a crashed file) |
+///
+/// An empty file is a new store for [`open`](Self::open) because a service may create the file
+/// before the store opens it (`tempfile`, `touch`, a deployment step). A damaged file is
+/// [`Error::CorruptStore`] for all three, never a panic: a panic redb raises while reading
+/// damaged pages is contained (docs/design.md, "Damaged files").
 #[derive(Debug, Clone)]
 pub struct StoreBuilder {
     config: Config,
@@ -795,7 +808,8 @@ impl std::fmt::Debug for Store {
 }
 
 impl Store {
-    /// Opens (or creates) a store at `path` with the default settings.
+    /// Opens (or creates) a store at `path` with the default settings. A missing or empty
+    /// file becomes a new store; see [`StoreBuilder::open`].
     pub fn open(path: impl AsRef<Path>) -> Result<Store, Error> {
         StoreBuilder::new().open(path)
     }
@@ -1217,7 +1231,9 @@ impl Store {
     }
 
     /// A read transaction on the store's file, for reading your own tables (e.g. to serve a
-    /// `GET` of a resource a flow-A closure created). It sees a consistent snapshot.
+    /// `GET` of a resource a flow-A closure created). It sees a consistent snapshot. What you
+    /// read through it is outside idem's storage boundary: on a damaged page, redb may panic in
+    /// your code (idem's own reads return [`Error::CorruptStore`] instead).
     pub fn begin_read(&self) -> Result<redb::ReadTransaction, Error> {
         self.inner.db.begin_read().map_err(|e| self.storage(e))
     }
