@@ -279,8 +279,7 @@ impl Store {
                         Err(Panicked::Storage(message)) => {
                             // redb's state after it stopped mid-write is unknown: latch first,
                             // so the prefix is answered FailStopped instead of re-run.
-                            let e = damaged("writing a batch", &message);
-                            self.latch(&e);
+                            let e = self.latch_damage(damaged("writing a batch", &message));
                             let prefix = baton.batch[..baton.pos].to_vec();
                             let _ = self.guarded(&prefix, "rolling back", || self.shrink(baton));
                             return Err(e);
@@ -439,8 +438,7 @@ impl Store {
                 Panicked::Storage(message) => message.as_str(),
                 Panicked::Caller(_) => "caller code",
             };
-            let e = damaged(step, message);
-            self.latch(&e);
+            let e = self.latch_damage(damaged(step, message));
             // Every step signals its members only after its last fallible call, so none of
             // `waiting` has been answered yet.
             for m in waiting {

@@ -152,3 +152,9 @@ impl ReadOnlyStore {
         Ok(self.db.begin_read()?)
     }
 }
+
+/// `ReadOnlyStore` is `Send + Sync`, like `Store` (a compile-time check).
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<ReadOnlyStore>();
+};

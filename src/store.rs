@@ -991,9 +991,7 @@ impl Store {
             Ok(checked) => checked,
             Err(p) => {
                 // redb may have discarded its allocator state before it stopped.
-                let e = p.into_error("running the integrity check");
-                self.latch(&e);
-                return Err(e);
+                return Err(self.latch_damage(p.into_error("running the integrity check")));
             }
         };
         checked.map_err(|e| match e {
@@ -1025,9 +1023,7 @@ impl Store {
             Ok(result) => result,
             Err(p) => {
                 // Compaction moves pages with durable commits: stop writing after a failure.
-                let e = p.into_error("compacting the file");
-                self.latch(&e);
-                return Err(e);
+                return Err(self.latch_damage(p.into_error("compacting the file")));
             }
         };
         if result.is_ok() {
@@ -1526,6 +1522,16 @@ impl Store {
             Error::Storage { source } if is_io_failure(source) => self.latch(source),
             Error::OutcomeUnknown { source } => self.latch(source),
             _ => {}
+        }
+        e
+    }
+
+    /// Latches fail-stop for damage found inside a write (its reason is the cause), and returns
+    /// the error.
+    pub(crate) fn latch_damage(&self, e: Error) -> Error {
+        match &e {
+            Error::CorruptStore { reason } => self.latch(reason),
+            other => self.latch(other),
         }
         e
     }
