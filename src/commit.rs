@@ -26,7 +26,7 @@
 //!   a batch (signalled by the baton or the committer).
 
 use std::collections::VecDeque;
-use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::panic::resume_unwind;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -36,7 +36,7 @@ use redb::WriteTransaction;
 
 use crate::clock::Timestamp;
 use crate::error::Error;
-use crate::store::Store;
+use crate::store::{Panicked, Store, catch_storage_panic, damaged};
 
 /// What a member's work reports.
 pub(crate) enum Step<T> {
@@ -245,15 +245,20 @@ impl Store {
                     let batch = group.form_batch(&me);
                     // Everyone but me (first in the batch) waits for a turn.
                     let others = batch[1..].to_vec();
-                    match self.guarded(&others, || self.open_batch(batch)) {
+                    match self.guarded(&others, "beginning a write transaction", || {
+                        self.open_batch(batch)
+                    }) {
                         // `me` is first in the batch it formed.
-                        Some(baton) => Signal::Turn(baton),
-                        None => me.wait(),
+                        Ok(Some(baton)) => Signal::Turn(baton),
+                        Ok(None) => me.wait(),
+                        Err(e) => Signal::Failed(e),
                     }
                 }
                 Signal::Turn(mut baton) => {
-                    // The clock is caller-supplied code too: inside the unwind boundary.
-                    let step = catch_unwind(AssertUnwindSafe(|| work(&baton.txn, self.now())));
+                    // The storage boundary (store.rs): a panic in the caller's closure or clock
+                    // (marked as caller code) is that member's failure and is resumed on its
+                    // thread; a panic of redb on damaged data is `CorruptStore`, and fail-stop.
+                    let step = catch_storage_panic(|| work(&baton.txn, self.now()));
                     let kept = match step {
                         Ok(Step::Done(v)) => {
                             baton.dirty = true;
@@ -262,13 +267,22 @@ impl Store {
                         Ok(Step::Clean(v)) => v,
                         Ok(Step::Abort(e)) => {
                             let prefix = baton.batch[..baton.pos].to_vec();
-                            self.guarded(&prefix, || self.shrink(baton));
+                            // A failed shrink has latched and answered the prefix itself.
+                            let _ = self.guarded(&prefix, "rolling back", || self.shrink(baton));
                             return Err(self.observe(e));
                         }
-                        Err(panic) => {
+                        Err(Panicked::Caller(panic)) => {
                             let prefix = baton.batch[..baton.pos].to_vec();
-                            self.guarded(&prefix, || self.shrink(baton));
+                            let _ = self.guarded(&prefix, "rolling back", || self.shrink(baton));
                             resume_unwind(panic);
+                        }
+                        Err(Panicked::Storage(message)) => {
+                            // redb's state after it stopped mid-write is unknown: latch first,
+                            // so the prefix is answered FailStopped instead of re-run.
+                            let e = self.latch_damage(damaged("writing a batch", &message));
+                            let prefix = baton.batch[..baton.pos].to_vec();
+                            let _ = self.guarded(&prefix, "rolling back", || self.shrink(baton));
+                            return Err(e);
                         }
                     };
                     value = Some(kept);
@@ -281,7 +295,8 @@ impl Store {
                     } else {
                         // Everyone but me (the last member) waits for this commit.
                         let others = baton.batch[..baton.pos].to_vec();
-                        self.guarded(&others, || self.commit_batch(baton))
+                        self.guarded(&others, "committing a batch", || self.commit_batch(baton))
+                            .unwrap_or_else(Signal::Failed)
                     }
                 }
                 Signal::Committed => {
@@ -407,26 +422,35 @@ impl Store {
     /// Runs a step of the protocol itself (begin, commit, abort: redb, the storage backend)
     /// while this thread holds the writer. If it panics, nobody would ever signal `waiting` (the
     /// members that wait on this step and are in no queue): so latch fail-stop, fail them, hand
-    /// leadership on, and only then let the panic continue on this thread. Queued callers then
-    /// fail fast on the latch.
-    fn guarded<R>(&self, waiting: &[Arc<Member>], f: impl FnOnce() -> R) -> R {
-        match catch_unwind(AssertUnwindSafe(f)) {
-            Ok(r) => r,
-            Err(panic) => {
-                let cause = "a panic in the commit path (storage backend or redb)";
-                self.latch(&cause);
-                let e = Error::FailStopped {
-                    cause: cause.into(),
-                };
-                // Every step signals its members only after its last fallible call, so none of
-                // `waiting` has been answered yet.
-                for m in waiting {
-                    m.send(Signal::Failed(e.for_another_caller()));
-                }
-                self.inner.group.hand_off();
-                resume_unwind(panic)
+    /// leadership on, and return the failure to this thread's own caller as
+    /// [`Error::CorruptStore`] (redb failing on a damaged page is what makes these steps panic;
+    /// after a panicking commit, whether it reached the file is unknown, which the fail-stop
+    /// covers: a retry after the reopen replays if it did). Queued callers then fail fast on the
+    /// latch. No caller code runs in these steps.
+    fn guarded<R>(
+        &self,
+        waiting: &[Arc<Member>],
+        step: &str,
+        f: impl FnOnce() -> R,
+    ) -> Result<R, Error> {
+        catch_storage_panic(f).map_err(|panic| {
+            let message = match &panic {
+                Panicked::Storage(message) => message.as_str(),
+                Panicked::Caller(_) => "caller code",
+            };
+            let e = self.latch_damage(damaged(step, message));
+            // Every step signals its members only after its last fallible call, so none of
+            // `waiting` has been answered yet.
+            for m in waiting {
+                m.send(Signal::Failed(e.for_another_caller()));
             }
-        }
+            self.inner.group.hand_off();
+            if let Panicked::Caller(payload) = panic {
+                // Not expected (no caller code runs here), but a caller's panic stays one.
+                resume_unwind(payload);
+            }
+            e
+        })
     }
 
     fn fail_all(&self, members: &[Arc<Member>], e: &Error) {

@@ -35,7 +35,7 @@ impl std::fmt::Display for Field {
 /// - the attempt lost its right to finish (`LeaseLost`): stop, another attempt owns the key;
 /// - the caller's closure asked for a retry (`Aborted`): nothing was written, retry later;
 /// - storage trouble (`Storage`, `OutcomeUnknown`, `FailStopped`, `CorruptRecord`,
-///   `UnsupportedFormat`, `Config`, `InUse`): see each variant.
+///   `CorruptStore`, `UnsupportedFormat`, `NeedsRecovery`, `Config`, `InUse`): see each variant.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -141,15 +141,26 @@ pub enum Error {
         supported: u8,
     },
 
-    /// The file is not an idem store, or it is damaged beyond what redb's recovery repairs
-    /// (opening it), or its idem tables disagree (an integrity check). Retrying never helps.
+    /// The file is not an idem store, or it is damaged: beyond what redb's recovery repairs
+    /// (opening it), or redb failed on a damaged page (any call), or its idem tables disagree
+    /// (an integrity check). Retrying never helps. A damage found inside a write fail-stops the
+    /// store.
     #[error(
-        "the store file is damaged or is not an idem store ({reason}): restore it from a backup, or move it away and open a new file at that path; idem does not modify it"
+        "the store file is damaged or is not an idem store ({reason}): stop writing to it and keep a copy; see what is damaged with `idem check` (it checks a copy), then restore the file from a backup, or move it away and open a new file at that path"
     )]
     CorruptStore {
         /// What was wrong with it.
         reason: String,
     },
+
+    /// A read-only open ([`crate::StoreBuilder::open_read_only`]) found a file that was not
+    /// closed cleanly (the process that had it open for writing crashed, or still runs in
+    /// multi-process mode without having committed its allocator state). redb must recover such
+    /// a file, which writes to it, and a read-only open never writes. Nothing was done.
+    #[error(
+        "the store file was not closed cleanly and needs crash recovery, which a read-only open never does: open it for writing once (start the service, which recovers it), or run `idem check` (it recovers and checks a copy, leaving the file as it is)"
+    )]
+    NeedsRecovery,
 
     /// The store's configuration is invalid.
     #[error("invalid store configuration: {reason}")]

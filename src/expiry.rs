@@ -18,7 +18,7 @@ use crate::decision::sweep_due;
 use crate::error::Error;
 use crate::fingerprint::hex;
 use crate::record::Record;
-use crate::store::Store;
+use crate::store::{Store, contained};
 use crate::tables::{EXPIRY, RECORDS};
 
 /// Entry kind of an idempotency record (its key is in `idem.records.v1`).
@@ -134,33 +134,10 @@ impl Store {
     /// its response window counts as completed (and `due`) until a sweep shrinks it.
     pub fn stats(&self) -> Result<Stats, Error> {
         let now = self.now();
-        let read = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
-        let records = read.open_table(RECORDS).map_err(|e| self.storage(e))?;
-        let expiry = read.open_table(EXPIRY).map_err(|e| self.storage(e))?;
-        let mut stats = Stats {
-            records: records.len().map_err(|e| self.storage(e))?,
-            ..Stats::default()
-        };
-        for row in expiry.iter().map_err(|e| self.storage(e))? {
-            let (key, tag) = row.map_err(|e| self.storage(e))?;
-            let Some(entry) = parse_entry(key.value()) else {
-                continue;
-            };
-            if entry.kind != KIND_RECORD {
-                continue;
-            }
-            match tag.value() {
-                0 => stats.pending += 1,
-                1 => stats.completed += 1,
-                2 => stats.failed += 1,
-                3 => stats.tombstones += 1,
-                _ => continue,
-            }
-            if entry.due <= now {
-                stats.due += 1;
-            }
-        }
-        Ok(stats)
+        contained("counting the records", || {
+            let read = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
+            stats_in(&read, now).map_err(|e| self.observe(e))
+        })
     }
 
     /// Checks that the expiry index matches the records exactly: every record that decodes has
@@ -169,6 +146,13 @@ impl Store {
     /// description of the first mismatches. O(records) time and memory: for tests and fuzzers.
     #[doc(hidden)]
     pub fn check_expiry_index(&self) -> Result<(), String> {
+        contained("checking the expiry index", || {
+            Ok(self.check_expiry_index_inner())
+        })
+        .unwrap_or_else(|e| Err(e.to_string()))
+    }
+
+    fn check_expiry_index_inner(&self) -> Result<(), String> {
         let read = self.inner.db.begin_read().map_err(|e| e.to_string())?;
         let records = read.open_table(RECORDS).map_err(|e| e.to_string())?;
         let expiry = read.open_table(EXPIRY).map_err(|e| e.to_string())?;
@@ -227,6 +211,36 @@ impl Store {
             problems.join("; ")
         ))
     }
+}
+
+/// [`Store::stats`] from a read transaction (a [`Store`] or a [`crate::ReadOnlyStore`]).
+pub(crate) fn stats_in(read: &redb::ReadTransaction, now: Timestamp) -> Result<Stats, Error> {
+    let records = read.open_table(RECORDS)?;
+    let expiry = read.open_table(EXPIRY)?;
+    let mut stats = Stats {
+        records: records.len()?,
+        ..Stats::default()
+    };
+    for row in expiry.iter()? {
+        let (key, tag) = row?;
+        let Some(entry) = parse_entry(key.value()) else {
+            continue;
+        };
+        if entry.kind != KIND_RECORD {
+            continue;
+        }
+        match tag.value() {
+            0 => stats.pending += 1,
+            1 => stats.completed += 1,
+            2 => stats.failed += 1,
+            3 => stats.tombstones += 1,
+            _ => continue,
+        }
+        if entry.due <= now {
+            stats.due += 1;
+        }
+    }
+    Ok(stats)
 }
 
 #[cfg(test)]

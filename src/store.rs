@@ -1,6 +1,10 @@
 //! The store: opening, configuration, flow A (`execute`) and the claim half of flow B (`begin`).
 
+use std::any::Any;
+use std::cell::Cell;
 use std::collections::HashMap;
+use std::ops::ControlFlow;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::Weak;
@@ -17,6 +21,7 @@ use crate::error::{Abort, Error};
 use crate::expiry::{put_in, remove_in};
 use crate::lease::Lease;
 use crate::outbox::Origin;
+use crate::read_only::ReadOnlyStore;
 use crate::record::{FORMAT_VERSION, HolderToken, Record, State};
 use crate::response::{Begin, Outcome, Response, Tombstone};
 use crate::retention::{Retention, RetentionPolicy, Windows};
@@ -77,6 +82,19 @@ impl Config {
 /// | [`queue_timeout`](Self::queue_timeout) | 5 s, then [`Error::Busy`] |
 /// | [`multi_process`](Self::multi_process) | off: one process opens the file |
 /// | [`inbox_retention`](Self::inbox_retention) | 7 days (inbox marks and webhook receipts) |
+///
+/// Three ways to open a file:
+///
+/// | open | missing file | empty (0-byte) file | redb file without idem's marker | writes |
+/// |---|---|---|---|---|
+/// | [`open`](Self::open) | new store | new store | made an idem store | yes (recovers a crashed file) |
+/// | [`open_existing`](Self::open_existing) | [`Error::Storage`] | [`Error::CorruptStore`] | [`Error::CorruptStore`] | yes (recovers a crashed file) |
+/// | [`open_read_only`](Self::open_read_only) | [`Error::Storage`] | [`Error::CorruptStore`] | [`Error::CorruptStore`] | never ([`Error::NeedsRecovery`] for a crashed file) |
+///
+/// An empty file is a new store for [`open`](Self::open) because a service may create the file
+/// before the store opens it (`tempfile`, `touch`, a deployment step). A damaged file is
+/// [`Error::CorruptStore`] for all three, never a panic: a panic redb raises while reading
+/// damaged pages is contained (docs/design.md, "Damaged files").
 #[derive(Debug, Clone)]
 pub struct StoreBuilder {
     config: Config,
@@ -372,28 +390,112 @@ impl StoreBuilder {
     }
 
     /// Opens (or creates) the store file at `path`.
+    ///
+    /// A missing file and an **empty (0-byte) file** are both a new store: a service may create
+    /// the file before the store opens it (with `tempfile`, `touch`, or a deployment step), and
+    /// idem initialises it. Any other file must be an idem store: a file that is not a redb
+    /// database, or that redb finds damaged, is [`Error::CorruptStore`] (and left as it was).
+    /// Use [`open_existing`](Self::open_existing) to refuse to create a store, and
+    /// [`open_read_only`](Self::open_read_only) to read a file without writing it.
     pub fn open(self, path: impl AsRef<Path>) -> Result<Store, Error> {
         self.validate()?;
-        let db = self.redb_builder().create(path).map_err(open_error)?;
-        Store::init(db, self)
+        let path = path.as_ref();
+        contain_open(|| {
+            let db = self.redb_builder().create(path).map_err(open_error)?;
+            Store::init(db, self, Create::Yes)
+        })
+    }
+
+    /// Opens an existing store for writing, like [`open`](Self::open), but never creates one:
+    /// a missing file is [`Error::Storage`] (not found), and an empty file or a redb database
+    /// without idem's format marker is [`Error::CorruptStore`] ("not an idem store"), each left
+    /// as it was. For operators' tools (the `idem` CLI), which must not turn a wrong path into a
+    /// new store.
+    pub fn open_existing(self, path: impl AsRef<Path>) -> Result<Store, Error> {
+        self.validate()?;
+        let path = path.as_ref();
+        contain_open(|| {
+            refuse_empty(path)?;
+            let db = self.redb_builder().open(path).map_err(open_error)?;
+            Store::init(db, self, Create::No)
+        })
+    }
+
+    /// Opens an existing store for reading only: nothing is ever written to the file (no
+    /// open-time commit, no recovery), and redb's shared lock is taken instead of the exclusive
+    /// one, so several readers may open the file at once — but not while a process has it open
+    /// for writing (that open fails with [`Error::Storage`], "already open"), except in
+    /// [`multi_process`](Self::multi_process) mode, where the reader shares the file with the
+    /// writers and sees their commits.
+    ///
+    /// Refused, each with the file left as it was:
+    /// - a missing file ([`Error::Storage`], not found);
+    /// - an empty file, a file that is not a redb database, or a redb database without idem's
+    ///   format marker ([`Error::CorruptStore`]: not an idem store);
+    /// - a file that was not closed cleanly ([`Error::NeedsRecovery`]): redb must recover it,
+    ///   which writes; open it for writing once (the service, [`StoreBuilder::open`]) or check a
+    ///   copy (`idem check`).
+    ///
+    /// Settings that only concern writes (retention, leases, durability, sweeps, group commit)
+    /// are ignored; the clock, the limits and the cache size apply.
+    pub fn open_read_only(self, path: impl AsRef<Path>) -> Result<ReadOnlyStore, Error> {
+        let path = path.as_ref();
+        contain_open(|| {
+            refuse_empty(path)?;
+            let db = self
+                .redb_builder()
+                .open_read_only(path)
+                .map_err(open_error)?;
+            check_marker(&db.begin_read()?)?;
+            Ok(ReadOnlyStore::new(db, self.clock, self.config.limits))
+        })
     }
 
     /// Opens (or creates) a store on a custom redb storage backend (an in-memory or
     /// fault-injecting backend in tests).
     pub fn open_with_backend(self, backend: impl StorageBackend) -> Result<Store, Error> {
         self.validate()?;
-        let db = self
-            .redb_builder()
-            .create_with_backend(backend)
-            .map_err(open_error)?;
-        Store::init(db, self)
+        contain_open(|| {
+            let db = self
+                .redb_builder()
+                .create_with_backend(backend)
+                .map_err(open_error)?;
+            Store::init(db, self, Create::Yes)
+        })
     }
+}
+
+/// Whether opening may write idem's tables and format marker into a redb file without them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Create {
+    Yes,
+    No,
+}
+
+/// An empty file is not a store (for the opens that never create one). redb would say so too,
+/// but in its own words; this names the case.
+fn refuse_empty(path: &Path) -> Result<(), Error> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() && m.len() == 0 => Err(Error::CorruptStore {
+            reason: "the file is empty (0 bytes): not an idem store".into(),
+        }),
+        // Anything else (a missing file, a directory, no permission) is redb's open to report.
+        _ => Ok(()),
+    }
+}
+
+/// Opening a file: a panic raised by redb while it reads a damaged file (its header, its
+/// allocator state, idem's metadata table) is [`Error::CorruptStore`], never a panic of the
+/// caller. Nothing of the caller runs inside.
+fn contain_open<T>(open: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> {
+    catch_storage_panic(open).unwrap_or_else(|p| Err(p.into_error("opening the file")))
 }
 
 /// What opening the file failed with. A file that is not a redb database, is shorter than its
 /// own header says, or that redb's recovery found damaged is [`Error::CorruptStore`]: retrying
-/// never helps, and the message says what to do. Anything else (permissions, a missing
-/// directory, the file already open, a failing disk) stays [`Error::Storage`].
+/// never helps, and the message says what to do. A read-only open of a file that needs
+/// recovery is [`Error::NeedsRecovery`]. Anything else (permissions, a missing directory, the
+/// file already open, a failing disk) stays [`Error::Storage`].
 fn open_error(e: redb::DatabaseError) -> Error {
     use std::io::ErrorKind;
     match e {
@@ -407,6 +509,7 @@ fn open_error(e: redb::DatabaseError) -> Error {
         redb::DatabaseError::Storage(redb::StorageError::Corrupted(what)) => Error::CorruptStore {
             reason: format!("redb found the file damaged: {what}"),
         },
+        redb::DatabaseError::RepairAborted => Error::NeedsRecovery,
         redb::DatabaseError::UpgradeRequired(version) => Error::CorruptStore {
             reason: format!(
                 "the file is in redb's file format {version}, which this redb (4.x) does not read; upgrade it with the redb release that wrote it"
@@ -460,7 +563,59 @@ struct Background {
     sweeper_alive: Option<Weak<()>>,
 }
 
+/// Checks idem's format marker from a read transaction: a redb file without it is not an idem
+/// store.
+pub(crate) fn check_marker(read: &redb::ReadTransaction) -> Result<(), Error> {
+    let not_a_store = || Error::CorruptStore {
+        reason: "the file is a redb database without idem's format marker: not an idem store"
+            .into(),
+    };
+    let meta = match read.open_table(META) {
+        Ok(meta) => meta,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Err(not_a_store()),
+        Err(e) => return Err(e.into()),
+    };
+    match meta.get(META_FORMAT)? {
+        Some(marker) => format_marker(marker.value()),
+        None => Err(not_a_store()),
+    }
+}
+
+/// The stored format marker must be this build's format version.
+fn format_marker(marker: &[u8]) -> Result<(), Error> {
+    match marker {
+        [v] if *v == FORMAT_VERSION => Ok(()),
+        [v] => Err(Error::UnsupportedFormat {
+            found: *v,
+            supported: FORMAT_VERSION,
+        }),
+        other => Err(Error::CorruptStore {
+            reason: format!("format marker is {} bytes, expected 1", other.len()),
+        }),
+    }
+}
+
 impl Inner {
+    fn new(db: redb::Database, b: StoreBuilder, instance: [u8; 8]) -> Inner {
+        Inner {
+            db,
+            config: b.config,
+            clock: b.clock,
+            failure: Mutex::new(None),
+            instance,
+            next_token: AtomicU64::new(0),
+            commits: Mutex::new(0),
+            committed: Condvar::new(),
+            group: Group::new(b.group),
+            durability: b.durability,
+            unflushed: AtomicBool::new(false),
+            background: Mutex::new(Background::default()),
+            sweep_lock: Mutex::new(()),
+            sweeps: Mutex::new(SweepTotals::default()),
+            outbox: crate::outbox::OutboxShared::default(),
+        }
+    }
+
     /// Stops the background threads and waits for them to end (they hold no handle between
     /// ticks, so this is immediate unless a sweep pass or a flush is running).
     fn stop_background(&self) {
@@ -485,13 +640,114 @@ impl Drop for Inner {
         self.stop_background();
         // Relaxed durability: make every acknowledged commit durable on close. No other handle
         // exists any more, so this is the only writer.
-        if self.unflushed.load(Ordering::Acquire)
-            && self.failure.lock().is_none()
-            && let Ok(mut txn) = self.db.begin_write()
-        {
-            let _ = txn.set_durability(redb::Durability::Immediate);
-            let _ = txn.commit();
+        if self.unflushed.load(Ordering::Acquire) && self.failure.lock().is_none() {
+            let db = &self.db;
+            // A drop must not panic: redb failing on a damaged file here loses nothing that
+            // was acknowledged as durable (this commit only raises durability).
+            let _ = catch_unwind(AssertUnwindSafe(|| {
+                if let Ok(mut txn) = db.begin_write() {
+                    let _ = txn.set_durability(redb::Durability::Immediate);
+                    let _ = txn.commit();
+                }
+            }));
         }
+    }
+}
+
+// ---- The storage boundary: panics from redb on damaged data ----
+//
+// redb 4.6 trusts the bytes of its pages: a damaged length or offset in a page can make it index
+// out of bounds or unwrap a decoding error (e.g. a table name that is not UTF-8) instead of
+// returning `StorageError::Corrupted`. idem runs every redb call on stored data — the open, every
+// read path, the work of every write batch, the commit protocol's steps, the integrity check,
+// compaction — inside `catch_unwind`, and turns such a panic into `Error::CorruptStore`
+// (latching fail-stop when it happened inside a write). Caller code that runs inside those
+// sections (a closure, the `Clock`, a progress callback) is marked with `caller_code`: a panic
+// that unwinds out of it is the caller's own and continues unwinding exactly as before.
+
+thread_local! {
+    /// Set when a panic unwinds out of caller code; read (and cleared) where it is caught.
+    static CALLER_PANICKED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs caller-supplied code (a closure, the clock, a callback) inside a storage section: a panic
+/// from it is marked as the caller's, so the boundary lets it continue.
+pub(crate) fn caller_code<T>(f: impl FnOnce() -> T) -> T {
+    struct Mark {
+        /// Already unwinding when entered (a destructor running during a panic): a panic seen
+        /// at drop is not this code's.
+        unwinding: bool,
+    }
+    impl Drop for Mark {
+        fn drop(&mut self) {
+            if !self.unwinding && std::thread::panicking() {
+                let _ = CALLER_PANICKED.try_with(|c| c.set(true));
+            }
+        }
+    }
+    let _mark = Mark {
+        unwinding: std::thread::panicking(),
+    };
+    f()
+}
+
+/// A panic caught at the storage boundary.
+pub(crate) enum Panicked {
+    /// It unwound out of caller code: the caller's own, to be resumed as it is.
+    Caller(Box<dyn Any + Send>),
+    /// It came from redb (or the storage backend) reading the file: its message.
+    Storage(String),
+}
+
+impl Panicked {
+    /// What the caller gets: a storage panic is [`Error::CorruptStore`] (`while` says what idem
+    /// was doing); a caller's panic continues unwinding.
+    pub(crate) fn into_error(self, while_: &str) -> Error {
+        match self {
+            Panicked::Caller(payload) => std::panic::resume_unwind(payload),
+            Panicked::Storage(message) => damaged(while_, &message),
+        }
+    }
+}
+
+/// The [`Error::CorruptStore`] of a storage panic.
+pub(crate) fn damaged(while_: &str, message: &str) -> Error {
+    Error::CorruptStore {
+        reason: format!("redb failed on damaged data while {while_}: {message}"),
+    }
+}
+
+/// A read path at the storage boundary: a panic redb raises on damaged data while `f` runs is
+/// [`Error::CorruptStore`] (reads change nothing, so no fail-stop); a panic in caller code inside
+/// `f` (marked with [`caller_code`]) continues unwinding.
+pub(crate) fn contained<T>(while_: &str, f: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> {
+    catch_storage_panic(f).unwrap_or_else(|p| Err(p.into_error(while_)))
+}
+
+/// Runs `f` (idem code calling redb) and catches a panic, telling the caller's apart.
+pub(crate) fn catch_storage_panic<T>(f: impl FnOnce() -> T) -> Result<T, Panicked> {
+    let _ = CALLER_PANICKED.try_with(|c| c.set(false));
+    catch_unwind(AssertUnwindSafe(f)).map_err(|payload| {
+        if CALLER_PANICKED
+            .try_with(|c| c.replace(false))
+            .unwrap_or(false)
+        {
+            Panicked::Caller(payload)
+        } else {
+            Panicked::Storage(panic_message(payload.as_ref()))
+        }
+    })
+}
+
+/// The text of a panic payload (`panic!` gives a `&str` or a `String`).
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    match (
+        payload.downcast_ref::<&str>(),
+        payload.downcast_ref::<String>(),
+    ) {
+        (Some(s), _) => (*s).to_owned(),
+        (_, Some(s)) => s.clone(),
+        _ => "no message".to_owned(),
     }
 }
 
@@ -553,7 +809,8 @@ impl std::fmt::Debug for Store {
 }
 
 impl Store {
-    /// Opens (or creates) a store at `path` with the default settings.
+    /// Opens (or creates) a store at `path` with the default settings. A missing or empty
+    /// file becomes a new store; see [`StoreBuilder::open`].
     pub fn open(path: impl AsRef<Path>) -> Result<Store, Error> {
         StoreBuilder::new().open(path)
     }
@@ -563,11 +820,15 @@ impl Store {
         StoreBuilder::new()
     }
 
-    fn init(db: redb::Database, b: StoreBuilder) -> Result<Store, Error> {
+    fn init(db: redb::Database, b: StoreBuilder, create: Create) -> Result<Store, Error> {
         let mut instance = [0u8; 8];
         getrandom::fill(&mut instance).map_err(|e| Error::Random {
             reason: e.to_string(),
         })?;
+        if create == Create::No {
+            // Before any write: a redb file without idem's tables is not turned into a store.
+            check_marker(&db.begin_read()?)?;
+        }
         // Create the tables and check (or write) the format marker.
         let txn = db.begin_write()?;
         {
@@ -577,18 +838,7 @@ impl Store {
                 None => {
                     meta.insert(META_FORMAT, [FORMAT_VERSION].as_slice())?;
                 }
-                Some([v]) if *v == FORMAT_VERSION => {}
-                Some([v]) => {
-                    return Err(Error::UnsupportedFormat {
-                        found: *v,
-                        supported: FORMAT_VERSION,
-                    });
-                }
-                Some(other) => {
-                    return Err(Error::CorruptStore {
-                        reason: format!("format marker is {} bytes, expected 1", other.len()),
-                    });
-                }
+                Some(marker) => format_marker(marker)?,
             }
             txn.open_table(RECORDS)?;
             txn.open_table(EXPIRY)?;
@@ -597,23 +847,7 @@ impl Store {
         txn.commit()
             .map_err(|e| Error::Storage { source: e.into() })?;
         let store = Store {
-            inner: Arc::new(Inner {
-                db,
-                config: b.config,
-                clock: b.clock,
-                failure: Mutex::new(None),
-                instance,
-                next_token: AtomicU64::new(0),
-                commits: Mutex::new(0),
-                committed: Condvar::new(),
-                group: Group::new(b.group),
-                durability: b.durability,
-                unflushed: AtomicBool::new(false),
-                background: Mutex::new(Background::default()),
-                sweep_lock: Mutex::new(()),
-                sweeps: Mutex::new(SweepTotals::default()),
-                outbox: crate::outbox::OutboxShared::default(),
-            }),
+            inner: Arc::new(Inner::new(db, b, instance)),
         };
         store.start_background()?;
         Ok(store)
@@ -753,7 +987,15 @@ impl Store {
                 reason: format!("{others} other Store clone(s) or Lease(s) are alive"),
             });
         };
-        inner.db.check_integrity().map_err(|e| match e {
+        let db = &mut inner.db;
+        let checked = match catch_storage_panic(|| db.check_integrity()) {
+            Ok(checked) => checked,
+            Err(p) => {
+                // redb may have discarded its allocator state before it stopped.
+                return Err(self.latch_damage(p.into_error("running the integrity check")));
+            }
+        };
+        checked.map_err(|e| match e {
             redb::DatabaseError::TransactionInProgress => Error::InUse {
                 reason: "a read transaction (Store::begin_read) is still open".into(),
             },
@@ -777,7 +1019,14 @@ impl Store {
                 reason: format!("{others} other Store clone(s) or Lease(s) are alive"),
             });
         };
-        let result = inner.db.compact();
+        let db = &mut inner.db;
+        let result = match catch_storage_panic(|| db.compact()) {
+            Ok(result) => result,
+            Err(p) => {
+                // Compaction moves pages with durable commits: stop writing after a failure.
+                return Err(self.latch_damage(p.into_error("compacting the file")));
+            }
+        };
         if result.is_ok() {
             // Compaction commits durably, which makes every earlier commit durable too.
             inner.unflushed.store(false, Ordering::Release);
@@ -962,8 +1211,27 @@ impl Store {
         self.read_record(&key)
     }
 
+    /// Calls `f` with every stored record, in record-key order, from one read transaction (a
+    /// consistent snapshot; writers are not blocked), until `f` returns
+    /// [`ControlFlow::Break`]. For operators' tools (`idem export`, `idem check`): `f` gets the
+    /// record key as stored (docs/FORMAT.md, "Record key": tenant, operation and key, each
+    /// length-prefixed) and the decoded record, or the error that reading it gives
+    /// ([`Error::CorruptRecord`], [`Error::UnsupportedFormat`]), so one damaged record does not
+    /// stop the walk. A damaged page does: the walk returns [`Error::CorruptStore`].
+    pub fn for_each_record(
+        &self,
+        f: impl FnMut(&[u8], Result<Record, Error>) -> ControlFlow<()>,
+    ) -> Result<(), Error> {
+        contained("reading the records", || {
+            let read = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
+            for_each_record_in(&read, f).map_err(|e| self.observe(e))
+        })
+    }
+
     /// A read transaction on the store's file, for reading your own tables (e.g. to serve a
-    /// `GET` of a resource a flow-A closure created). It sees a consistent snapshot.
+    /// `GET` of a resource a flow-A closure created). It sees a consistent snapshot. What you
+    /// read through it is outside idem's storage boundary: on a damaged page, redb may panic in
+    /// your code (idem's own reads return [`Error::CorruptStore`] instead).
     pub fn begin_read(&self) -> Result<redb::ReadTransaction, Error> {
         self.inner.db.begin_read().map_err(|e| self.storage(e))
     }
@@ -984,7 +1252,8 @@ impl Store {
 
     /// The store's current time.
     pub fn now(&self) -> Timestamp {
-        self.inner.clock.now()
+        // The clock is caller-supplied: its panic is the caller's, even inside a storage section.
+        caller_code(|| self.inner.clock.now())
     }
 
     /// The name-length limits every request is checked against ([`StoreBuilder::limits`]).
@@ -1018,11 +1287,7 @@ impl Store {
 
     /// The record key of `key` in `scope`, validated like a request's (no payload involved).
     fn admit_key(&self, scope: &Scope, key: impl AsRef<[u8]>) -> Result<Vec<u8>, Error> {
-        self.admit(&Request::with_fingerprint(
-            scope.clone(),
-            key,
-            crate::Fingerprint([0; 32]),
-        ))
+        admit_key(&self.inner.config.limits, scope, key)
     }
 
     fn admit(&self, request: &Request) -> Result<Vec<u8>, Error> {
@@ -1084,10 +1349,10 @@ impl Store {
     }
 
     pub(crate) fn read_record(&self, key: &[u8]) -> Result<Option<Record>, Error> {
-        let read = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
-        let table = read.open_table(RECORDS).map_err(|e| self.storage(e))?;
-        let value = table.get(key).map_err(|e| self.storage(e))?;
-        value.map(|v| Record::decode(v.value())).transpose()
+        contained("reading a record", || {
+            let read = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
+            read_record_in(&read, key).map_err(|e| self.observe(e))
+        })
     }
 
     pub(crate) fn load(&self, txn: &WriteTransaction, key: &[u8]) -> Result<Option<Record>, Error> {
@@ -1206,7 +1471,7 @@ impl Store {
         // nothing to mark (no closure can be running on a thread that is being destroyed).
         let _ = IN_CLOSURE.try_with(|v| v.borrow_mut().push(id));
         let _unmark = Unmark(id);
-        f()
+        caller_code(f)
     }
 
     pub(crate) fn in_closure(&self) -> bool {
@@ -1263,6 +1528,16 @@ impl Store {
         e
     }
 
+    /// Latches fail-stop for damage found inside a write (its reason is the cause), and returns
+    /// the error.
+    pub(crate) fn latch_damage(&self, e: Error) -> Error {
+        match &e {
+            Error::CorruptStore { reason } => self.latch(reason),
+            other => self.latch(other),
+        }
+        e
+    }
+
     pub(crate) fn latch(&self, cause: &dyn std::fmt::Display) {
         let mut failure = self.inner.failure.lock();
         if failure.is_none() {
@@ -1313,6 +1588,49 @@ fn is_io_failure(e: &redb::Error) -> bool {
             | redb::Error::DatabaseClosed
             | redb::Error::TransactionPoisoned
     )
+}
+
+/// The record stored under `key`, from a read transaction (a [`Store`] or a [`ReadOnlyStore`]).
+pub(crate) fn read_record_in(
+    read: &redb::ReadTransaction,
+    key: &[u8],
+) -> Result<Option<Record>, Error> {
+    let table = read.open_table(RECORDS)?;
+    let value = table.get(key)?;
+    value.map(|v| Record::decode(v.value())).transpose()
+}
+
+/// Calls `f` with every record key and its decoded record (or why it does not decode), in key
+/// order, until `f` breaks. `f` is caller code: its panic is the caller's.
+pub(crate) fn for_each_record_in(
+    read: &redb::ReadTransaction,
+    mut f: impl FnMut(&[u8], Result<Record, Error>) -> ControlFlow<()>,
+) -> Result<(), Error> {
+    let table = match read.open_table(RECORDS) {
+        Ok(table) => table,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    for row in table.iter()? {
+        let (key, value) = row?;
+        let record = Record::decode(value.value());
+        if caller_code(|| f(key.value(), record)).is_break() {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// The record key of `key` in `scope`, validated against `limits` like a request's (no payload
+/// involved).
+pub(crate) fn admit_key(
+    limits: &Limits,
+    scope: &Scope,
+    key: impl AsRef<[u8]>,
+) -> Result<Vec<u8>, Error> {
+    let request = Request::with_fingerprint(scope.clone(), key, crate::Fingerprint([0; 32]));
+    limits.check(&request)?;
+    Ok(record_key(&request))
 }
 
 /// An answer reached without running anything.

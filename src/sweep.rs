@@ -19,7 +19,7 @@ use crate::error::Error;
 use crate::expiry::{KIND_RECORD, parse_entry, put_in, record_entry, remove_in};
 use crate::inbox::{InboxSweep, KIND_INBOX, sweep_inbox_entry};
 use crate::record::Record;
-use crate::store::{Inner, Store};
+use crate::store::{Inner, Store, contained};
 use crate::tables::{EXPIRY, RECORDS};
 
 /// What one sweep pass did.
@@ -152,10 +152,12 @@ impl Store {
     /// Whether any index entry is due at `cutoff`, from a read transaction: an idle pass costs
     /// no write transaction and no fsync.
     fn anything_due(&self, cutoff: Timestamp) -> Result<bool, Error> {
-        let read = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
-        let expiry = read.open_table(EXPIRY).map_err(|e| self.storage(e))?;
-        let first = expiry.first().map_err(|e| self.storage(e))?;
-        Ok(first.is_some_and(|(k, _)| parse_entry(k.value()).is_none_or(|e| e.due <= cutoff)))
+        contained("looking for records due for a sweep", || {
+            let read = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
+            let expiry = read.open_table(EXPIRY).map_err(|e| self.storage(e))?;
+            let first = expiry.first().map_err(|e| self.storage(e))?;
+            Ok(first.is_some_and(|(k, _)| parse_entry(k.value()).is_none_or(|e| e.due <= cutoff)))
+        })
     }
 
     /// One batch: the first `limit` index entries due at `cutoff`, acted on at `now`.

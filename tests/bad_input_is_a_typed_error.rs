@@ -347,7 +347,11 @@ fn an_outbox_event_with_an_unknown_version_is_skipped_not_fatal() {
 // - every non-empty non-redb file is `Error::CorruptStore` ("the file is not a readable redb
 //   database: Not a redb database: magic number mismatch"): it says what is wrong and what to do,
 //   and it is not retryable (before e5dbaee it was a retryable `Error::Storage`);
-// - an empty file is not an error: redb initialises it, and it becomes an empty store.
+// - an empty file is not an error for `Store::open`: redb initialises it, and it becomes an empty
+//   store (a service may create the file first; documented on `StoreBuilder`). The opens that
+//   never create a store (`open_existing`, `open_read_only`) and the CLI refuse it as
+//   `CorruptStore`: `empty_file_is_not_a_store`. A damaged page under redb:
+//   `damaged_pages_never_panic`.
 
 #[test]
 fn a_file_that_is_not_a_store_is_a_corrupt_store_error() {

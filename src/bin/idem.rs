@@ -3,30 +3,45 @@
 //! ```text
 //! cargo run --features cli --bin idem -- [--file PATH] stats
 //! cargo run --features cli --bin idem -- get --tenant T --op O --key K [--body]
-//! cargo run --features cli --bin idem -- purge --tenant T --op O --key K
-//! cargo run --features cli --bin idem -- sweep
-//! cargo run --features cli --bin idem -- compact
-//! cargo run --features cli --bin idem -- check
+//! cargo run --features cli --bin idem -- purge --tenant T --op O --key K [--force]
+//! cargo run --features cli --bin idem -- sweep [--force]
+//! cargo run --features cli --bin idem -- compact [--force]
+//! cargo run --features cli --bin idem -- check [--in-place]
 //! cargo run --features cli --bin idem -- export --jsonl [--body]
 //! cargo run --features cli --bin idem -- outbox list [--limit N] [--body]
-//! cargo run --features cli --bin idem -- outbox requeue SEQ
-//! cargo run --features cli --bin idem -- outbox discard SEQ
+//! cargo run --features cli --bin idem -- outbox requeue SEQ [--force]
+//! cargo run --features cli --bin idem -- outbox discard SEQ [--force]
 //! ```
 //!
-//! Every command goes through the public `Store` API. redb locks the file for one process at a
-//! time: on a file a running service holds open, the command fails and says so (stop the
-//! service, or run both with `--multi-process` / `StoreBuilder::multi_process(true)`).
+//! Every command goes through the public API. The commands that only read (`stats`, `get`,
+//! `export`, `outbox list`) open the file with `StoreBuilder::open_read_only`: they never write
+//! a byte of it, and they refuse a file that needs crash recovery instead of recovering it.
+//! `check` works on a copy (unless `--in-place`). Only `sweep`, `purge`, `compact` and
+//! `outbox requeue|discard` open the file for writing, and first run redb's integrity check on a
+//! copy of it: a file whose pages fail it is refused unless `--force`. No command creates a
+//! store: a missing path, an empty file or a file that is not an idem store is an error.
+//!
+//! redb locks the file: on a file a running service holds open, every command fails and says
+//! so (stop the service, or run both with `--multi-process` / `StoreBuilder::multi_process`).
+//!
+//! Exit status: 0 on success, and also when stdout is closed early (`idem export --jsonl |
+//! head`: the reader wanted no more; nothing is printed); 1 when the command failed (the reason
+//! on stderr), including a damaged file and a failed write of the output (a full disk); 2 for
+//! a usage error (clap); 70 for a bug in idem (a panic that reached the CLI; the report on
+//! stderr).
 
-use std::io::Write;
+use std::fmt;
+use std::io::{self, Write};
+use std::ops::ControlFlow;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Mutex;
 
 use clap::{Parser, Subcommand};
-use idem::redb::{ReadableTable, TableDefinition};
-use idem::{DeadLetter, Record, Scope, State, Store, Timestamp};
-
-/// idem's record table (docs/FORMAT.md, "Tables"), read-only here: record key → record.
-const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idem.records.v1");
+use idem::{
+    DeadLetter, Error, ReadOnlyStore, Record, Scope, State, Store, StoreBuilder, Timestamp,
+};
 
 /// Inspect and maintain an idem store file.
 #[derive(Parser)]
@@ -45,9 +60,10 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Records by stored state, records due for a sweep, the outbox backlog, dead letters and
-    /// the file size.
+    /// the file size. Read-only.
     Stats,
     /// One record: state, fingerprint, timestamps, response summary (no body unless --body).
+    /// Read-only.
     Get {
         #[command(flatten)]
         id: KeyArgs,
@@ -59,22 +75,31 @@ enum Command {
     Purge {
         #[command(flatten)]
         id: KeyArgs,
+        #[command(flatten)]
+        write: WriteArgs,
     },
     /// One sweep pass: shrinks records past their response window, deletes those past their
     /// horizon.
-    Sweep,
+    Sweep {
+        #[command(flatten)]
+        write: WriteArgs,
+    },
     /// Gives free space back to the file system (sweep first; needs the file to itself).
-    Compact,
+    Compact {
+        #[command(flatten)]
+        write: WriteArgs,
+    },
     /// Runs redb's full integrity check, decodes every record and checks the expiry index
-    /// against the records; exits non-zero on any problem. Works on a copy of the file (next
-    /// to it, removed afterwards) unless `--in-place`: a failed check of a damaged file leaves
-    /// that file marked for repair, unable to open again.
+    /// against the records; exits non-zero on any problem. Works on a temporary copy of the file
+    /// (next to it, removed afterwards), so the file itself is never written, unless
+    /// `--in-place`: a failed check of a damaged file leaves that file marked for repair, unable
+    /// to open again.
     Check {
         /// Check (and let redb repair) the file itself instead of a copy.
         #[arg(long)]
         in_place: bool,
     },
-    /// Every record as one JSON object per line (no bodies unless --body).
+    /// Every record as one JSON object per line (no bodies unless --body). Read-only.
     Export {
         /// JSON Lines on stdout (the only format).
         #[arg(long, required = true)]
@@ -93,7 +118,7 @@ enum Command {
 #[derive(Subcommand)]
 enum OutboxCommand {
     /// Dead letters, oldest first: seq, id, topic, ordering key, attempts, last error (no
-    /// payload unless --body).
+    /// payload unless --body). Read-only.
     List {
         /// At most this many.
         #[arg(long, default_value_t = 100)]
@@ -108,12 +133,16 @@ enum OutboxCommand {
     Requeue {
         /// The dead letter's sequence number (`idem outbox list`).
         seq: u64,
+        #[command(flatten)]
+        write: WriteArgs,
     },
     /// Deletes dead letter SEQ for good: it is NEVER published, and later events with its
     /// ordering key are no longer held back.
     Discard {
         /// The dead letter's sequence number (`idem outbox list`).
         seq: u64,
+        #[command(flatten)]
+        write: WriteArgs,
     },
 }
 
@@ -130,72 +159,277 @@ struct KeyArgs {
     key: String,
 }
 
+/// The options of the commands that write to the file.
+#[derive(clap::Args)]
+struct WriteArgs {
+    /// Write even to a file that fails redb's integrity check (by default a copy of the file is
+    /// checked first, and a damaged file is refused).
+    #[arg(long)]
+    force: bool,
+}
+
+/// Why a command stopped.
+enum Failure {
+    /// The reason, for stderr (exit status 1).
+    Said(String),
+    /// Writing to stdout failed.
+    Output(io::Error),
+}
+
+impl From<String> for Failure {
+    fn from(reason: String) -> Self {
+        Failure::Said(reason)
+    }
+}
+
+/// Buffered, locked stdout whose write errors end the command (no `println!`: it panics when
+/// stdout is a closed pipe or a full disk).
+struct Out<W: Write>(W);
+
+impl<W: Write> Out<W> {
+    fn line(&mut self, args: fmt::Arguments<'_>) -> Result<(), Failure> {
+        self.0
+            .write_fmt(args)
+            .and_then(|()| self.0.write_all(b"\n"))
+            .map_err(Failure::Output)
+    }
+
+    fn flush(&mut self) -> Result<(), Failure> {
+        self.0.flush().map_err(Failure::Output)
+    }
+}
+
+/// `out!(o, "format", args…)`: one line on stdout, `?` on a failed write.
+macro_rules! out {
+    ($o:expr) => {
+        $o.line(format_args!(""))?
+    };
+    ($o:expr, $($arg:tt)*) => {
+        $o.line(format_args!($($arg)*))?
+    };
+}
+
+/// A line on stderr. A failure to write it is ignored: there is nowhere left to report it.
+fn say(msg: &str) {
+    let _ = writeln!(io::stderr().lock(), "idem: {msg}");
+}
+
+/// The report of the last panic on the main thread, kept by the panic hook instead of printed.
+static LAST_PANIC: Mutex<Option<String>> = Mutex::new(None);
+
+/// idem contains the panics redb raises on a damaged file and returns them as
+/// `Error::CorruptStore`, whose message the CLI prints; the default hook would still print
+/// "thread 'main' panicked at …" and a backtrace for each of them first. So on the main thread
+/// the hook only keeps the report; `main` prints it if a panic reaches it (a bug, not a damaged
+/// file). Other threads keep the default report.
+fn keep_panic_reports() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if std::thread::current().name() != Some("main") {
+            return default(info);
+        }
+        let report = format!("{info}\n{}", std::backtrace::Backtrace::capture());
+        if let Ok(mut last) = LAST_PANIC.lock() {
+            *last = Some(report);
+        }
+    }));
+}
+
 fn main() -> ExitCode {
+    keep_panic_reports();
     let cli = Cli::parse();
-    match run(&cli) {
+    let mut out = Out(io::BufWriter::new(io::stdout().lock()));
+    let Ok(result) = catch_unwind(AssertUnwindSafe(|| run(&cli, &mut out))) else {
+        let report = LAST_PANIC.lock().ok().and_then(|mut r| r.take());
+        say(&format!(
+            "internal error: this is a bug in idem, please report it with this text:\n{}",
+            report.as_deref().unwrap_or("(no report)")
+        ));
+        return ExitCode::from(70);
+    };
+    let flushed = out.flush();
+    match result.and(flushed) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(msg) => {
-            eprintln!("idem: {msg}");
+        // The reader of a pipe closed it (`| head`): it wanted no more output. Not a failure.
+        Err(Failure::Output(e)) if e.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(Failure::Output(e)) => {
+            say(&format!("cannot write the output: {e}"));
+            ExitCode::FAILURE
+        }
+        Err(Failure::Said(msg)) => {
+            say(&msg);
             ExitCode::FAILURE
         }
     }
 }
 
-/// Copies the store file next to itself for `idem check`, without writing to it: a read-only
-/// open holds redb's shared lock meanwhile (refused while another process has the file open
-/// for writing), and a file that needs recovery (it was not closed cleanly, which a read-only
-/// open cannot do) is copied as it is, so the recovery runs on the copy.
-fn copy_for_check(cli: &Cli) -> Result<Removed, String> {
-    use std::io::Write;
-    if !cli.file.is_file() {
-        return Err(format!(
-            "{}: no such store file (pass --file PATH)",
-            cli.file.display()
-        ));
+/// The store file must exist and be a file: the CLI never creates a store (the library's opens
+/// used here refuse an empty file and a file that is not an idem store).
+fn require_file(cli: &Cli) -> Result<(), Failure> {
+    let file = cli.file.display();
+    match std::fs::metadata(&cli.file) {
+        Ok(m) if m.is_dir() => Err(format!(
+            "{file} is a directory, not a store file (pass --file PATH of the store file)"
+        )
+        .into()),
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            Err(format!("{file}: no such store file (pass --file PATH)").into())
+        }
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => Err(format!(
+            "{file}: permission denied ({e}): run idem as a user who may read the file and its directory"
+        )
+        .into()),
+        Err(e) => Err(format!("{file}: {e}").into()),
     }
-    let lock = match idem::redb::ReadOnlyDatabase::open(&cli.file) {
-        Ok(db) => Some(db),
-        Err(idem::redb::DatabaseError::DatabaseAlreadyOpen) => {
+}
+
+fn builder(cli: &Cli) -> StoreBuilder {
+    Store::builder().multi_process(cli.multi_process)
+}
+
+/// What an open failed with, for the operator.
+fn open_failed(cli: &Cli, e: &Error) -> Failure {
+    let file = cli.file.display();
+    let msg = e.to_string();
+    let io_kind = match e {
+        Error::Storage {
+            source: idem::redb::Error::Io(io),
+        } => Some(io.kind()),
+        _ => None,
+    };
+    if let Error::Storage {
+        source: idem::redb::Error::DatabaseAlreadyOpen,
+    } = e
+    {
+        format!(
+            "{file}: {msg}\n  another process holds this file (redb allows one process per file): \
+             stop it, or run both in multi-process mode (--multi-process here, \
+             StoreBuilder::multi_process(true) in the service)"
+        )
+    } else if io_kind == Some(io::ErrorKind::PermissionDenied) {
+        format!(
+            "{file}: permission denied ({msg}): run idem as a user who may read the file (and, \
+             for sweep, purge, compact, outbox requeue|discard, write it)"
+        )
+    } else {
+        format!("{file}: {msg}")
+    }
+    .into()
+}
+
+/// The read-only commands' store: nothing is written to the file.
+fn open_read_only(cli: &Cli) -> Result<ReadOnlyStore, Failure> {
+    require_file(cli)?;
+    builder(cli)
+        .open_read_only(&cli.file)
+        .map_err(|e| open_failed(cli, &e))
+}
+
+/// The writing commands' store. Unless `force`, a copy of the file passes redb's integrity
+/// check first: a write to a file with damaged pages could spread the damage, and would alter
+/// the evidence.
+fn open_for_writing(cli: &Cli, write: &WriteArgs) -> Result<Store, Failure> {
+    require_file(cli)?;
+    if !write.force {
+        check_before_writing(cli)?;
+    }
+    builder(cli)
+        .open_existing(&cli.file)
+        .map_err(|e| open_failed(cli, &e))
+}
+
+fn check_before_writing(cli: &Cli) -> Result<(), Failure> {
+    let file = cli.file.display();
+    let refuse = |why: String| -> Failure {
+        format!(
+            "{file}: refused: this command writes to the file, and redb's integrity check of a \
+             copy of it failed ({why}). Nothing was written. Keep the file as it is (evidence), \
+             run `idem check` to see the damage and restore the store from a backup; or pass \
+             --force to write to it anyway"
+        )
+        .into()
+    };
+    let (copy, _) = copy_of_file(cli)?;
+    let mut store = match builder(cli).open_existing(&copy.0) {
+        Ok(store) => store,
+        Err(e) => return Err(refuse(format!("the copy does not open: {}", detail(&e)))),
+    };
+    match store.check_integrity() {
+        Ok(true) => Ok(()),
+        // redb's pages are intact and only idem's expiry index disagrees with the records:
+        // `sweep` repairs that, and `purge` is the remedy for a record that does not decode.
+        // (A failure of redb's own check fail-stops the store; an index mismatch does not.)
+        Err(Error::CorruptStore { .. }) if store.failure().is_none() => Ok(()),
+        Ok(false) => Err(refuse("redb found damage and repaired the copy".into())),
+        Err(e) => Err(refuse(detail(&e))),
+    }
+}
+
+/// Copies the store file next to itself (for `idem check` and the check before a write),
+/// without writing to it: a read-only open holds redb's shared lock meanwhile (refused while
+/// another process has the file open for writing), and a file that does not open read-only (it
+/// needs recovery, or it is damaged) is copied as it is, so the recovery runs on the copy.
+/// Returns the copy and whether the lock was held.
+fn copy_of_file(cli: &Cli) -> Result<(Removed, bool), Failure> {
+    require_file(cli)?;
+    let file = cli.file.display();
+    let lock = match builder(cli).open_read_only(&cli.file) {
+        Ok(store) => Some(store),
+        Err(Error::Storage {
+            source: idem::redb::Error::DatabaseAlreadyOpen,
+        }) => {
             return Err(format!(
-                "{}: another process has this file open for writing: stop it first, or pass \
-                 --in-place together with --multi-process",
-                cli.file.display()
-            ));
+                "{file}: another process has this file open for writing: stop it first, or \
+                 pass --in-place together with --multi-process"
+            )
+            .into());
         }
         Err(_) => None,
     };
     let path = cli
         .file
         .with_extension(format!("idem-check-{}.redb", std::process::id()));
-    let cannot = |e: std::io::Error| {
+    let copy = path.display();
+    // The reader's side and the writer's side fail for different reasons: say which.
+    let mut from = std::fs::File::open(&cli.file).map_err(|e| {
+        let hint = if e.kind() == io::ErrorKind::PermissionDenied {
+            ": run idem as a user who may read it"
+        } else {
+            ""
+        };
+        format!("{file}: cannot read the file to copy it ({e}){hint}")
+    })?;
+    let cannot_write = |e: io::Error| -> Failure {
+        let hint = match e.kind() {
+            io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => {
+                "free some space next to the file, or pass --in-place"
+            }
+            io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem => {
+                "run idem as a user who may create files in the file's directory, or pass --in-place"
+            }
+            _ => "pass --in-place to check the file itself",
+        };
         format!(
-            "{}: cannot copy the file to check the copy ({e}); free some space, or pass --in-place",
-            path.display()
+            "{copy}: cannot write a temporary copy of the file ({e}): {hint}. {file} itself \
+             was not modified"
         )
+        .into()
     };
     // create_new: never overwrite a file that happens to have that name.
-    let mut out = std::fs::OpenOptions::new()
+    let mut to = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .open(&path)
-        .map_err(cannot)?;
-    let copy = Removed(path.clone());
-    let mut from = std::fs::File::open(&cli.file).map_err(cannot)?;
-    std::io::copy(&mut from, &mut out).map_err(cannot)?;
-    out.flush().map_err(cannot)?;
-    let note = match lock {
-        Some(_) => "",
-        None => " of a file that was not closed cleanly or does not open read-only",
-    };
-    println!(
-        "checking    a copy{note} ({}); the file itself is not written",
-        path.display()
-    );
-    Ok(copy)
+        .map_err(cannot_write)?;
+    let removed = Removed(path.clone());
+    io::copy(&mut from, &mut to).map_err(cannot_write)?;
+    to.flush().map_err(cannot_write)?;
+    Ok((removed, lock.is_some()))
 }
 
 /// A temporary file, removed when dropped (on every path out of the command).
-struct Removed(std::path::PathBuf);
+struct Removed(PathBuf);
 
 impl Drop for Removed {
     fn drop(&mut self) {
@@ -203,263 +437,301 @@ impl Drop for Removed {
     }
 }
 
-fn open(cli: &Cli) -> Result<Store, String> {
-    if !cli.file.is_file() {
-        return Err(format!(
-            "{}: no such store file (pass --file PATH)",
-            cli.file.display()
-        ));
-    }
-    Store::builder()
-        .multi_process(cli.multi_process)
-        .open(&cli.file)
-        .map_err(|e| {
-            let msg = e.to_string();
-            if msg.contains("already open") || msg.contains("lock") {
-                format!(
-                    "{}: {msg}\n  another process holds this file (redb allows one process per file): \
-                     stop it, or run both in multi-process mode (--multi-process here, \
-                     StoreBuilder::multi_process(true) in the service)",
-                    cli.file.display()
-                )
-            } else {
-                format!("{}: {msg}", cli.file.display())
-            }
-        })
-}
-
 fn file_size(path: &Path) -> String {
     std::fs::metadata(path).map_or_else(|e| format!("unknown ({e})"), |m| m.len().to_string())
 }
 
-fn run(cli: &Cli) -> Result<(), String> {
+/// What went wrong, without the advice of `Error::CorruptStore`'s message (where the CLI
+/// gives its own, about the file rather than a copy).
+fn detail(e: &Error) -> String {
+    match e {
+        Error::CorruptStore { reason } => format!("damaged or not an idem store: {reason}"),
+        other => other.to_string(),
+    }
+}
+
+/// A failed call on an open store (a damaged page, a record that does not decode, …).
+fn failed(cli: &Cli) -> impl Fn(Error) -> Failure + '_ {
+    move |e| Failure::Said(format!("{}: {e}", cli.file.display()))
+}
+
+fn run<W: Write>(cli: &Cli, o: &mut Out<W>) -> Result<(), Failure> {
+    let failed = failed(cli);
     match &cli.command {
         Command::Stats => {
-            let store = open(cli)?;
-            let s = store.stats().map_err(|e| e.to_string())?;
-            println!("file        {}", cli.file.display());
-            println!("file_bytes  {}", file_size(&cli.file));
-            println!("records     {}", s.records);
-            println!("pending     {}", s.pending);
-            println!("completed   {}", s.completed);
-            println!("failed      {}", s.failed);
-            println!("tombstones  {}", s.tombstones);
-            println!("due         {}", s.due);
-            let o = store.outbox_stats().map_err(|e| e.to_string())?;
-            println!("outbox_pending {}", o.pending);
-            println!("dead_letters   {}", o.dead);
+            let store = open_read_only(cli)?;
+            let s = store.stats().map_err(&failed)?;
+            let ob = store.outbox_stats().map_err(&failed)?;
+            out!(o, "file        {}", cli.file.display());
+            out!(o, "file_bytes  {}", file_size(&cli.file));
+            out!(o, "records     {}", s.records);
+            out!(o, "pending     {}", s.pending);
+            out!(o, "completed   {}", s.completed);
+            out!(o, "failed      {}", s.failed);
+            out!(o, "tombstones  {}", s.tombstones);
+            out!(o, "due         {}", s.due);
+            out!(o, "outbox_pending {}", ob.pending);
+            out!(o, "dead_letters   {}", ob.dead);
         }
         Command::Get { id, body } => {
-            let store = open(cli)?;
+            let store = open_read_only(cli)?;
             let scope = Scope::new(&id.tenant, &id.op);
-            match store.get(&scope, &id.key).map_err(|e| e.to_string())? {
+            match store.get(&scope, &id.key).map_err(&failed)? {
                 None => {
-                    println!("absent");
+                    out!(o, "absent");
                     return Err(format!(
                         "no record for tenant {:?}, op {:?}, key {:?}",
                         id.tenant, id.op, id.key
-                    ));
+                    )
+                    .into());
                 }
-                Some(r) => print_record(&r, store.now(), *body),
+                Some(r) => print_record(o, &r, store.now(), *body)?,
             }
         }
-        Command::Purge { id } => {
-            let store = open(cli)?;
+        Command::Purge { id, write } => {
+            let store = open_for_writing(cli, write)?;
             let scope = Scope::new(&id.tenant, &id.op);
-            let existed = store.purge(&scope, &id.key).map_err(|e| e.to_string())?;
-            println!("{}", if existed { "purged" } else { "absent" });
+            let existed = store.purge(&scope, &id.key).map_err(&failed)?;
+            out!(o, "{}", if existed { "purged" } else { "absent" });
         }
-        Command::Sweep => {
-            let store = open(cli)?;
+        Command::Sweep { write } => {
+            let store = open_for_writing(cli, write)?;
             // Progress on stderr, once per second on a long pass (stdout stays the summary).
             let mut last = std::time::Instant::now();
             let r = store
                 .sweep_with_progress(|so_far| {
                     if last.elapsed() >= std::time::Duration::from_secs(1) {
                         last = std::time::Instant::now();
-                        eprintln!(
+                        say(&format!(
                             "sweeping: {} deleted, {} tombstoned, {} batches, {} ms",
                             so_far.deleted,
                             so_far.tombstoned,
                             so_far.batches,
                             so_far.duration.as_millis()
-                        );
+                        ));
                     }
                 })
-                .map_err(|e| e.to_string())?;
+                .map_err(&failed)?;
             let m = store.metrics();
-            println!("deleted     {}", r.deleted);
-            println!("tombstoned  {}", r.tombstoned);
-            println!("repaired    {}", r.repaired);
-            println!("batches     {}", r.batches);
-            println!("duration_ms {}", r.duration.as_millis());
-            println!("commits     {}", m.commits);
+            out!(o, "deleted     {}", r.deleted);
+            out!(o, "tombstoned  {}", r.tombstoned);
+            out!(o, "repaired    {}", r.repaired);
+            out!(o, "batches     {}", r.batches);
+            out!(o, "duration_ms {}", r.duration.as_millis());
+            out!(o, "commits     {}", m.commits);
         }
-        Command::Compact => {
+        Command::Compact { write } => {
             let before = file_size(&cli.file);
-            let mut store = open(cli)?;
-            let moved = store.compact().map_err(|e| e.to_string())?;
+            let mut store = open_for_writing(cli, write)?;
+            let moved = store.compact().map_err(&failed)?;
             drop(store);
-            println!("compacted   {moved}");
-            println!("bytes_before {before}");
-            println!("bytes_after  {}", file_size(&cli.file));
+            out!(o, "compacted   {moved}");
+            out!(o, "bytes_before {before}");
+            out!(o, "bytes_after  {}", file_size(&cli.file));
         }
-        Command::Check { in_place } => {
-            // Declared first so that it outlives the store opened on it.
-            let mut copy: Option<Removed> = None;
-            let mut store = if *in_place {
-                open(cli)?
-            } else {
-                let path = copy_for_check(cli)?;
-                let path = &copy.insert(path).0;
-                match Store::builder().open(path) {
-                    Ok(store) => store,
-                    Err(e) => {
-                        println!("file_integrity FAILED");
-                        println!("  {}: {e}", cli.file.display());
-                        return Err(
-                            "the file does not open as a store (above): restore it from a backup"
-                                .into(),
-                        );
-                    }
-                }
-            };
-            // redb's full integrity check first (it needs the only handle, which this is).
-            let integrity = store.check_integrity();
-            println!(
-                "file_integrity {}",
-                match &integrity {
-                    Ok(true) => "ok",
-                    Ok(false) => "REPAIRED",
-                    Err(_) => "FAILED",
-                }
-            );
-            if let Err(e) = &integrity {
-                println!("  {e}");
-            }
-            let mut ok = 0u64;
-            let mut bad = Vec::new();
-            for_each_record(&store, |key, value| {
-                match (split_key(key), Record::decode(value)) {
-                    (Some(_), Ok(_)) => ok += 1,
-                    (_, Err(e)) => bad.push(format!("{}: {e}", hex(key))),
-                    (None, Ok(_)) => bad.push(format!("{}: malformed record key", hex(key))),
-                }
-            })?;
-            println!("records_ok   {ok}");
-            println!("records_bad  {}", bad.len());
-            for b in bad.iter().take(20) {
-                println!("  {b}");
-            }
-            let index = store.check_expiry_index();
-            println!(
-                "expiry_index {}",
-                index.as_ref().map_or("MISMATCH", |()| "ok")
-            );
-            if let Err(detail) = &index {
-                println!("  {detail}");
-            }
-            if !bad.is_empty() || index.is_err() || !matches!(integrity, Ok(true)) {
-                return Err(
-                    "the store has problems (above): `idem get` / `idem purge` the keys, \
-                     or restore the file"
-                        .into(),
-                );
-            }
-        }
+        Command::Check { in_place } => check(cli, o, *in_place)?,
         Command::Export { jsonl: _, body } => {
-            let store = open(cli)?;
+            let store = open_read_only(cli)?;
             let now = store.now();
-            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-            let mut failed = None;
-            for_each_record(&store, |key, value| {
-                if failed.is_some() {
-                    return;
-                }
-                let line = export_line(key, value, now, *body);
-                if let Err(e) = writeln!(out, "{line}") {
-                    failed = Some(e.to_string());
-                }
-            })?;
-            out.flush().map_err(|e| e.to_string())?;
-            if let Some(e) = failed {
-                return Err(e);
-            }
+            let mut output = Ok(());
+            store
+                .for_each_record(|key, record| {
+                    output = o.line(format_args!("{}", export_line(key, record, now, *body)));
+                    if output.is_ok() {
+                        ControlFlow::Continue(())
+                    } else {
+                        ControlFlow::Break(())
+                    }
+                })
+                .map_err(&failed)?;
+            output?;
         }
-        Command::Outbox { command } => {
-            let store = open(cli)?;
-            outbox(&store, command)?;
-        }
+        Command::Outbox { command } => outbox(cli, o, command)?,
     }
     Ok(())
 }
 
-fn outbox(store: &Store, command: &OutboxCommand) -> Result<(), String> {
+/// `idem check`: redb's integrity check, then every record, then the expiry index; it stops
+/// after a failed integrity check (the records of a file with damaged pages are not worth
+/// decoding, and redb may not be able to read them).
+fn check<W: Write>(cli: &Cli, o: &mut Out<W>, in_place: bool) -> Result<(), Failure> {
+    let file = cli.file.display();
+    // Declared first so that it outlives the store opened on it.
+    let mut copy: Option<Removed> = None;
+    let (mut store, subject) = if in_place {
+        require_file(cli)?;
+        let store = builder(cli)
+            .open_existing(&cli.file)
+            .map_err(|e| open_failed(cli, &e))?;
+        (store, format!("the file itself ({file})"))
+    } else {
+        let (removed, locked) = copy_of_file(cli)?;
+        let path = copy.insert(removed).0.clone();
+        let note = if locked {
+            ""
+        } else {
+            " of a file that was not closed cleanly or does not open read-only"
+        };
+        out!(
+            o,
+            "checking    a copy{note} ({}); the file itself is not written",
+            path.display()
+        );
+        let subject = format!("the temporary copy ({})", path.display());
+        match builder(cli).open_existing(&path) {
+            Ok(store) => (store, subject),
+            Err(e) => {
+                out!(o, "file_integrity FAILED");
+                out!(o, "  {subject} does not open as a store: {}", detail(&e));
+                out!(o, "  {file} itself was not modified; the copy was removed");
+                return Err(format!(
+                    "{file} does not open as an idem store: it is damaged or is not one (above); if it should be one, restore it from a backup"
+                )
+                .into());
+            }
+        }
+    };
+    // redb's full integrity check first (it needs the only handle, which this is).
+    let integrity = store.check_integrity();
+    let verdict = match &integrity {
+        Ok(true) => "ok",
+        Ok(false) => "REPAIRED",
+        Err(_) => "FAILED",
+    };
+    out!(o, "file_integrity {verdict}");
+    match &integrity {
+        Ok(true) => {}
+        Ok(false) => out!(o, "  redb found damage in {subject} and repaired it"),
+        Err(e) => out!(o, "  {subject}: {}", detail(e)),
+    }
+    if let Err(e) = &integrity {
+        // The expiry index is checked inside check_integrity: a mismatch there leaves redb's
+        // verdict intact (no fail-stop) and is reported with the records below.
+        if store.failure().is_some() || !matches!(e, Error::CorruptStore { .. }) {
+            if in_place {
+                out!(
+                    o,
+                    "  this was the file itself: redb has marked it for repair, and it will not open again"
+                );
+            } else {
+                out!(
+                    o,
+                    "  this is the result for the temporary copy, which was removed; {file} itself was not modified"
+                );
+            }
+            return Err(format!(
+                "{file} is damaged (above): keep it as it is (evidence) and restore the store \
+                 from a backup; a service that opens it may fail on the damaged pages"
+            )
+            .into());
+        }
+    }
+    let mut ok = 0u64;
+    let mut bad = Vec::new();
+    let walked = store.for_each_record(|key, record| {
+        match (split_key(key), record) {
+            (Some(_), Ok(_)) => ok += 1,
+            (_, Err(e)) => bad.push(format!("{}: {e}", hex(key))),
+            (None, Ok(_)) => bad.push(format!("{}: malformed record key", hex(key))),
+        }
+        ControlFlow::Continue(())
+    });
+    out!(o, "records_ok   {ok}");
+    out!(o, "records_bad  {}", bad.len());
+    for b in bad.iter().take(20) {
+        out!(o, "  {b}");
+    }
+    if let Err(e) = &walked {
+        out!(o, "  reading the records stopped: {e}");
+    }
+    let index = store.check_expiry_index();
+    out!(
+        o,
+        "expiry_index {}",
+        index.as_ref().map_or("MISMATCH", |()| "ok")
+    );
+    if let Err(detail) = &index {
+        out!(o, "  {detail}");
+    }
+    if !bad.is_empty() || walked.is_err() || index.is_err() || integrity.is_err() {
+        return Err(format!(
+            "the store has problems (above): `idem get` / `idem purge` the keys, `idem sweep` \
+             repairs the expiry index, or restore {file} from a backup"
+        )
+        .into());
+    }
+    if !matches!(integrity, Ok(true)) {
+        return Err(format!("redb repaired damage in {subject} (above)").into());
+    }
+    Ok(())
+}
+
+fn outbox<W: Write>(cli: &Cli, o: &mut Out<W>, command: &OutboxCommand) -> Result<(), Failure> {
+    let failed = failed(cli);
     let no_such =
         |seq: u64| format!("no dead letter with seq {seq} (`idem outbox list` shows them)");
     match command {
         OutboxCommand::List { limit, body } => {
-            let stats = store.outbox_stats().map_err(|e| e.to_string())?;
-            let dead = store.dead_letters(*limit).map_err(|e| e.to_string())?;
-            println!("dead_letters {}", stats.dead);
+            let store = open_read_only(cli)?;
+            let stats = store.outbox_stats().map_err(&failed)?;
+            let dead = store.dead_letters(*limit).map_err(&failed)?;
+            out!(o, "dead_letters {}", stats.dead);
             let now = store.now();
             for d in &dead {
-                println!();
-                print_dead_letter(d, now, *body);
+                out!(o);
+                print_dead_letter(o, d, now, *body)?;
             }
             if (dead.len() as u64) < stats.dead {
-                println!();
-                println!("(first {} shown; pass --limit N for more)", dead.len());
+                out!(o);
+                out!(o, "(first {} shown; pass --limit N for more)", dead.len());
             }
         }
-        OutboxCommand::Requeue { seq } => {
-            if !store.requeue_dead_letter(*seq).map_err(|e| e.to_string())? {
-                println!("absent");
-                return Err(no_such(*seq));
+        OutboxCommand::Requeue { seq, write } => {
+            let store = open_for_writing(cli, write)?;
+            if !store.requeue_dead_letter(*seq).map_err(&failed)? {
+                out!(o, "absent");
+                return Err(no_such(*seq).into());
             }
-            println!("requeued");
+            out!(o, "requeued");
         }
-        OutboxCommand::Discard { seq } => {
-            if !store.discard_dead_letter(*seq).map_err(|e| e.to_string())? {
-                println!("absent");
-                return Err(no_such(*seq));
+        OutboxCommand::Discard { seq, write } => {
+            let store = open_for_writing(cli, write)?;
+            if !store.discard_dead_letter(*seq).map_err(&failed)? {
+                out!(o, "absent");
+                return Err(no_such(*seq).into());
             }
-            println!("discarded");
+            out!(o, "discarded");
         }
     }
     Ok(())
 }
 
-fn print_dead_letter(d: &DeadLetter, now: Timestamp, with_body: bool) {
+fn print_dead_letter<W: Write>(
+    o: &mut Out<W>,
+    d: &DeadLetter,
+    now: Timestamp,
+    with_body: bool,
+) -> Result<(), Failure> {
     let e = &d.event;
-    println!("seq          {}", e.seq);
-    println!("id           {}", e.id);
-    println!("topic        {}", e.topic);
-    println!("ordering_key {}", e.ordering_key.as_deref().unwrap_or("-"));
-    println!("attempts     {}", e.failed_attempts);
-    println!("created_at   {}", when(e.created_at, now));
-    println!("failed_at    {}", when(d.failed_at, now));
-    println!("error        {}", d.error.replace('\n', " "));
-    println!("payload_bytes {}", e.payload.len());
-    println!("headers      {}", e.headers.len());
+    out!(o, "seq          {}", e.seq);
+    out!(o, "id           {}", e.id);
+    out!(o, "topic        {}", e.topic);
+    out!(
+        o,
+        "ordering_key {}",
+        e.ordering_key.as_deref().unwrap_or("-")
+    );
+    out!(o, "attempts     {}", e.failed_attempts);
+    out!(o, "created_at   {}", when(e.created_at, now));
+    out!(o, "failed_at    {}", when(d.failed_at, now));
+    out!(o, "error        {}", d.error.replace('\n', " "));
+    out!(o, "payload_bytes {}", e.payload.len());
+    out!(o, "headers      {}", e.headers.len());
     if with_body {
         for (name, value) in &e.headers {
-            println!("header       {name}: {value}");
+            out!(o, "header       {name}: {value}");
         }
-        println!("payload      {}", String::from_utf8_lossy(&e.payload));
-    }
-}
-
-fn for_each_record(store: &Store, mut f: impl FnMut(&[u8], &[u8])) -> Result<(), String> {
-    let read = store.begin_read().map_err(|e| e.to_string())?;
-    let table = match read.open_table(RECORDS) {
-        Ok(t) => t,
-        Err(idem::redb::TableError::TableDoesNotExist(_)) => return Ok(()),
-        Err(e) => return Err(e.to_string()),
-    };
-    for row in table.iter().map_err(|e| e.to_string())? {
-        let (k, v) = row.map_err(|e| e.to_string())?;
-        f(k.value(), v.value());
+        out!(o, "payload      {}", String::from_utf8_lossy(&e.payload));
     }
     Ok(())
 }
@@ -482,10 +754,15 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-fn export_line(key: &[u8], value: &[u8], now: Timestamp, with_body: bool) -> serde_json::Value {
+fn export_line(
+    key: &[u8],
+    record: Result<Record, Error>,
+    now: Timestamp,
+    with_body: bool,
+) -> serde_json::Value {
     let (tenant, op, k) = split_key(key).unwrap_or_default();
     let mut line = serde_json::json!({"tenant": tenant, "op": op, "key": k});
-    let record = match Record::decode(value) {
+    let record = match record {
         Ok(r) => r,
         Err(e) => {
             line["error"] = e.to_string().into();
@@ -532,44 +809,50 @@ fn export_line(key: &[u8], value: &[u8], now: Timestamp, with_body: bool) -> ser
     line
 }
 
-fn print_record(r: &Record, now: Timestamp, with_body: bool) {
+fn print_record<W: Write>(
+    o: &mut Out<W>,
+    r: &Record,
+    now: Timestamp,
+    with_body: bool,
+) -> Result<(), Failure> {
     let state = match &r.state {
         State::Pending { .. } => "pending",
         State::Completed(_) => "completed",
         State::Failed(_) => "failed",
         State::Tombstone(_) => "tombstone",
     };
-    println!("state        {state}");
-    println!("fingerprint  {}", r.fingerprint.to_hex());
-    println!("created_at   {}", when(r.created_at, now));
-    println!("expires_at   {}", when(r.expires_at, now));
-    println!("forget_at    {}", when(r.forget_at, now));
+    out!(o, "state        {state}");
+    out!(o, "fingerprint  {}", r.fingerprint.to_hex());
+    out!(o, "created_at   {}", when(r.created_at, now));
+    out!(o, "expires_at   {}", when(r.expires_at, now));
+    out!(o, "forget_at    {}", when(r.forget_at, now));
     match &r.state {
         State::Pending {
             lease_deadline,
             attempt,
             ..
         } => {
-            println!("lease_until  {}", when(*lease_deadline, now));
-            println!("attempt      {attempt}");
+            out!(o, "lease_until  {}", when(*lease_deadline, now));
+            out!(o, "attempt      {attempt}");
         }
         State::Completed(resp) | State::Failed(resp) => {
-            println!("status       {}", resp.status());
-            println!("body_bytes   {}", resp.body().len());
+            out!(o, "status       {}", resp.status());
+            out!(o, "body_bytes   {}", resp.body().len());
             if let Some(res) = resp.resource() {
-                println!("resource     {} {}", res.kind, res.id);
+                out!(o, "resource     {} {}", res.kind, res.id);
             }
             if with_body {
-                println!("body         {}", String::from_utf8_lossy(resp.body()));
+                out!(o, "body         {}", String::from_utf8_lossy(resp.body()));
             }
         }
         State::Tombstone(t) => {
-            println!("status       {}", t.status());
+            out!(o, "status       {}", t.status());
             if let Some(res) = t.resource() {
-                println!("resource     {} {}", res.kind, res.id);
+                out!(o, "resource     {} {}", res.kind, res.id);
             }
         }
     }
+    Ok(())
 }
 
 /// `2026-11-30T14:45:00.123Z (in 23h59m)` from milliseconds since the Unix epoch.

@@ -1,0 +1,160 @@
+//! A store opened for reading only ([`StoreBuilder::open_read_only`]): inspection without a
+//! single write to the file, for operators' tools (`idem stats`, `get`, `export`, `outbox list`)
+//! and for a second process that only looks.
+//!
+//! A separate type rather than a mode of [`Store`]: it has no write call at all, so "read-only"
+//! is checked by the compiler, not at run time. Its reads are the same code as the store's
+//! (functions over a redb read transaction), behind the same storage boundary: a panic redb
+//! raises on a damaged page is [`Error::CorruptStore`].
+
+use std::ops::ControlFlow;
+use std::path::Path;
+use std::sync::Arc;
+
+use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
+
+use crate::clock::{Clock, Timestamp};
+use crate::error::Error;
+use crate::expiry::{Stats, stats_in};
+use crate::outbox::{DeadLetter, OutboxEvent, OutboxStats, Stored, open_optional};
+use crate::record::Record;
+use crate::scope::{Limits, Scope};
+use crate::store::{StoreBuilder, admit_key, contained, for_each_record_in, read_record_in};
+use crate::tables::{OUTBOX, OUTBOX_DEAD};
+
+/// An idem store opened for reading only. Nothing it does writes to the file: no open-time
+/// commit, no crash recovery, no sweep; redb's shared lock is held instead of the exclusive one.
+/// Open it with [`ReadOnlyStore::open`] or [`StoreBuilder::open_read_only`] (which says what
+/// it refuses: a file that needs recovery, an empty file, a file that is not an idem store).
+///
+/// It sees the file as it was when each call began (every call is its own read transaction).
+/// `Send + Sync`; no background thread.
+pub struct ReadOnlyStore {
+    db: redb::ReadOnlyDatabase,
+    clock: Arc<dyn Clock>,
+    limits: Limits,
+}
+
+impl std::fmt::Debug for ReadOnlyStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadOnlyStore")
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReadOnlyStore {
+    pub(crate) fn new(db: redb::ReadOnlyDatabase, clock: Arc<dyn Clock>, limits: Limits) -> Self {
+        ReadOnlyStore { db, clock, limits }
+    }
+
+    /// Opens the store at `path` for reading only, with the default settings (see
+    /// [`StoreBuilder::open_read_only`]).
+    pub fn open(path: impl AsRef<Path>) -> Result<ReadOnlyStore, Error> {
+        StoreBuilder::new().open_read_only(path)
+    }
+
+    /// The stored record for `key` in `scope`, exactly as stored (like [`crate::Store::get`]).
+    pub fn get(&self, scope: &Scope, key: impl AsRef<[u8]>) -> Result<Option<Record>, Error> {
+        let key = admit_key(&self.limits, scope, key)?;
+        contained("reading a record", || read_record_in(&self.read()?, &key))
+    }
+
+    /// Every stored record, in record-key order, until `f` breaks (like
+    /// [`crate::Store::for_each_record`]).
+    pub fn for_each_record(
+        &self,
+        f: impl FnMut(&[u8], Result<Record, Error>) -> ControlFlow<()>,
+    ) -> Result<(), Error> {
+        contained("reading the records", || {
+            for_each_record_in(&self.read()?, f)
+        })
+    }
+
+    /// Records by stored state and records due for a sweep (like [`crate::Store::stats`]).
+    pub fn stats(&self) -> Result<Stats, Error> {
+        let now = self.now();
+        contained("counting the records", || stats_in(&self.read()?, now))
+    }
+
+    /// Undelivered outbox events and dead letters (like [`crate::Store::outbox_stats`]).
+    pub fn outbox_stats(&self) -> Result<OutboxStats, Error> {
+        contained("counting the outbox", || {
+            let read = self.read()?;
+            let pending = match open_optional(&read, OUTBOX)? {
+                Some(t) => t.len()?,
+                None => 0,
+            };
+            let dead = match open_optional(&read, OUTBOX_DEAD)? {
+                Some(t) => t.len()?,
+                None => 0,
+            };
+            Ok(OutboxStats { pending, dead })
+        })
+    }
+
+    /// The first `limit` undelivered events, in commit order (like
+    /// [`crate::Store::pending_events`]).
+    pub fn pending_events(&self, limit: usize) -> Result<Vec<OutboxEvent>, Error> {
+        contained("reading the outbox", || {
+            let read = self.read()?;
+            let Some(table) = open_optional(&read, OUTBOX)? else {
+                return Ok(Vec::new());
+            };
+            let mut out = Vec::new();
+            for row in table.iter()?.take(limit) {
+                let (seq, v) = row?;
+                out.push(Stored::decode(v.value())?.public(seq.value()));
+            }
+            Ok(out)
+        })
+    }
+
+    /// The first `limit` dead letters, oldest event first (like
+    /// [`crate::Store::dead_letters`]).
+    pub fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, Error> {
+        contained("reading the dead letters", || {
+            let read = self.read()?;
+            let Some(table) = open_optional(&read, OUTBOX_DEAD)? else {
+                return Ok(Vec::new());
+            };
+            let mut out = Vec::new();
+            for row in table.iter()?.take(limit) {
+                let (seq, v) = row?;
+                let stored = Stored::decode(v.value())?;
+                out.push(DeadLetter {
+                    event: stored.public(seq.value()),
+                    error: stored.last_error.clone().unwrap_or_default(),
+                    failed_at: Timestamp(stored.failed_at),
+                });
+            }
+            Ok(out)
+        })
+    }
+
+    /// A read transaction on the file, for reading your own tables. What you read through it
+    /// is outside idem's storage boundary: on a damaged page, redb may panic in your code.
+    pub fn begin_read(&self) -> Result<redb::ReadTransaction, Error> {
+        self.read()
+    }
+
+    /// The store's current time (its clock: [`StoreBuilder::clock`]).
+    pub fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
+    /// The name-length limits keys are checked against ([`StoreBuilder::limits`]).
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    fn read(&self) -> Result<redb::ReadTransaction, Error> {
+        Ok(self.db.begin_read()?)
+    }
+}
+
+/// `ReadOnlyStore` is `Send + Sync`, like `Store` (a compile-time check).
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<ReadOnlyStore>();
+};
