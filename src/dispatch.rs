@@ -20,7 +20,7 @@ use crate::clock::Timestamp;
 use crate::commit::Step;
 use crate::error::{BoxError, Error};
 use crate::outbox::{AfterFailure, OutboxEvent, Signal, Stored, after_failure, open_optional};
-use crate::store::{Inner, Store};
+use crate::store::{Inner, Store, contained};
 use crate::tables::{OUTBOX, OUTBOX_DEAD};
 
 /// Publishes outbox events to a broker (Kafka, NATS, an HTTP endpoint…). Return `Ok` only once
@@ -411,6 +411,12 @@ impl<P: Publisher> Dispatcher<P> {
     /// skipped without counting, so a held key never starves the others (the scan reads past
     /// its backlog each round).
     fn load(&self, store: &Store, now: Timestamp) -> Result<Loaded, Error> {
+        // Behind the storage boundary: a damaged page is `CorruptStore` for this round, never
+        // a panic that ends the dispatcher thread.
+        contained("reading the outbox", || self.load_rows(store, now))
+    }
+
+    fn load_rows(&self, store: &Store, now: Timestamp) -> Result<Loaded, Error> {
         let read = store.inner.db.begin_read().map_err(|e| store.storage(e))?;
         let mut loaded = Loaded {
             rows: Vec::new(),

@@ -14,7 +14,7 @@ use crate::expiry::{ExpiryTable, entry_key};
 use crate::outbox::{Origin, open_optional};
 use crate::record::checksum8;
 use crate::response::{Resource, Response};
-use crate::store::Store;
+use crate::store::{Store, contained};
 use crate::tables::{EXPIRY, INBOX};
 use crate::tx::Tx;
 
@@ -413,12 +413,14 @@ impl Store {
     }
 
     fn read_mark(&self, key: &[u8]) -> Result<Option<Mark>, Error> {
-        let read = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
-        let Some(table) = open_optional(&read, INBOX).map_err(|e| self.storage(e))? else {
-            return Ok(None);
-        };
-        let value = table.get(key).map_err(|e| self.storage(e))?;
-        value.map(|v| Mark::decode(v.value())).transpose()
+        contained("reading an inbox mark", || {
+            let read = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
+            let Some(table) = open_optional(&read, INBOX).map_err(|e| self.storage(e))? else {
+                return Ok(None);
+            };
+            let value = table.get(key).map_err(|e| self.storage(e))?;
+            value.map(|v| Mark::decode(v.value())).transpose()
+        })
     }
 
     fn consume<T, F>(

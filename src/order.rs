@@ -5,7 +5,7 @@ use redb::{ReadableDatabase, ReadableTable};
 
 use crate::error::Error;
 use crate::outbox::open_optional;
-use crate::store::Store;
+use crate::store::{Store, contained};
 use crate::tables::VERSIONS;
 use crate::tx::Tx;
 
@@ -124,12 +124,14 @@ impl Store {
         &self,
         entity: impl AsRef<[u8]>,
     ) -> Result<Option<HighWaterMark>, Error> {
-        let read = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
-        let Some(table) = open_optional(&read, VERSIONS).map_err(|e| self.storage(e))? else {
-            return Ok(None);
-        };
-        let value = table.get(entity.as_ref()).map_err(|e| self.storage(e))?;
-        value.map(|v| HighWaterMark::decode(v.value())).transpose()
+        contained("reading a version high-water mark", || {
+            let read = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
+            let Some(table) = open_optional(&read, VERSIONS).map_err(|e| self.storage(e))? else {
+                return Ok(None);
+            };
+            let value = table.get(entity.as_ref()).map_err(|e| self.storage(e))?;
+            value.map(|v| HighWaterMark::decode(v.value())).transpose()
+        })
     }
 }
 

@@ -13,14 +13,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
-use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, WriteTransaction};
+use redb::{ReadableTable, ReadableTableMetadata, WriteTransaction};
 use serde::{Deserialize, Serialize};
 
 use crate::clock::Timestamp;
 use crate::commit::Step;
 use crate::error::Error;
 use crate::fingerprint::hex;
-use crate::store::Store;
+use crate::store::{Store, contained};
 use crate::tables::{META, META_OUTBOX_SEQ, OUTBOX, OUTBOX_DEAD};
 use crate::tx::Tx;
 
@@ -339,6 +339,58 @@ fn next_seq(txn: &WriteTransaction) -> Result<u64, Error> {
     Ok(current)
 }
 
+/// Undelivered events and dead letters in `read` (redb keeps the counts: no scan). Shared by
+/// [`Store`] and the read-only store, each behind the storage boundary.
+pub(crate) fn outbox_stats_in(read: &redb::ReadTransaction) -> Result<OutboxStats, Error> {
+    let count = |def| -> Result<u64, Error> {
+        match open_optional(read, def)? {
+            Some(t) => Ok(t.len()?),
+            None => Ok(0),
+        }
+    };
+    Ok(OutboxStats {
+        pending: count(OUTBOX)?,
+        dead: count(OUTBOX_DEAD)?,
+    })
+}
+
+/// The first `limit` undelivered events in `read`, in commit order.
+pub(crate) fn pending_events_in(
+    read: &redb::ReadTransaction,
+    limit: usize,
+) -> Result<Vec<OutboxEvent>, Error> {
+    let Some(table) = open_optional(read, OUTBOX)? else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for row in table.iter()?.take(limit) {
+        let (seq, v) = row?;
+        out.push(Stored::decode(v.value())?.public(seq.value()));
+    }
+    Ok(out)
+}
+
+/// The first `limit` dead letters in `read`, oldest event first.
+pub(crate) fn dead_letters_in(
+    read: &redb::ReadTransaction,
+    limit: usize,
+) -> Result<Vec<DeadLetter>, Error> {
+    let Some(table) = open_optional(read, OUTBOX_DEAD)? else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for row in table.iter()?.take(limit) {
+        let (seq, v) = row?;
+        let stored = Stored::decode(v.value())?;
+        out.push(DeadLetter {
+            event: stored.public(seq.value()),
+            error: stored.last_error.clone().unwrap_or_default(),
+            failed_at: Timestamp(stored.failed_at),
+        });
+    }
+    Ok(out)
+}
+
 /// Opens a table in a read transaction; `None` if it was never created. The inbox, outbox
 /// and version tables are created by the first write that uses them, so a store that never
 /// uses them keeps exactly the core tables.
@@ -395,50 +447,26 @@ impl Store {
 
     /// Counts undelivered events and dead letters (redb keeps the counts: no scan).
     pub fn outbox_stats(&self) -> Result<OutboxStats, Error> {
-        let read = self.begin_read()?;
-        let count = |def| -> Result<u64, Error> {
-            match open_optional(&read, def).map_err(|e| self.storage(e))? {
-                Some(t) => t.len().map_err(|e| self.storage(e)),
-                None => Ok(0),
-            }
-        };
-        Ok(OutboxStats {
-            pending: count(OUTBOX)?,
-            dead: count(OUTBOX_DEAD)?,
+        contained("counting the outbox", || {
+            let read = self.begin_read()?;
+            outbox_stats_in(&read).map_err(|e| self.observe(e))
         })
     }
 
     /// The first `limit` undelivered events, in commit order.
     pub fn pending_events(&self, limit: usize) -> Result<Vec<OutboxEvent>, Error> {
-        let read = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
-        let Some(table) = open_optional(&read, OUTBOX).map_err(|e| self.storage(e))? else {
-            return Ok(Vec::new());
-        };
-        let mut out = Vec::new();
-        for row in table.iter().map_err(|e| self.storage(e))?.take(limit) {
-            let (seq, v) = row.map_err(|e| self.storage(e))?;
-            out.push(Stored::decode(v.value())?.public(seq.value()));
-        }
-        Ok(out)
+        contained("reading the outbox", || {
+            let read = self.begin_read()?;
+            pending_events_in(&read, limit).map_err(|e| self.observe(e))
+        })
     }
 
     /// The first `limit` dead letters, oldest event first.
     pub fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, Error> {
-        let read = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
-        let Some(table) = open_optional(&read, OUTBOX_DEAD).map_err(|e| self.storage(e))? else {
-            return Ok(Vec::new());
-        };
-        let mut out = Vec::new();
-        for row in table.iter().map_err(|e| self.storage(e))?.take(limit) {
-            let (seq, v) = row.map_err(|e| self.storage(e))?;
-            let stored = Stored::decode(v.value())?;
-            out.push(DeadLetter {
-                event: stored.public(seq.value()),
-                error: stored.last_error.clone().unwrap_or_default(),
-                failed_at: Timestamp(stored.failed_at),
-            });
-        }
-        Ok(out)
+        contained("reading the dead letters", || {
+            let read = self.begin_read()?;
+            dead_letters_in(&read, limit).map_err(|e| self.observe(e))
+        })
     }
 
     /// Moves the dead letter `seq` back into the outbox at its original place in commit order,

@@ -11,16 +11,17 @@ use std::ops::ControlFlow;
 use std::path::Path;
 use std::sync::Arc;
 
-use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
+use redb::ReadableDatabase;
 
 use crate::clock::{Clock, Timestamp};
 use crate::error::Error;
 use crate::expiry::{Stats, stats_in};
-use crate::outbox::{DeadLetter, OutboxEvent, OutboxStats, Stored, open_optional};
+use crate::outbox::{
+    DeadLetter, OutboxEvent, OutboxStats, dead_letters_in, outbox_stats_in, pending_events_in,
+};
 use crate::record::Record;
 use crate::scope::{Limits, Scope};
 use crate::store::{StoreBuilder, admit_key, contained, for_each_record_in, read_record_in};
-use crate::tables::{OUTBOX, OUTBOX_DEAD};
 
 /// An idem store opened for reading only. Nothing it does writes to the file: no open-time
 /// commit, no crash recovery, no sweep; redb's shared lock is held instead of the exclusive one.
@@ -79,34 +80,14 @@ impl ReadOnlyStore {
 
     /// Undelivered outbox events and dead letters (like [`crate::Store::outbox_stats`]).
     pub fn outbox_stats(&self) -> Result<OutboxStats, Error> {
-        contained("counting the outbox", || {
-            let read = self.read()?;
-            let pending = match open_optional(&read, OUTBOX)? {
-                Some(t) => t.len()?,
-                None => 0,
-            };
-            let dead = match open_optional(&read, OUTBOX_DEAD)? {
-                Some(t) => t.len()?,
-                None => 0,
-            };
-            Ok(OutboxStats { pending, dead })
-        })
+        contained("counting the outbox", || outbox_stats_in(&self.read()?))
     }
 
     /// The first `limit` undelivered events, in commit order (like
     /// [`crate::Store::pending_events`]).
     pub fn pending_events(&self, limit: usize) -> Result<Vec<OutboxEvent>, Error> {
         contained("reading the outbox", || {
-            let read = self.read()?;
-            let Some(table) = open_optional(&read, OUTBOX)? else {
-                return Ok(Vec::new());
-            };
-            let mut out = Vec::new();
-            for row in table.iter()?.take(limit) {
-                let (seq, v) = row?;
-                out.push(Stored::decode(v.value())?.public(seq.value()));
-            }
-            Ok(out)
+            pending_events_in(&self.read()?, limit)
         })
     }
 
@@ -114,21 +95,7 @@ impl ReadOnlyStore {
     /// [`crate::Store::dead_letters`]).
     pub fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, Error> {
         contained("reading the dead letters", || {
-            let read = self.read()?;
-            let Some(table) = open_optional(&read, OUTBOX_DEAD)? else {
-                return Ok(Vec::new());
-            };
-            let mut out = Vec::new();
-            for row in table.iter()?.take(limit) {
-                let (seq, v) = row?;
-                let stored = Stored::decode(v.value())?;
-                out.push(DeadLetter {
-                    event: stored.public(seq.value()),
-                    error: stored.last_error.clone().unwrap_or_default(),
-                    failed_at: Timestamp(stored.failed_at),
-                });
-            }
-            Ok(out)
+            dead_letters_in(&self.read()?, limit)
         })
     }
 

@@ -163,7 +163,7 @@ fn a_large_request_payload_is_only_fingerprinted() {
 //   by `retry_after_cap`); the holder can still heartbeat and complete;
 // - a heartbeat under a backward clock keeps the deadline already granted (a heartbeat never
 //   lowers a deadline: `heartbeat_deadline`), so no other attempt takes the key over before it
-//   (issue 11, item 13; until then the deadline followed the clock back and a takeover came
+//   (until an earlier release the deadline followed the clock back and a takeover came
 //   early: `lease_takeover_fencing::a_heartbeat_under_a_backward_clock_keeps_the_granted_
 //   deadline_and_nobody_takes_over_early`);
 // - a sweep under a backward clock deletes and shrinks nothing;

@@ -1,4 +1,4 @@
-//! Issue 11, item 8 (CLI half): no store file makes `idem` panic. A cleanly closed store with
+//! No store file makes `idem` panic. A cleanly closed store with
 //! 500 records gets 8 bytes flipped inside one page (60 deterministic seeds, the header page
 //! included: tests/damage/mod.rs), and `check`, `export --jsonl`, `stats`, `get` and
 //! `sweep --force` run on it. Never exit status 101, never "panicked" on stderr; a failure exits

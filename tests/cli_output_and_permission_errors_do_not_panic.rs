@@ -1,4 +1,4 @@
-//! Issue 11, item 11: `idem` never panics on its own output, and says what a permission error
+//! `idem` never panics on its own output, and says what a permission error
 //! is. Output into a closed pipe (`idem stats | head -1` once `head` has exited) ends quietly
 //! with exit status 0: the reader wanted no more. Output into a full disk (`/dev/full`) is a
 //! message and exit status 1. A file the user may not read, or a directory where `check` may

@@ -1,4 +1,4 @@
-//! Issue 11, item 9: the commands that only read (`stats`, `get`, `export`, `outbox list`, and
+//! The commands that only read (`stats`, `get`, `export`, `outbox list`, and
 //! `check`, which works on a copy) never write the store file: its bytes and its modification
 //! time are the same afterwards, on a healthy cleanly closed store, on damaged ones (where they
 //! exit non-zero) and on a file left by a crash (which they refuse to recover). The commands that

@@ -1,4 +1,4 @@
-//! Issue 11, item 8 (library half): no store file makes the library panic. A cleanly closed
+//! No store file makes the library panic. A cleanly closed
 //! store with 800 records gets 8 bytes flipped inside one page — the header page for
 //! some seeds, the start of a page (its header, its key offsets) for others, anywhere in a page
 //! for the rest — and every `Store` call on it returns `Ok` or a typed error; none panics.
@@ -28,6 +28,8 @@ use idem::{Durability, Error, ManualClock, Request, Response, Scope, Store, Time
 /// test in a debug build (the CLI test, tests/cli_damaged_file_never_panics.rs, uses 3,000).
 const RECORDS_N: usize = 800;
 const SEEDS: u64 = 60;
+/// Inbox messages (each with an outbox event and a version mark) in the messaging store.
+const MESSAGES_N: usize = 600;
 
 /// The bytes of a cleanly closed store with `RECORDS_N` records (built once per test binary).
 fn store_bytes() -> &'static [u8] {
@@ -189,6 +191,63 @@ fn the_record_walk_and_the_read_only_store_contain_damaged_pages() {
         }
     }
     assert!(corrupt > 0, "no seed gave CorruptStore");
+}
+
+/// The same damage under the messaging tables: every inbox, outbox and version read of a
+/// `Store` (and a new message processed on it) is `Ok` or a typed error, never a panic.
+#[test]
+fn messaging_reads_on_a_damaged_page_are_ok_or_a_typed_error() {
+    count_redb_panics();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let image = damage::build_messaging_store(&dir.path().join("base.redb"), MESSAGES_N);
+    let path = dir.path().join("damaged.redb");
+    let mut errors = 0;
+    for seed in 0..SEEDS {
+        let (damaged, at) = damage(&image, seed);
+        std::fs::write(&path, &damaged).expect("write");
+        let ctx = format!("seed {seed} (8 bytes at {at}, page {})", at / PAGE);
+        let open = call(&ctx, "Store::open", || {
+            Store::builder()
+                .clock(ManualClock::new(T0))
+                .durability(Durability::Periodic(Duration::from_secs(3600)))
+                .open(&path)
+        });
+        let Ok(store) = open else {
+            errors += 1;
+            continue;
+        };
+        let mut results: Vec<Result<(), Error>> = vec![
+            call(&ctx, "outbox_stats", || store.outbox_stats()).map(|_| ()),
+            call(&ctx, "pending_events", || store.pending_events(usize::MAX)).map(|_| ()),
+            call(&ctx, "dead_letters", || store.dead_letters(usize::MAX)).map(|_| ()),
+        ];
+        for i in [0, 1, MESSAGES_N / 2, MESSAGES_N - 1] {
+            results.push(
+                call(&ctx, "inbox_mark", || {
+                    store.inbox_mark("sub", damage::key(i))
+                })
+                .map(|_| ()),
+            );
+            results.push(
+                call(&ctx, "high_water_mark", || {
+                    store.high_water_mark(format!("entity-{i:05}"))
+                })
+                .map(|_| ()),
+            );
+            // A redelivery reads the mark before it writes anything.
+            results.push(
+                call(&ctx, "process (redelivery)", || {
+                    store.process("sub", damage::key(i), |_| -> Result<(), idem::Abort> {
+                        Ok(())
+                    })
+                })
+                .map(|_| ()),
+            );
+        }
+        call(&ctx, "dropping the store", || drop(store));
+        errors += results.iter().filter(|r| r.is_err()).count();
+    }
+    assert!(errors > 0, "the damage was never noticed");
 }
 
 /// A panic in the caller's own closure is still the caller's, also on a store whose file is

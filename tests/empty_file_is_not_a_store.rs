@@ -1,4 +1,4 @@
-//! Issue 11, item 10: an empty (0-byte) file is not a store for the CLI, nor for the library's
+//! An empty (0-byte) file is not a store for the CLI, nor for the library's
 //! opens that never create one; `Store::open` keeps treating it as a new store, because a
 //! service may create the file before it opens it (`tempfile`, `touch`, a deployment step).
 //!

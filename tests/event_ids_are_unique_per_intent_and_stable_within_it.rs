@@ -1,4 +1,4 @@
-//! Outbox event ids (issue 11, item 12). Consumers deduplicate on them, so:
+//! Outbox event ids. Consumers deduplicate on them, so:
 //! - two different origins never share an id, even when an inbox message id is built to spell
 //!   a record key's bytes (until then both were hashed as bare bytes under one context);
 //! - a *new* intent that re-uses a key after the old one was purged or forgotten, or a message

@@ -1,4 +1,4 @@
-//! Issue 11 A1: the `Idempotency-Key` field is exactly one field line holding one Structured
+//! The `Idempotency-Key` field is exactly one field line holding one Structured
 //! Field string (`"abc"`, RFC 9651) or a Stripe-style bare key (`abc`). Two field lines, a list
 //! (what an intermediary makes of two lines, RFC 9110 §5.3), parameters, an unbalanced quote,
 //! whitespace or control characters are refused with 400 before the handler runs; the same

@@ -1,4 +1,4 @@
-//! Issue 11 A2: once the handler ran, its key never runs it again for the record's lifetime.
+//! Once the handler ran, its key never runs it again for the record's lifetime.
 //! An answer over the store's `max_response_bytes` is recorded without its body (status,
 //! replayed headers, `Location`) and replayed with `Idempotent-Body-Omitted: true`; a handler
 //! that panics, whose response body fails, or whose inner service returns `Err`, is recorded as

@@ -1,4 +1,4 @@
-//! Issue 11 A4: the layer bounds its in-flight store admissions (`max_in_flight`, default the
+//! The layer bounds its in-flight store admissions (`max_in_flight`, default the
 //! store's `max_queue`). Over the bound a covered request is answered 503 + `Retry-After` at
 //! once, without queueing and without running the handler; store calls after a handler ran
 //! (recording, heartbeats) never need a permit, so a started request always records.

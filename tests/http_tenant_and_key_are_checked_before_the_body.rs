@@ -1,4 +1,4 @@
-//! Issue 11 A3: a tenant problem has its own type and title (`invalid-tenant`, "Invalid
+//! A tenant problem has its own type and title (`invalid-tenant`, "Invalid
 //! tenant"), not the key's; the key, the tenant and the operation are checked against the
 //! store's limits before the request body is read (a bad request never costs a body buffer).
 #![cfg(feature = "http")]

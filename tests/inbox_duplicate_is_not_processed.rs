@@ -74,7 +74,7 @@ fn a_failing_closure_leaves_neither_mark_nor_writes() {
     assert_eq!(effects(h.store(), "charge"), 1);
 }
 
-/// Issue 11, item 14: a redelivered message whose first handling was a terminal rejection only
+/// A redelivered message whose first handling was a terminal rejection only
 /// said `Duplicate`; it now carries the first handling's response (status, body, resource
 /// pointer, failure flag), also after a restart, so the consumer can answer it the same way
 /// (e.g. the same dead-letter reason). A successfully processed message's duplicate carries

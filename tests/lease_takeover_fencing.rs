@@ -199,7 +199,7 @@ fn heartbeat_extends_the_lease_past_its_original_deadline() {
     lease.complete(Response::new(200, "ok")).expect("complete");
 }
 
-/// Issue 11, item 13: a heartbeat while the clock is an hour behind returned a deadline an hour
+/// A heartbeat while the clock is an hour behind returned a deadline an hour
 /// earlier than the one already granted, so a second attempt took the key over 29 s early
 /// (while the first holder still counted on its lease). A heartbeat never lowers a deadline:
 /// `max(granted, now + lease)`.

@@ -62,7 +62,7 @@ fn github_bad_or_missing_signatures_are_rejected() {
     }
 }
 
-/// Issue 11, item 14: `verify_github` accepted an empty secret, so anyone could sign a forged
+/// `verify_github` accepted an empty secret, so anyone could sign a forged
 /// request (the HMAC under the empty key). It is refused like `StandardWebhooks::new("")`,
 /// before the header is even looked at, whatever the request carries.
 #[test]
@@ -242,7 +242,7 @@ fn a_replayed_delivery_is_a_duplicate_and_a_forged_one_persists_nothing() {
     assert_eq!(store.inbox_mark("standard", SW_ID).unwrap(), None);
 }
 
-/// Issue 11, item 14: a redelivered webhook whose first delivery was rejected (terminal) is
+/// A redelivered webhook whose first delivery was rejected (terminal) is
 /// answered with the same response, not a 2xx: `Receipt::Duplicate` carries it. An accepted
 /// delivery's duplicate carries none (answer 2xx).
 #[test]

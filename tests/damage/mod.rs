@@ -92,3 +92,29 @@ pub fn build_store(path: &Path, n: usize) -> Vec<u8> {
     drop(store);
     std::fs::read(path).expect("read")
 }
+
+/// Writes a cleanly closed store whose file also holds the messaging tables: `n` inbox
+/// messages, each marking its mark, pushing one outbox event and advancing a version
+/// high-water mark (`entity-{i}` to version `i`); returns its bytes.
+pub fn build_messaging_store(path: &Path, n: usize) -> Vec<u8> {
+    let store = Store::builder()
+        .clock(ManualClock::new(BUILT_AT))
+        .durability(Durability::Periodic(Duration::from_secs(3600)))
+        .open(path)
+        .expect("open");
+    for i in 0..n {
+        let processed = store.process("sub", key(i), |tx| -> Result<(), Abort> {
+            tx.outbox().push(
+                idem::Event::new("topic", body(i).into_bytes()).ordering_key(format!("k{}", i % 9)),
+            )?;
+            tx.versions().advance(format!("entity-{i:05}"), i as u64)?;
+            Ok(())
+        });
+        assert!(
+            matches!(processed, Ok(idem::Processed::Processed(()))),
+            "{processed:?}"
+        );
+    }
+    drop(store);
+    std::fs::read(path).expect("read")
+}
