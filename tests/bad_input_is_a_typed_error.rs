@@ -1,24 +1,10 @@
-//! Issue 6, item 6 — "empty/oversized keys and bodies; clock moving backwards; an unknown record
-//! format version; a file that is not a redb database; a truncated file; flipped bytes in a
-//! record value → typed errors, no panic, nothing else lost."
+//! Bad input is a typed error, never a panic, and loses nothing else: empty and oversized keys
+//! and bodies, a clock moving backwards, an unknown record format version, a file that is not a
+//! redb database, a truncated file, flipped bytes in a record value or in the file.
 //!
-//! This file is the index of that item: one section per input. Where another test file already
-//! covers an input, the section names it instead of repeating it; the tests here cover the rest.
-//!
-//! | input | covered by |
-//! |---|---|
-//! | empty tenant / operation / key | `input_validation::empty_tenant_operation_or_key_is_refused_before_anything_runs` |
-//! | empty body, empty payload (valid, not errors) | `empty_bodies_and_payloads_are_valid` (here) |
-//! | oversized tenant / operation / key | `input_validation::oversized_names_are_refused_with_default_limits`, `custom_limits_raise_the_caps`, `impossible_limits_are_a_config_error` |
-//! | oversized body (response) | `input_validation::an_oversized_response_commits_nothing`, `an_oversized_completion_releases_the_lease` |
-//! | oversized request payload (only fingerprinted) | `a_large_request_payload_is_only_fingerprinted` (here) |
-//! | clock moving backwards | `expiry::a_clock_that_goes_backwards_does_not_free_a_key`, `decision` unit test `clock_going_backwards_does_not_free_a_key`; leases, sweeps and extreme instants: `a_clock_moving_backwards_frees_nothing_and_steals_no_lease` (here) |
-//! | unknown record format version | `input_validation::a_record_with_an_unknown_version_is_unsupported`, `record_format::unknown_versions_are_unsupported_format`; store marker: `input_validation::an_unknown_format_marker_refuses_to_open`; outbox event: `an_outbox_event_with_an_unknown_version_is_skipped_not_fatal` (here) |
-//! | a file that is not a redb database | `input_validation::a_file_that_is_not_a_redb_database_is_an_error_not_a_panic` (random bytes, text: `is_err` only); the variant, empty and zero-filled files: `a_file_that_is_not_a_store_is_a_corrupt_store_error` (here) |
-//! | a truncated file | `a_truncated_store_file_is_a_typed_error` (here) |
-//! | bytes changed in a record value (through redb) | `input_validation::a_garbage_record_is_corrupt_not_a_panic` and the 4 tests after it, `purge_frees_a_corrupt_key_so_the_intent_can_run_again`, `record_format::every_single_byte_substitution_is_ok_or_typed_error` (decoder only); every byte flipped, at the store: `every_flipped_byte_of_a_stored_record_is_contained` (here) |
-//! | bytes changed in an inbox mark (a checksum, like records) | `inbox_duplicate_is_not_processed::a_damaged_mark_is_an_error_not_a_second_processing` |
-//! | bytes flipped in the file itself (under redb) | `a_flipped_byte_in_the_file_is_no_panic`, `a_flipped_body_byte_in_the_file_is_a_corrupt_record` (here; a crash image with the flip does not open: redb's recovery, pinned as current behaviour); a failed integrity check (the file then does not open; `idem check` checks a copy): `a_failed_integrity_check_is_corrupt_store_and_a_copy_check_spares_the_file` (here) |
+//! One section per input. Where another test file already covers an input, the section names it
+//! instead of repeating it; the tests here cover the rest. The index of every bad-input case, with
+//! the test of each, is docs/RELIABILITY.md, "Bad-input index".
 
 mod common;
 
