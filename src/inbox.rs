@@ -289,9 +289,11 @@ impl Store {
     ///   from a read transaction first, re-checked inside the write transaction), with the
     ///   first handling's rejection response if it was rejected.
     ///
-    /// A rejection's response is kept in the mark, so it counts against
-    /// [`crate::StoreBuilder::max_response_bytes`] like a record's: a larger one is
-    /// [`Error::ResponseTooLarge`] and nothing commits (the redelivery runs again).
+    /// A rejection's response is kept in the mark under
+    /// [`crate::StoreBuilder::max_response_bytes`], like a record's: a larger one is kept
+    /// without its body (its status and resource pointer), so the message is still consumed —
+    /// it never runs again — and a redelivery gets that status; the first call still returns
+    /// the whole response.
     ///
     /// The subscriber is limited like an operation and the message id like a key
     /// ([`crate::Limits`]; errors name them `operation` and `idempotency key`). Marks live for
@@ -453,11 +455,12 @@ impl Store {
                 Ok(v) => (Consumed::Ran(v), None),
                 Err(Abort::Terminal(r)) => {
                     let r = r.mark_failed();
-                    // Kept in the mark: the same cap as a record's response.
-                    if let Err(e) = self.check_response(&r) {
-                        return Step::Abort(e);
-                    }
-                    (Consumed::Rejected(r.clone()), Some(r))
+                    // Kept in the mark under the same cap as a record's response. The rejection
+                    // happened (its closure ran and may have had effects outside the
+                    // transaction): an answer over the cap is kept without its body rather than
+                    // not at all, so the message is consumed and never runs again.
+                    let kept = r.fitted(self.inner.config.max_response_bytes);
+                    (Consumed::Rejected(r), Some(kept))
                 }
                 Err(Abort::Retryable(source)) => {
                     return Step::Abort(Error::Aborted { source });

@@ -75,6 +75,20 @@ impl Response {
                 .map_or(0, |r| r.kind.len() + r.id.len())
     }
 
+    /// This response cut down to fit `max` stored bytes: whole if it fits, else without its
+    /// body, else without its resource pointer too (the status and the failure flag always fit).
+    /// For a store that must keep *something* of an answer whose effect already happened.
+    pub(crate) fn fitted(&self, max: usize) -> Response {
+        if self.stored_len() <= max {
+            return self.clone();
+        }
+        let resource = self
+            .resource
+            .clone()
+            .filter(|r| r.kind.len() + r.id.len() <= max);
+        Response::from_parts(self.status, Vec::new(), resource, self.failed)
+    }
+
     pub(crate) fn from_parts(
         status: u16,
         body: Vec<u8>,

@@ -142,32 +142,53 @@ fn a_redelivered_rejected_message_answers_with_the_first_rejection() {
     h.store().check_expiry_index().unwrap();
 }
 
-/// A rejection is kept in the mark, so it is held to the store's response cap like a record's:
-/// an oversized one is `ResponseTooLarge` and nothing commits (neither the mark nor the
-/// closure's writes); the redelivery runs again.
+/// A terminal rejection whose response is over `max_response_bytes` is still a consumed
+/// message: the mark and the closure's writes commit, the first call gets the whole response,
+/// and a redelivery is a duplicate answered with the rejection's status and resource pointer
+/// (its body was not kept) — never a second run. (Refusing to commit it made the message a
+/// poison loop: every redelivery ran the closure, and its outside effects, again.)
 #[test]
-fn an_oversized_rejection_commits_nothing() {
+fn an_oversized_rejection_is_kept_without_its_body_and_never_runs_again() {
     let h = Harness::with(|b| b.max_response_bytes(16));
     let store = h.store();
-    let err = store
+    let big = idem::Response::new(422, vec![b'x'; 17]).with_resource("order", "o-1");
+    let first = store
         .process("billing", "big", |tx| -> Result<(), Abort> {
             bump(tx, "audit")?;
-            Err(Abort::terminal(idem::Response::new(422, vec![b'x'; 17])))
-        })
-        .unwrap_err();
-    assert!(
-        matches!(err, Error::ResponseTooLarge { len: 17, max: 16 }),
-        "{err:?}"
-    );
-    assert_eq!(effects(store, "audit"), 0);
-    assert_eq!(store.inbox_mark("billing", "big").unwrap(), None);
-    let r = store
-        .process("billing", "big", |tx| -> Result<(), Abort> {
-            bump(tx, "audit")?;
-            Err(Abort::terminal(idem::Response::new(422, "too big")))
+            Err(Abort::terminal(big.clone()))
         })
         .unwrap();
-    assert!(matches!(r, Processed::Rejected(_)), "{r:?}");
+    match &first {
+        Processed::Rejected(r) => {
+            assert_eq!((r.status(), r.body()), (422, &[b'x'; 17][..]));
+            assert!(r.is_failure());
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(effects(store, "audit"), 1);
+    for _ in 0..2 {
+        let again = store
+            .process("billing", "big", |tx| -> Result<(), Abort> {
+                bump(tx, "audit")?;
+                Ok(())
+            })
+            .unwrap();
+        match again {
+            Processed::Duplicate {
+                rejection: Some(r), ..
+            } => {
+                assert_eq!(r.status(), 422);
+                assert!(r.body().is_empty());
+                assert!(r.is_failure());
+                let resource = r.resource().expect("the resource pointer is kept");
+                assert_eq!(
+                    (resource.kind.as_str(), resource.id.as_str()),
+                    ("order", "o-1")
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
     assert_eq!(effects(store, "audit"), 1);
 }
 
