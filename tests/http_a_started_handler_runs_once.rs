@@ -25,6 +25,19 @@ use http_fixtures::{Breaks, post_req, problem, send, store};
 /// 100 KiB: over the store's default `max_response_bytes` (64 KiB).
 const BIG: usize = 100 * 1024;
 
+/// A layer (tenant header `x-tenant-id`) on a fresh store in `dir`, and a handler call counter.
+fn layer_and_calls(dir: &tempfile::TempDir) -> (IdempotencyLayer, Arc<AtomicU32>) {
+    let layer = IdempotencyLayer::tenant_header(store(dir), "x-tenant-id");
+    (layer, Arc::new(AtomicU32::new(0)))
+}
+
+/// Asserts that the handler ran once and that the layer counted one handler failure.
+#[track_caller]
+fn ran_once_and_failed(calls: &AtomicU32, layer: &IdempotencyLayer) {
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(layer.metrics().handler_failures, 1);
+}
+
 /// Retries `body` with key `k` on `path`: asserts a replay without body; returns its headers.
 async fn replayed_without_its_body(
     app: &Router,
@@ -45,9 +58,8 @@ async fn replayed_without_its_body(
 #[tokio::test]
 async fn an_oversized_answer_runs_once_and_is_replayed_without_its_body() {
     let dir = tempfile::tempdir().unwrap();
-    let calls = Arc::new(AtomicU32::new(0));
+    let (layer, calls) = layer_and_calls(&dir);
     let c = Arc::clone(&calls);
-    let layer = IdempotencyLayer::tenant_header(store(&dir), "x-tenant-id");
     let app = Router::new()
         .route(
             "/reports",
@@ -150,9 +162,8 @@ async fn fails_once_then_replays_the_failure(app: Router, path: &str) {
 #[tokio::test]
 async fn a_panicking_handler_is_recorded_as_a_failure_and_never_runs_again() {
     let dir = tempfile::tempdir().unwrap();
-    let calls = Arc::new(AtomicU32::new(0));
+    let (layer, calls) = layer_and_calls(&dir);
     let c = Arc::clone(&calls);
-    let layer = IdempotencyLayer::tenant_header(store(&dir), "x-tenant-id");
     let app = Router::new()
         .route(
             "/charge",
@@ -170,16 +181,14 @@ async fn a_panicking_handler_is_recorded_as_a_failure_and_never_runs_again() {
         )
         .route_layer(layer.clone());
     fails_once_then_replays_the_failure(app, "/charge").await;
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
-    assert_eq!(layer.metrics().handler_failures, 1);
+    ran_once_and_failed(&calls, &layer);
 }
 
 #[tokio::test]
 async fn a_response_body_that_fails_is_recorded_as_a_failure() {
     let dir = tempfile::tempdir().unwrap();
-    let calls = Arc::new(AtomicU32::new(0));
+    let (layer, calls) = layer_and_calls(&dir);
     let c = Arc::clone(&calls);
-    let layer = IdempotencyLayer::tenant_header(store(&dir), "x-tenant-id");
     let app = Router::new()
         .route(
             "/export",
@@ -190,16 +199,14 @@ async fn a_response_body_that_fails_is_recorded_as_a_failure() {
         )
         .route_layer(layer.clone());
     fails_once_then_replays_the_failure(app, "/export").await;
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
-    assert_eq!(layer.metrics().handler_failures, 1);
+    ran_once_and_failed(&calls, &layer);
 }
 
 #[tokio::test]
 async fn an_inner_service_error_is_recorded_as_a_failure() {
     let dir = tempfile::tempdir().unwrap();
-    let calls = Arc::new(AtomicU32::new(0));
+    let (layer, calls) = layer_and_calls(&dir);
     let c = Arc::clone(&calls);
-    let layer = IdempotencyLayer::tenant_header(store(&dir), "x-tenant-id");
     // A plain tower service whose error is not an HTTP answer (e.g. a timeout inside it).
     let svc = layer.layer(tower::service_fn(move |_req: axum::http::Request<Body>| {
         c.fetch_add(1, Ordering::SeqCst);
@@ -211,6 +218,5 @@ async fn an_inner_service_error_is_recorded_as_a_failure() {
     assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(h["idempotent-replayed"], "true");
     assert_eq!(problem(&body)["type"], "urn:idem:problem:handler-failed");
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
-    assert_eq!(layer.metrics().handler_failures, 1);
+    ran_once_and_failed(&calls, &layer);
 }
