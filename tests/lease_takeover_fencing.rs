@@ -36,8 +36,7 @@ fn assert_lease_lost<T: std::fmt::Debug>(result: Result<T, Error>) {
 /// The clock gone an hour back.
 const AN_HOUR_BEFORE_T0: idem::Timestamp = idem::Timestamp(T0.0 - 3_600_000);
 
-/// Asserts that the key's live lease keeps another attempt out: `begin` is in flight and
-/// `execute` answers in flight without running its closure (`why` if it ran).
+/// Asserts a live lease keeps others out: `begin` in flight, `execute` runs nothing (`why`).
 #[track_caller]
 fn nobody_takes_over(store: &Store, why: &str) {
     begin_in_flight(store.begin(charge()));

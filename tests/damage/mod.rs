@@ -66,8 +66,7 @@ pub fn key(i: usize) -> String {
     format!("key-{i:05}")
 }
 
-/// Writes a cleanly closed store at `path` with what `fill` writes into it (the clock at
-/// [`BUILT_AT`]) and returns its bytes.
+/// A cleanly closed store at `path` with what `fill` wrote (clock at [`BUILT_AT`]); its bytes.
 fn build(path: &Path, fill: impl FnOnce(&Store)) -> Vec<u8> {
     // No fsync per commit: the file is made durable when the store is closed, at the end.
     let store = Store::builder()

@@ -22,8 +22,7 @@ pub fn example_binary() -> PathBuf {
     bin
 }
 
-/// Starts the example on `dir` and a free loopback port with `flags`; returns once it listens,
-/// with its address and the rest of its stderr (which the caller must keep draining).
+/// Starts the example (`flags`) on `dir` and a free loopback port; the caller drains stderr.
 pub fn spawn(dir: &Path, flags: &[&str]) -> (Child, SocketAddr, Lines<BufReader<ChildStderr>>) {
     let mut child = Command::new(example_binary())
         .arg("--data")
