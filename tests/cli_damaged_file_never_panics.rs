@@ -12,23 +12,13 @@
 #![cfg(feature = "cli")]
 
 mod damage;
-
-use std::path::Path;
-use std::process::{Command, Output};
+mod idem_cli;
 
 use damage::{PAGE, build_store, damage, key};
+use idem_cli::idem;
 
 const RECORDS_N: usize = 500;
 const SEEDS: u64 = 60;
-
-fn idem(file: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_idem"))
-        .arg("--file")
-        .arg(file)
-        .args(args)
-        .output()
-        .expect("run idem")
-}
 
 #[test]
 fn no_damaged_page_makes_the_cli_panic() {

@@ -1,19 +1,12 @@
 //! The `idem` operator binary on a real store file.
 #![cfg(feature = "cli")]
 
-use std::path::Path;
-use std::process::{Command, Output};
+mod idem_cli;
+
+use std::process::Output;
 
 use idem::{Abort, Request, Response, Scope, Store};
-
-fn idem(file: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_idem"))
-        .arg("--file")
-        .arg(file)
-        .args(args)
-        .output()
-        .unwrap()
-}
+use idem_cli::idem;
 
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()

@@ -10,17 +10,14 @@
 #![cfg(all(feature = "cli", unix))]
 
 mod damage;
+mod idem_cli;
 
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-fn idem(file: &Path, args: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_idem"));
-    c.arg("--file").arg(file).args(args);
-    c
-}
+use idem_cli::command;
 
 fn store(dir: &Path) -> std::path::PathBuf {
     let path = dir.join("idem.redb");
@@ -36,7 +33,7 @@ fn output_into_a_closed_pipe_ends_quietly() {
         // The reading end is closed before idem writes: every write fails with EPIPE.
         let (reader, writer) = std::io::pipe().expect("pipe");
         drop(reader);
-        let o = idem(&path, args)
+        let o = command(&path, args)
             .stdout(writer)
             .stderr(Stdio::piped())
             .output()
@@ -61,7 +58,7 @@ fn output_into_a_full_disk_is_a_message_and_a_failure() {
             .write(true)
             .open(full)
             .expect("open /dev/full");
-        let o = idem(&path, args)
+        let o = command(&path, args)
             .stdout(stdout)
             .stderr(Stdio::piped())
             .output()
@@ -110,7 +107,7 @@ fn a_permission_error_says_so() {
     // The file may not be read (its directory may be entered).
     set(dir.path(), 0o755);
     set(&path, 0o000);
-    let Some(o) = run_unprivileged(idem(&path, &["stats"])) else {
+    let Some(o) = run_unprivileged(command(&path, &["stats"])) else {
         set(&path, 0o644);
         eprintln!("skipped: the unprivileged user cannot run the idem binary here");
         return;
@@ -123,7 +120,7 @@ fn a_permission_error_says_so() {
     // `check` may read the file but not create its copy in the directory.
     set(&path, 0o644);
     set(dir.path(), 0o555);
-    let o = run_unprivileged(idem(&path, &["check"])).expect("ran above");
+    let o = run_unprivileged(command(&path, &["check"])).expect("ran above");
     set(dir.path(), 0o755);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");

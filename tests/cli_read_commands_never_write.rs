@@ -11,24 +11,17 @@
 #![cfg(feature = "cli")]
 
 mod damage;
+mod idem_cli;
 #[path = "sim/backend.rs"]
 mod sim_backend;
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::SystemTime;
 
 use damage::{BUILT_AT, build_store, key};
 use idem::{ManualClock, Request, Response, Scope, Store};
-
-fn idem(file: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_idem"))
-        .arg("--file")
-        .arg(file)
-        .args(args)
-        .output()
-        .expect("run idem")
-}
+use idem_cli::idem;
 
 /// The file's bytes and modification time.
 fn snapshot(path: &Path) -> (Vec<u8>, SystemTime) {

@@ -3,30 +3,20 @@
 //! --features http` builds together with the tests) in a child process on 127.0.0.1.
 #![cfg(all(feature = "http", unix))]
 
-use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+mod edge_example;
+
+use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use edge_example::example_binary;
 use parking_lot::Mutex;
 
 /// Generous bound for anything that should happen "at once" or after a ~1 s timeout.
 const PATIENCE: Duration = Duration::from_secs(20);
-
-fn example_binary() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().and_then(Path::parent).unwrap();
-    let bin = profile_dir.join("examples").join("edge_service");
-    assert!(
-        bin.is_file(),
-        "{} is missing: run this test through `cargo test --features http`, which builds the \
-         examples",
-        bin.display()
-    );
-    bin
-}
 
 /// Runs the example to completion (for flags that make it exit at once).
 fn run(args: &[&str], dir: &Path) -> Output {
@@ -47,24 +37,7 @@ struct Server {
 impl Server {
     /// Starts the example on a free loopback port with `flags`; returns once it listens.
     fn start(dir: &Path, flags: &[&str]) -> Server {
-        let mut child = Command::new(example_binary())
-            .arg("--data")
-            .arg(dir)
-            .args(["--listen", "127.0.0.1:0"])
-            .args(flags)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let line = lines.next().unwrap().unwrap();
-        let addr = line
-            .split("http://")
-            .nth(1)
-            .and_then(|rest| rest.split(' ').next())
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .parse()
-            .unwrap();
+        let (child, addr, lines) = edge_example::spawn(dir, flags);
         // Keep draining stderr (the child never blocks on a full pipe), and keep it to read.
         let stderr = Arc::new(Mutex::new(String::new()));
         let sink = Arc::clone(&stderr);

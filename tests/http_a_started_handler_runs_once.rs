@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::Extension;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::post;
 use idem::http::{IDEMPOTENT_BODY_OMITTED, Idempotency, IdempotencyLayer, Recorded};
@@ -20,17 +20,46 @@ use idem::redb::ReadableTableMetadata;
 use tower::{Layer, ServiceExt};
 
 mod http_fixtures;
-use http_fixtures::{Breaks, body_of, post_req, problem, store};
+use http_fixtures::{Breaks, post_req, problem, send, store};
 
 /// 100 KiB: over the store's default `max_response_bytes` (64 KiB).
 const BIG: usize = 100 * 1024;
 
+/// A layer (tenant header `x-tenant-id`) on a fresh store in `dir`, and a handler call counter.
+fn layer_and_calls(dir: &tempfile::TempDir) -> (IdempotencyLayer, Arc<AtomicU32>) {
+    let layer = IdempotencyLayer::tenant_header(store(dir), "x-tenant-id");
+    (layer, Arc::new(AtomicU32::new(0)))
+}
+
+/// Asserts that the handler ran once and that the layer counted one handler failure.
+#[track_caller]
+fn ran_once_and_failed(calls: &AtomicU32, layer: &IdempotencyLayer) {
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(layer.metrics().handler_failures, 1);
+}
+
+/// Retries `body` with key `k` on `path`: asserts a replay without body; returns its headers.
+async fn replayed_without_its_body(
+    app: &Router,
+    path: &str,
+    body: &str,
+    status: StatusCode,
+    location: &str,
+) -> HeaderMap {
+    let (s, h, body) = send(app, post_req(path, Some("k"), body)).await;
+    assert_eq!(s, status);
+    assert!(body.is_empty());
+    assert_eq!(h["idempotent-replayed"], "true");
+    assert_eq!(h[IDEMPOTENT_BODY_OMITTED], "true");
+    assert_eq!(h["location"], location);
+    h
+}
+
 #[tokio::test]
 async fn an_oversized_answer_runs_once_and_is_replayed_without_its_body() {
     let dir = tempfile::tempdir().unwrap();
-    let calls = Arc::new(AtomicU32::new(0));
+    let (layer, calls) = layer_and_calls(&dir);
     let c = Arc::clone(&calls);
-    let layer = IdempotencyLayer::tenant_header(store(&dir), "x-tenant-id");
     let app = Router::new()
         .route(
             "/reports",
@@ -48,31 +77,15 @@ async fn an_oversized_answer_runs_once_and_is_replayed_without_its_body() {
         .route_layer(layer.clone());
 
     // The first answer goes out whole.
-    let (s, h, body) = body_of(
-        app.clone()
-            .oneshot(post_req("/reports", Some("k"), "q"))
-            .await
-            .unwrap(),
-    )
-    .await;
+    let (s, h, body) = send(&app, post_req("/reports", Some("k"), "q")).await;
     assert_eq!((s, body.len()), (StatusCode::CREATED, BIG));
     assert!(h.get("idempotent-replayed").is_none());
     assert!(h.get(IDEMPOTENT_BODY_OMITTED).is_none());
 
     // Every retry: the recorded status and Location, no body, and the marker; no second run.
     for _ in 0..2 {
-        let (s, h, body) = body_of(
-            app.clone()
-                .oneshot(post_req("/reports", Some("k"), "q"))
-                .await
-                .unwrap(),
-        )
-        .await;
-        assert_eq!(s, StatusCode::CREATED);
-        assert!(body.is_empty());
-        assert_eq!(h["idempotent-replayed"], "true");
-        assert_eq!(h[IDEMPOTENT_BODY_OMITTED], "true");
-        assert_eq!(h["location"], "/reports/7");
+        let h = replayed_without_its_body(&app, "/reports", "q", StatusCode::CREATED, "/reports/7")
+            .await;
         // A header that describes the body is not replayed without it.
         assert!(h.get("content-type").is_none());
     }
@@ -118,29 +131,12 @@ async fn an_oversized_answer_recorded_by_the_handler_commits_its_effect_once() {
         )
         .route_layer(layer.clone());
 
-    let (s, h, body) = body_of(
-        app.clone()
-            .oneshot(post_req("/rows", Some("k"), ""))
-            .await
-            .unwrap(),
-    )
-    .await;
+    let (s, h, body) = send(&app, post_req("/rows", Some("k"), "")).await;
     assert_eq!(s, StatusCode::OK);
     assert!(body.len() > BIG);
     assert!(h.get("idempotent-replayed").is_none());
     for _ in 0..2 {
-        let (s, h, body) = body_of(
-            app.clone()
-                .oneshot(post_req("/rows", Some("k"), ""))
-                .await
-                .unwrap(),
-        )
-        .await;
-        assert_eq!(s, StatusCode::OK);
-        assert!(body.is_empty());
-        assert_eq!(h["idempotent-replayed"], "true");
-        assert_eq!(h[IDEMPOTENT_BODY_OMITTED], "true");
-        assert_eq!(h["location"], "/rows/0");
+        replayed_without_its_body(&app, "/rows", "", StatusCode::OK, "/rows/0").await;
     }
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     let read = store.begin_read().unwrap();
@@ -151,18 +147,12 @@ async fn an_oversized_answer_recorded_by_the_handler_commits_its_effect_once() {
 /// Sends `key` twice to `app`: the first answer is the layer's 500 problem, the second its
 /// replay; returns nothing, asserts both.
 async fn fails_once_then_replays_the_failure(app: Router, path: &str) {
-    let (s, h, first) = body_of(
-        app.clone()
-            .oneshot(post_req(path, Some("k"), ""))
-            .await
-            .unwrap(),
-    )
-    .await;
+    let (s, h, first) = send(&app, post_req(path, Some("k"), "")).await;
     assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(h["content-type"], "application/problem+json");
     assert_eq!(problem(&first)["type"], "urn:idem:problem:handler-failed");
     assert!(h.get("idempotent-replayed").is_none());
-    let (s, h, again) = body_of(app.oneshot(post_req(path, Some("k"), "")).await.unwrap()).await;
+    let (s, h, again) = send(&app, post_req(path, Some("k"), "")).await;
     assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(h["idempotent-replayed"], "true");
     assert_eq!(h["content-type"], "application/problem+json");
@@ -172,9 +162,8 @@ async fn fails_once_then_replays_the_failure(app: Router, path: &str) {
 #[tokio::test]
 async fn a_panicking_handler_is_recorded_as_a_failure_and_never_runs_again() {
     let dir = tempfile::tempdir().unwrap();
-    let calls = Arc::new(AtomicU32::new(0));
+    let (layer, calls) = layer_and_calls(&dir);
     let c = Arc::clone(&calls);
-    let layer = IdempotencyLayer::tenant_header(store(&dir), "x-tenant-id");
     let app = Router::new()
         .route(
             "/charge",
@@ -192,16 +181,14 @@ async fn a_panicking_handler_is_recorded_as_a_failure_and_never_runs_again() {
         )
         .route_layer(layer.clone());
     fails_once_then_replays_the_failure(app, "/charge").await;
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
-    assert_eq!(layer.metrics().handler_failures, 1);
+    ran_once_and_failed(&calls, &layer);
 }
 
 #[tokio::test]
 async fn a_response_body_that_fails_is_recorded_as_a_failure() {
     let dir = tempfile::tempdir().unwrap();
-    let calls = Arc::new(AtomicU32::new(0));
+    let (layer, calls) = layer_and_calls(&dir);
     let c = Arc::clone(&calls);
-    let layer = IdempotencyLayer::tenant_header(store(&dir), "x-tenant-id");
     let app = Router::new()
         .route(
             "/export",
@@ -212,16 +199,14 @@ async fn a_response_body_that_fails_is_recorded_as_a_failure() {
         )
         .route_layer(layer.clone());
     fails_once_then_replays_the_failure(app, "/export").await;
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
-    assert_eq!(layer.metrics().handler_failures, 1);
+    ran_once_and_failed(&calls, &layer);
 }
 
 #[tokio::test]
 async fn an_inner_service_error_is_recorded_as_a_failure() {
     let dir = tempfile::tempdir().unwrap();
-    let calls = Arc::new(AtomicU32::new(0));
+    let (layer, calls) = layer_and_calls(&dir);
     let c = Arc::clone(&calls);
-    let layer = IdempotencyLayer::tenant_header(store(&dir), "x-tenant-id");
     // A plain tower service whose error is not an HTTP answer (e.g. a timeout inside it).
     let svc = layer.layer(tower::service_fn(move |_req: axum::http::Request<Body>| {
         c.fetch_add(1, Ordering::SeqCst);
@@ -229,16 +214,9 @@ async fn an_inner_service_error_is_recorded_as_a_failure() {
     }));
     let first = svc.clone().oneshot(post_req("/job", Some("k"), "")).await;
     assert_eq!(first.unwrap_err().to_string(), "timed out");
-    let (s, h, body) = body_of(
-        svc.clone()
-            .oneshot(post_req("/job", Some("k"), ""))
-            .await
-            .unwrap(),
-    )
-    .await;
+    let (s, h, body) = send(&svc, post_req("/job", Some("k"), "")).await;
     assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(h["idempotent-replayed"], "true");
     assert_eq!(problem(&body)["type"], "urn:idem:problem:handler-failed");
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
-    assert_eq!(layer.metrics().handler_failures, 1);
+    ran_once_and_failed(&calls, &layer);
 }

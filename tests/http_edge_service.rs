@@ -110,8 +110,25 @@ fn post_headers<'a>(tenant: &'a str, key: &'a str) -> [(&'a str, &'a str); 2] {
     [("X-Tenant-Id", tenant), ("Idempotency-Key", key)]
 }
 
+/// `GET path` for `tenant`.
+async fn get(addr: SocketAddr, path: &str, tenant: &str) -> Reply {
+    send(addr, "GET", path, &[("X-Tenant-Id", tenant)], "").await
+}
+
+/// `POST /v1/payments` of `body` for `tenant` with Idempotency-Key `key`.
+async fn pay(addr: SocketAddr, tenant: &str, key: &str, body: &str) -> Reply {
+    send(
+        addr,
+        "POST",
+        "/v1/payments",
+        &post_headers(tenant, key),
+        body,
+    )
+    .await
+}
+
 async fn ledger(addr: SocketAddr, tenant: &str) -> (i64, i64) {
-    let r = send(addr, "GET", "/v1/ledger", &[("X-Tenant-Id", tenant)], "").await;
+    let r = get(addr, "/v1/ledger", tenant).await;
     assert_eq!(r.status, 200);
     let v = r.json();
     (v["entries"].as_i64().unwrap(), v["total"].as_i64().unwrap())
@@ -119,7 +136,7 @@ async fn ledger(addr: SocketAddr, tenant: &str) -> (i64, i64) {
 
 /// `GET /v1/outbox` of `tenant`: (pending, dead, delivered).
 async fn outbox(addr: SocketAddr, tenant: &str) -> (u64, u64, u64) {
-    let r = send(addr, "GET", "/v1/outbox", &[("X-Tenant-Id", tenant)], "").await;
+    let r = get(addr, "/v1/outbox", tenant).await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     let v = r.json();
     let n = |f: &str| v[f].as_u64().unwrap();
@@ -139,14 +156,7 @@ async fn first_call_replay_mismatch_missing_key_refund_and_ledger() {
     let dir = tempfile::tempdir().unwrap();
     let (addr, store) = serve(dir.path()).await;
 
-    let first = send(
-        addr,
-        "POST",
-        "/v1/payments",
-        &post_headers("t1", "k-1"),
-        PAY,
-    )
-    .await;
+    let first = pay(addr, "t1", "k-1", PAY).await;
     assert_eq!(
         first.status,
         201,
@@ -164,14 +174,7 @@ async fn first_call_replay_mismatch_missing_key_refund_and_ledger() {
     );
 
     // The response was lost; the client retries: the same answer, no second payment.
-    let replay = send(
-        addr,
-        "POST",
-        "/v1/payments",
-        &post_headers("t1", "k-1"),
-        PAY,
-    )
-    .await;
+    let replay = pay(addr, "t1", "k-1", PAY).await;
     assert_eq!(replay.status, 201);
     assert_eq!(replay.header("idempotent-replayed"), Some("true"));
     assert_eq!(replay.body, first.body);
@@ -180,14 +183,7 @@ async fn first_call_replay_mismatch_missing_key_refund_and_ledger() {
 
     // The same key with another body: 422, a problem document, nothing booked.
     let other = PAY.replace("4200", "4300");
-    let mismatch = send(
-        addr,
-        "POST",
-        "/v1/payments",
-        &post_headers("t1", "k-1"),
-        &other,
-    )
-    .await;
+    let mismatch = pay(addr, "t1", "k-1", &other).await;
     assert_eq!(mismatch.status, 422);
     assert_eq!(
         mismatch.header("content-type"),
@@ -207,14 +203,7 @@ async fn first_call_replay_mismatch_missing_key_refund_and_ledger() {
     );
 
     // The same key under another tenant is another intent.
-    let t2 = send(
-        addr,
-        "POST",
-        "/v1/payments",
-        &post_headers("t2", "k-1"),
-        PAY,
-    )
-    .await;
+    let t2 = pay(addr, "t2", "k-1", PAY).await;
     assert_eq!(t2.status, 201);
     assert_eq!(t2.header("idempotent-replayed"), None);
     assert_eq!(ledger(addr, "t1").await, (1, 4200));
@@ -233,39 +222,18 @@ async fn first_call_replay_mismatch_missing_key_refund_and_ledger() {
     let again = send(addr, "POST", &refund_path, &post_headers("t1", "r-1"), "").await;
     assert_eq!(again.header("idempotent-replayed"), Some("true"));
     assert_eq!(again.body, refund.body);
-    let now = send(
-        addr,
-        "GET",
-        &format!("/v1/payments/{id}"),
-        &[("X-Tenant-Id", "t1")],
-        "",
-    )
-    .await;
+    let now = get(addr, &format!("/v1/payments/{id}"), "t1").await;
     assert_eq!(now.status, 200);
     assert_eq!(now.json()["status"], "refunded");
     assert_eq!(ledger(addr, "t1").await, (2, 0));
 
     // A replay after the refund still returns the original 201 body ("captured").
-    let late = send(
-        addr,
-        "POST",
-        "/v1/payments",
-        &post_headers("t1", "k-1"),
-        PAY,
-    )
-    .await;
+    let late = pay(addr, "t1", "k-1", PAY).await;
     assert_eq!(late.status, 201);
     assert_eq!(late.body, first.body);
 
     // Other tenants do not see it.
-    let hidden = send(
-        addr,
-        "GET",
-        &format!("/v1/payments/{id}"),
-        &[("X-Tenant-Id", "t3")],
-        "",
-    )
-    .await;
+    let hidden = get(addr, &format!("/v1/payments/{id}"), "t3").await;
     assert_eq!(hidden.status, 404);
 
     // One outbox event per state change of a distinct intent (t1 capture, t2 capture, t1
@@ -304,14 +272,7 @@ async fn fifty_concurrent_identical_posts_book_once() {
             // Each client retries on 409 after Retry-After (shortened here) until it gets
             // the answer, like a well-behaved client.
             for _ in 0..200 {
-                let r = send(
-                    addr,
-                    "POST",
-                    "/v1/payments",
-                    &post_headers("t1", "burst"),
-                    PAY,
-                )
-                .await;
+                let r = pay(addr, "t1", "burst", PAY).await;
                 match r.status {
                     201 => {
                         bodies.lock().push(r.body);
@@ -354,7 +315,7 @@ async fn the_dispatcher_delivers_one_event_per_payment() {
     let (addr, store, delivered) = serve_with_counters(dir.path()).await;
     let dispatcher = edge_service::start_dispatcher(&store, delivered).unwrap();
     for key in ["d-1", "d-2", "d-3", "d-1", "d-2"] {
-        let r = send(addr, "POST", "/v1/payments", &post_headers("t1", key), PAY).await;
+        let r = pay(addr, "t1", key, PAY).await;
         assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
     }
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
@@ -425,14 +386,7 @@ fn seed(store: &idem::Store, f: impl Fn(&idem::Tx<'_>) -> Result<(), idem::BoxEr
 async fn every_error_the_service_answers_is_problem_json_with_type_title_status_and_detail() {
     let dir = tempfile::tempdir().unwrap();
     let (addr, _store) = serve(dir.path()).await;
-    let created = send(
-        addr,
-        "POST",
-        "/v1/payments",
-        &post_headers("t1", "p-1"),
-        PAY,
-    )
-    .await;
+    let created = pay(addr, "t1", "p-1", PAY).await;
     assert_eq!(created.status, 201);
     let other = PAY.replace("4200", "4300");
     // (what, method, path, tenant header lines, Idempotency-Key, body, status)
@@ -488,14 +442,7 @@ async fn every_error_the_service_answers_is_problem_json_with_type_title_status_
     );
 
     // A recorded 4xx replays as the same problem document, content type included.
-    let again = send(
-        addr,
-        "POST",
-        "/v1/payments",
-        &post_headers("t1", "p-2"),
-        "{not json",
-    )
-    .await;
+    let again = pay(addr, "t1", "p-2", "{not json").await;
     assert_eq!(again.header("idempotent-replayed"), Some("true"));
     assert_problem(&again, 422, "replayed 422");
 }
@@ -516,14 +463,7 @@ async fn amounts_outside_1_to_max_amount_are_refused_with_422_and_the_ledger_nev
         ("negative", "-1".into()),
         ("over", (max + 1).to_string()),
     ] {
-        let r = send(
-            addr,
-            "POST",
-            "/v1/payments",
-            &post_headers("t1", key),
-            &body(&amount),
-        )
-        .await;
+        let r = pay(addr, "t1", key, &body(&amount)).await;
         let v = assert_problem(&r, 422, key);
         assert_eq!(
             v["type"],
@@ -537,26 +477,12 @@ async fn amounts_outside_1_to_max_amount_are_refused_with_422_and_the_ledger_nev
         );
     }
     // Not an i64 at all: refused by the parser, still a 422 problem.
-    let r = send(
-        addr,
-        "POST",
-        "/v1/payments",
-        &post_headers("t1", "u64"),
-        &body("18446744073709551615"),
-    )
-    .await;
+    let r = pay(addr, "t1", "u64", &body("18446744073709551615")).await;
     assert_problem(&r, 422, "u64");
     assert_eq!(ledger(addr, "t1").await, (0, 0), "nothing was booked");
 
     for key in ["max-1", "max-2"] {
-        let r = send(
-            addr,
-            "POST",
-            "/v1/payments",
-            &post_headers("t1", key),
-            &body(&max.to_string()),
-        )
-        .await;
+        let r = pay(addr, "t1", key, &body(&max.to_string())).await;
         assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
     }
     assert_eq!(
@@ -576,39 +502,18 @@ async fn a_booking_that_would_take_the_tenant_total_out_of_i64_is_refused_and_bo
             .insert("t1", i64::MAX - 10)?;
         Ok(())
     });
-    let r = send(
-        addr,
-        "POST",
-        "/v1/payments",
-        &post_headers("t1", "one-more"),
-        PAY,
-    )
-    .await;
+    let r = pay(addr, "t1", "one-more", PAY).await;
     let v = assert_problem(&r, 422, "total overflow");
     assert_eq!(v["type"], edge_service::problem::LEDGER_OUT_OF_RANGE);
     assert!(v["detail"].as_str().unwrap().contains("nothing was booked"));
     // No payment row, no ledger entry, no event; the refusal is recorded and replayed.
     assert_eq!(ledger(addr, "t1").await, (0, 0));
     assert_eq!(store.outbox_stats().unwrap().pending, 0);
-    let again = send(
-        addr,
-        "POST",
-        "/v1/payments",
-        &post_headers("t1", "one-more"),
-        PAY,
-    )
-    .await;
+    let again = pay(addr, "t1", "one-more", PAY).await;
     assert_eq!(again.header("idempotent-replayed"), Some("true"));
     assert_eq!(again.body, r.body);
     // Another tenant is unaffected.
-    let t2 = send(
-        addr,
-        "POST",
-        "/v1/payments",
-        &post_headers("t2", "one-more"),
-        PAY,
-    )
-    .await;
+    let t2 = pay(addr, "t2", "one-more", PAY).await;
     assert_eq!(t2.status, 201);
 }
 
@@ -623,7 +528,7 @@ async fn a_ledger_whose_entries_overflow_answers_a_problem_not_a_saturated_total
         ledger.insert("t1\0pay_b:capture", i64::MAX)?;
         Ok(())
     });
-    let r = send(addr, "GET", "/v1/ledger", &[("X-Tenant-Id", "t1")], "").await;
+    let r = get(addr, "/v1/ledger", "t1").await;
     let text = String::from_utf8_lossy(&r.body).into_owned();
     assert!(!text.contains(&i64::MAX.to_string()), "{text}");
     let v = assert_problem(&r, 500, "ledger overflow");
@@ -635,24 +540,10 @@ async fn the_outbox_of_one_tenant_does_not_show_another_tenants_events() {
     let dir = tempfile::tempdir().unwrap();
     let (addr, store, delivered) = serve_with_counters(dir.path()).await;
     for key in ["a-1", "a-2", "a-3"] {
-        let r = send(
-            addr,
-            "POST",
-            "/v1/payments",
-            &post_headers("tenant-a", key),
-            PAY,
-        )
-        .await;
+        let r = pay(addr, "tenant-a", key, PAY).await;
         assert_eq!(r.status, 201);
     }
-    let r = send(
-        addr,
-        "POST",
-        "/v1/payments",
-        &post_headers("tenant-b", "b-1"),
-        PAY,
-    )
-    .await;
+    let r = pay(addr, "tenant-b", "b-1", PAY).await;
     assert_eq!(r.status, 201);
     assert_eq!(outbox(addr, "tenant-a").await, (3, 0, 0));
     assert_eq!(outbox(addr, "tenant-b").await, (1, 0, 0));

@@ -6,47 +6,21 @@
 //! --features http` builds together with the tests.
 #![cfg(all(feature = "http", unix))]
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod edge_example;
+
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Child;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-fn example_binary() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().and_then(Path::parent).unwrap();
-    let bin = profile_dir.join("examples").join("edge_service");
-    assert!(
-        bin.is_file(),
-        "{} is missing: run this test through `cargo test --features http`, which builds the \
-         examples",
-        bin.display()
-    );
-    bin
-}
-
+/// Starts the example on `dir` with a short lease (a killed holder's keys free up quickly).
 fn start(dir: &Path) -> (Child, SocketAddr) {
-    let mut child = Command::new(example_binary())
-        .arg("--data")
-        .arg(dir)
-        .args(["--listen", "127.0.0.1:0", "--lease-ms", "300"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let line = lines.next().unwrap().unwrap();
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .and_then(|rest| rest.split(' ').next())
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .parse()
-        .unwrap();
+    let (child, addr, lines) = edge_example::spawn(dir, &["--lease-ms", "300"]);
     // Keep draining stderr so the child never blocks on a full pipe.
     std::thread::spawn(move || lines.for_each(drop));
     (child, addr)

@@ -4,23 +4,41 @@
 //! (recording, heartbeats) never need a permit, so a started request always records.
 #![cfg(feature = "http")]
 
+use std::convert::Infallible;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use axum::Router;
+use axum::body::Bytes;
 use axum::extract::Extension;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
 use axum::routing::post;
 use idem::http::{Idempotency, IdempotencyLayer, Recorded};
 use tokio::sync::Notify;
+use tokio::task::JoinHandle;
 use tower::ServiceExt;
 
 mod http_fixtures;
-use http_fixtures::{body_of, counted_route, post_req, problem, store};
+use http_fixtures::{body_of, counted_route, post_req, problem, send, store};
 
 /// A guard against a hang on a broken implementation, not a performance bound.
 const HANG: Duration = Duration::from_secs(20);
+
+/// A spawned request's answer (status, headers, body), awaited at most [`HANG`].
+async fn finished(
+    request: JoinHandle<Result<Response, Infallible>>,
+) -> (StatusCode, HeaderMap, Bytes) {
+    body_of(
+        tokio::time::timeout(HANG, request)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap(),
+    )
+    .await
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_the_in_flight_limit_a_request_gets_503_at_once_and_parked_ones_finish_once() {
@@ -90,24 +108,10 @@ async fn over_the_in_flight_limit_a_request_gets_503_at_once_and_parked_ones_fin
     // Unblock the writer: the holder records (its recording needs no permit), the parked
     // claims go through and run their handlers once each.
     release.send(()).unwrap();
-    let (s, _, _) = body_of(
-        tokio::time::timeout(HANG, holder)
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap(),
-    )
-    .await;
+    let (s, _, _) = finished(holder).await;
     assert_eq!(s, StatusCode::CREATED);
     for p in parked {
-        let (s, h, _) = body_of(
-            tokio::time::timeout(HANG, p)
-                .await
-                .unwrap()
-                .unwrap()
-                .unwrap(),
-        )
-        .await;
+        let (s, h, _) = finished(p).await;
         assert_eq!(s, StatusCode::CREATED);
         assert!(h.get("idempotent-replayed").is_none());
     }
@@ -119,13 +123,7 @@ async fn over_the_in_flight_limit_a_request_gets_503_at_once_and_parked_ones_fin
     assert_eq!(layer.metrics().in_flight, 0);
 
     // The refused request ran nothing: its retry runs now, once; every other key replays.
-    let (s, h, _) = body_of(
-        app.clone()
-            .oneshot(post_req("/pay/c", Some("c"), ""))
-            .await
-            .unwrap(),
-    )
-    .await;
+    let (s, h, _) = send(&app, post_req("/pay/c", Some("c"), "")).await;
     assert_eq!(s, StatusCode::CREATED);
     assert!(h.get("idempotent-replayed").is_none());
     for (path, key) in [
@@ -134,13 +132,7 @@ async fn over_the_in_flight_limit_a_request_gets_503_at_once_and_parked_ones_fin
         ("/pay/b", "b"),
         ("/pay/c", "c"),
     ] {
-        let (_, h, _) = body_of(
-            app.clone()
-                .oneshot(post_req(path, Some(key), ""))
-                .await
-                .unwrap(),
-        )
-        .await;
+        let (_, h, _) = send(&app, post_req(path, Some(key), "")).await;
         assert_eq!(h["idempotent-replayed"], "true", "{path}");
     }
     assert_eq!(calls.load(Ordering::SeqCst), 3);

@@ -33,6 +33,25 @@ fn assert_lease_lost<T: std::fmt::Debug>(result: Result<T, Error>) {
     }
 }
 
+/// The clock gone an hour back.
+const AN_HOUR_BEFORE_T0: idem::Timestamp = idem::Timestamp(T0.0 - 3_600_000);
+
+/// Asserts a live lease keeps others out: `begin` in flight, `execute` runs nothing (`why`).
+#[track_caller]
+fn nobody_takes_over(store: &Store, why: &str) {
+    begin_in_flight(store.begin(charge()));
+    let ran = Cell::new(false);
+    let outcome = store.execute(charge(), |_| {
+        ran.set(true);
+        Ok(Response::new(200, "flow A"))
+    });
+    assert!(
+        matches!(outcome, Ok(idem::Outcome::InFlight { .. })),
+        "{outcome:?}"
+    );
+    assert!(!ran.get(), "{why}");
+}
+
 #[test]
 fn crashed_holder_is_taken_over_with_the_same_downstream_key() {
     let h = Harness::new();
@@ -184,17 +203,7 @@ fn heartbeat_extends_the_lease_past_its_original_deadline() {
     // Past the original deadline, before the new one: still in flight for everyone.
     h.clock.advance(Duration::from_secs(20));
     assert!(store.now() > original);
-    begin_in_flight(store.begin(charge()));
-    let ran = Cell::new(false);
-    let outcome = store.execute(charge(), |_| {
-        ran.set(true);
-        Ok(Response::new(200, "flow A"))
-    });
-    assert!(
-        matches!(outcome, Ok(idem::Outcome::InFlight { .. })),
-        "{outcome:?}"
-    );
-    assert!(!ran.get());
+    nobody_takes_over(store, "no second attempt ran before the extended deadline");
 
     lease.complete(Response::new(200, "ok")).expect("complete");
 }
@@ -212,7 +221,7 @@ fn a_heartbeat_under_a_backward_clock_keeps_the_granted_deadline_and_nobody_take
     assert_eq!(granted, T0.saturating_add(LEASE));
 
     // The clock goes an hour back; the holder heartbeats.
-    h.clock.set(idem::Timestamp(T0.as_millis() - 3_600_000));
+    h.clock.set(AN_HOUR_BEFORE_T0);
     let deadline = lease.heartbeat().expect("heartbeat");
     assert_eq!(deadline, granted, "the deadline already granted stays");
     assert_eq!(lease.deadline(), granted);
@@ -223,20 +232,7 @@ fn a_heartbeat_under_a_backward_clock_keeps_the_granted_deadline_and_nobody_take
 
     // Back to real time, one second before the granted deadline: nobody may take over.
     h.clock.set(T0.saturating_add(Duration::from_secs(29)));
-    begin_in_flight(store.begin(charge()));
-    let ran = Cell::new(false);
-    let outcome = store.execute(charge(), |_| {
-        ran.set(true);
-        Ok(Response::new(200, "flow A"))
-    });
-    assert!(
-        matches!(outcome, Ok(idem::Outcome::InFlight { .. })),
-        "{outcome:?}"
-    );
-    assert!(
-        !ran.get(),
-        "no second attempt ran before the granted deadline"
-    );
+    nobody_takes_over(store, "no second attempt ran before the granted deadline");
 
     // A heartbeat with the clock right again extends from now, as always.
     let extended = lease.heartbeat().expect("heartbeat");
@@ -252,7 +248,7 @@ fn a_backward_clock_lets_neither_begin_nor_begin_wait_take_a_live_lease() {
     let h = Harness::new();
     let store = h.store();
     let lease = acquired(store.begin(charge()));
-    h.clock.set(idem::Timestamp(T0.as_millis() - 3_600_000));
+    h.clock.set(AN_HOUR_BEFORE_T0);
     begin_in_flight(store.begin(charge()));
     match store.begin_wait(charge(), Duration::from_millis(50)) {
         Ok(Begin::InFlight { .. }) => {}

@@ -28,6 +28,25 @@ const DAY_MS: u64 = 86_400_000;
 /// The blake3 key-derivation context of the record checksum (docs/FORMAT.md, "Checksum").
 const CHECKSUM_CONTEXT: &str = "idem 2026-11-30 record checksum v2";
 
+/// The text of docs/FORMAT.md, which the golden values are checked against.
+fn format_md() -> String {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/FORMAT.md");
+    std::fs::read_to_string(path).expect("docs/FORMAT.md exists")
+}
+
+/// Runs `write` on a fresh store in `dir` at `T0`, closes it, and reopens the file with redb.
+fn written_at_t0(dir: &tempfile::TempDir, write: impl FnOnce(&Store)) -> idem::redb::Database {
+    let path = dir.path().join("idem.redb");
+    {
+        let store = Store::builder()
+            .clock(ManualClock::new(Timestamp(T0)))
+            .open(&path)
+            .expect("open");
+        write(&store);
+    }
+    idem::redb::Database::open(&path).expect("reopen with redb")
+}
+
 /// The record checksum of `covered` (the version byte and the postcard body), written from
 /// docs/FORMAT.md: the first 8 bytes of `blake3::derive_key(CHECKSUM_CONTEXT, covered)`.
 fn checksum(covered: &[u8]) -> [u8; 8] {
@@ -745,8 +764,7 @@ fn golden_event_ids() -> Vec<(&'static str, String, String, &'static str)> {
 /// docs/FORMAT.md, equal the pinned values, and the document shows every pinned value.
 #[test]
 fn event_ids_are_pinned_and_derive_as_documented() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/FORMAT.md");
-    let doc = std::fs::read_to_string(path).expect("docs/FORMAT.md exists");
+    let doc = format_md();
     for (what, pushed, derived, pinned) in golden_event_ids() {
         assert_eq!(pushed, derived, "{what}: idem vs the documented derivation");
         assert_eq!(pushed, pinned, "{what}: idem vs the pinned value");
@@ -768,12 +786,7 @@ const REJECTION_MARK_CONTEXT: &str = "idem 2026-11-30 inbox mark with rejection 
 /// writes them: (mark key, value) of subscriber `"sub"`, messages `"m-1"` and `"m-2"`.
 fn stored_marks() -> Vec<(Vec<u8>, Vec<u8>)> {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("idem.redb");
-    {
-        let store = Store::builder()
-            .clock(ManualClock::new(Timestamp(T0)))
-            .open(&path)
-            .expect("open");
+    let db = written_at_t0(&dir, |store| {
         store.process("sub", "m-1", |_| Ok(())).expect("process");
         let r = store
             .process("sub", "m-2", |_| -> Result<(), idem::Abort> {
@@ -783,8 +796,7 @@ fn stored_marks() -> Vec<(Vec<u8>, Vec<u8>)> {
             })
             .expect("process");
         assert!(matches!(r, idem::Processed::Rejected(_)), "{r:?}");
-    }
-    let db = idem::redb::Database::open(&path).expect("reopen with redb");
+    });
     let read = db.begin_read().expect("read");
     let inbox = read.open_table(INBOX).expect("inbox table");
     inbox
@@ -925,8 +937,7 @@ fn inbox_marks_encode_to_golden_bytes() {
         )),
         "the rejection mark"
     );
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/FORMAT.md"))
-        .expect("docs/FORMAT.md exists");
+    let doc = format_md();
     for (what, bytes) in [("plain mark", &plain), ("rejection mark", &rejection)] {
         let row = hex_row(bytes);
         assert!(
@@ -945,12 +956,7 @@ const EXPIRY: TableDefinition<&[u8], u8> = TableDefinition::new("idem.expiry.v1"
 #[test]
 fn store_file_has_the_documented_tables_key_and_value() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("idem.redb");
-    {
-        let store = Store::builder()
-            .clock(ManualClock::new(Timestamp(T0)))
-            .open(&path)
-            .expect("open");
+    let db = written_at_t0(&dir, |store| {
         let begin = store
             .begin(Request::from_canonical_bytes(
                 Scope::new("t", "op"),
@@ -962,8 +968,7 @@ fn store_file_has_the_documented_tables_key_and_value() {
             panic!("a fresh key is acquired, got {begin:?}")
         };
         lease.complete(Response::new(200, "ok")).expect("complete");
-    }
-    let db = idem::redb::Database::open(&path).expect("reopen with redb");
+    });
     let read = db.begin_read().expect("read");
     let mut tables: Vec<String> = read
         .list_tables()
@@ -1252,8 +1257,7 @@ fn reference_decoder_agrees_on_the_goldens() {
 
 #[test]
 fn format_md_shows_the_golden_dumps() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/FORMAT.md");
-    let doc = std::fs::read_to_string(path).expect("docs/FORMAT.md exists");
+    let doc = format_md();
     let key = hex_row(&golden_record_key());
     assert!(
         doc.contains(&key),

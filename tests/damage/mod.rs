@@ -66,55 +66,58 @@ pub fn key(i: usize) -> String {
     format!("key-{i:05}")
 }
 
-/// Writes a cleanly closed store with `n` records at `path` (completed and failed answers with
-/// bodies of varied length, every seventh a failure) and returns its bytes.
-pub fn build_store(path: &Path, n: usize) -> Vec<u8> {
+/// A cleanly closed store at `path` with what `fill` wrote (clock at [`BUILT_AT`]); its bytes.
+fn build(path: &Path, fill: impl FnOnce(&Store)) -> Vec<u8> {
     // No fsync per commit: the file is made durable when the store is closed, at the end.
     let store = Store::builder()
         .clock(ManualClock::new(BUILT_AT))
         .durability(Durability::Periodic(Duration::from_secs(3600)))
         .open(path)
         .expect("open");
-    for i in 0..n {
-        let req = Request::from_canonical_bytes(Scope::new("t", "op"), key(i), b"p");
-        let outcome = store.execute(req, |_| {
-            if i % 7 == 0 {
-                Err(Abort::terminal(Response::new(402, body(i))))
-            } else {
-                Ok(Response::new(201, body(i)).with_resource("thing", key(i)))
-            }
-        });
-        assert!(
-            matches!(outcome, Ok(idem::Outcome::Executed(_))),
-            "{outcome:?}"
-        );
-    }
+    fill(&store);
     drop(store);
     std::fs::read(path).expect("read")
+}
+
+/// Writes a cleanly closed store with `n` records at `path` (completed and failed answers with
+/// bodies of varied length, every seventh a failure) and returns its bytes.
+pub fn build_store(path: &Path, n: usize) -> Vec<u8> {
+    build(path, |store| {
+        for i in 0..n {
+            let req = Request::from_canonical_bytes(Scope::new("t", "op"), key(i), b"p");
+            let outcome = store.execute(req, |_| {
+                if i % 7 == 0 {
+                    Err(Abort::terminal(Response::new(402, body(i))))
+                } else {
+                    Ok(Response::new(201, body(i)).with_resource("thing", key(i)))
+                }
+            });
+            assert!(
+                matches!(outcome, Ok(idem::Outcome::Executed(_))),
+                "{outcome:?}"
+            );
+        }
+    })
 }
 
 /// Writes a cleanly closed store whose file also holds the messaging tables: `n` inbox
 /// messages, each marking its mark, pushing one outbox event and advancing a version
 /// high-water mark (`entity-{i}` to version `i`); returns its bytes.
 pub fn build_messaging_store(path: &Path, n: usize) -> Vec<u8> {
-    let store = Store::builder()
-        .clock(ManualClock::new(BUILT_AT))
-        .durability(Durability::Periodic(Duration::from_secs(3600)))
-        .open(path)
-        .expect("open");
-    for i in 0..n {
-        let processed = store.process("sub", key(i), |tx| -> Result<(), Abort> {
-            tx.outbox().push(
-                idem::Event::new("topic", body(i).into_bytes()).ordering_key(format!("k{}", i % 9)),
-            )?;
-            tx.versions().advance(format!("entity-{i:05}"), i as u64)?;
-            Ok(())
-        });
-        assert!(
-            matches!(processed, Ok(idem::Processed::Processed(()))),
-            "{processed:?}"
-        );
-    }
-    drop(store);
-    std::fs::read(path).expect("read")
+    build(path, |store| {
+        for i in 0..n {
+            let processed = store.process("sub", key(i), |tx| -> Result<(), Abort> {
+                tx.outbox().push(
+                    idem::Event::new("topic", body(i).into_bytes())
+                        .ordering_key(format!("k{}", i % 9)),
+                )?;
+                tx.versions().advance(format!("entity-{i:05}"), i as u64)?;
+                Ok(())
+            });
+            assert!(
+                matches!(processed, Ok(idem::Processed::Processed(()))),
+                "{processed:?}"
+            );
+        }
+    })
 }

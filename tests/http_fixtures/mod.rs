@@ -17,6 +17,7 @@ use axum::routing::post;
 use http_body_util::BodyExt;
 use idem::Store;
 use idem::http::IdempotencyLayer;
+use tower::ServiceExt;
 
 /// A store with default settings on a fresh file in `dir`.
 pub fn store(dir: &tempfile::TempDir) -> Store {
@@ -60,6 +61,15 @@ pub async fn body_of(resp: axum::response::Response) -> (StatusCode, HeaderMap, 
         parts.headers,
         body.collect().await.unwrap().to_bytes(),
     )
+}
+
+/// Sends `req` through a clone of `svc`; returns the answer's status, headers and whole body.
+pub async fn send<S>(svc: &S, req: Request<Body>) -> (StatusCode, HeaderMap, Bytes)
+where
+    S: tower::Service<Request<Body>, Response = axum::response::Response> + Clone,
+    S::Error: std::fmt::Debug,
+{
+    body_of(svc.clone().oneshot(req).await.unwrap()).await
 }
 
 /// The RFC 9457 problem in an answer's body.

@@ -1,0 +1,46 @@
+//! The example service's built binary (`target/<profile>/examples/edge_service`, which `cargo
+//! test --features http` builds together with the tests), shared by the tests that run it in a
+//! child process (`edge_service_process`, `http_edge_service_sigkill`).
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Lines};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStderr, Command, Stdio};
+
+/// The path of the example's binary; fails the test if it was not built.
+pub fn example_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().and_then(Path::parent).unwrap();
+    let bin = profile_dir.join("examples").join("edge_service");
+    assert!(
+        bin.is_file(),
+        "{} is missing: run this test through `cargo test --features http`, which builds the \
+         examples",
+        bin.display()
+    );
+    bin
+}
+
+/// Starts the example (`flags`) on `dir` and a free loopback port; the caller drains stderr.
+pub fn spawn(dir: &Path, flags: &[&str]) -> (Child, SocketAddr, Lines<BufReader<ChildStderr>>) {
+    let mut child = Command::new(example_binary())
+        .arg("--data")
+        .arg(dir)
+        .args(["--listen", "127.0.0.1:0"])
+        .args(flags)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let line = lines.next().unwrap().unwrap();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .parse()
+        .unwrap();
+    (child, addr, lines)
+}
