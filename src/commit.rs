@@ -258,7 +258,7 @@ impl Store {
                     // The storage boundary (store.rs): a panic in the caller's closure or clock
                     // (marked as caller code) is that member's failure and is resumed on its
                     // thread; a panic of redb on damaged data is `CorruptStore`, and fail-stop.
-                    let step = catch_storage_panic(|| work(&baton.txn, self.now()));
+                    let step = catch_storage_panic(|| work(&baton.txn, self.now_in_section()));
                     let kept = match step {
                         Ok(Step::Done(v)) => {
                             baton.dirty = true;

@@ -1,7 +1,6 @@
 //! The store: opening, configuration, flow A (`execute`) and the claim half of flow B (`begin`).
 
 use std::any::Any;
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::ops::ControlFlow;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -662,40 +661,35 @@ impl Drop for Inner {
 // read path, the work of every write batch, the commit protocol's steps, the integrity check,
 // compaction — inside `catch_unwind`, and turns such a panic into `Error::CorruptStore`
 // (latching fail-stop when it happened inside a write). Caller code that runs inside those
-// sections (a closure, the `Clock`, a progress callback) is marked with `caller_code`: a panic
-// that unwinds out of it is the caller's own and continues unwinding exactly as before.
+// sections (a closure, the `Clock`, a progress callback) runs through `caller_code`, which wraps
+// a panic unwinding out of it in `CallerPanic`; the boundary unwraps it and resumes the caller's
+// own payload, exactly as it was. The mark travels with the panic itself, so a panic the caller
+// caught inside its own code leaves nothing behind that could misclassify a later one.
 
-thread_local! {
-    /// Set when a panic unwinds out of caller code; read (and cleared) where it is caught.
-    static CALLER_PANICKED: Cell<bool> = const { Cell::new(false) };
-}
+/// The payload of a panic that unwound out of caller code inside a storage section: the caller's
+/// own payload, carried to the boundary, which resumes it unchanged.
+struct CallerPanic(Box<dyn Any + Send>);
 
 /// Runs caller-supplied code (a closure, the clock, a callback) inside a storage section: a panic
-/// from it is marked as the caller's, so the boundary lets it continue.
+/// from it is marked as the caller's, so the boundary lets it continue. Only ever called inside a
+/// storage section (`catch_storage_panic`), which unwraps the mark: outside one, the caller would
+/// see the wrapper instead of its own payload.
 pub(crate) fn caller_code<T>(f: impl FnOnce() -> T) -> T {
-    struct Mark {
-        /// Already unwinding when entered (a destructor running during a panic): a panic seen
-        /// at drop is not this code's.
-        unwinding: bool,
-    }
-    impl Drop for Mark {
-        fn drop(&mut self) {
-            if !self.unwinding && std::thread::panicking() {
-                let _ = CALLER_PANICKED.try_with(|c| c.set(true));
-            }
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+        if payload.is::<CallerPanic>() {
+            // Already marked (caller code nested in caller code): one mark is enough.
+            std::panic::resume_unwind(payload)
         }
-    }
-    let _mark = Mark {
-        unwinding: std::thread::panicking(),
-    };
-    f()
+        std::panic::resume_unwind(Box::new(CallerPanic(payload)))
+    })
 }
 
 /// A panic caught at the storage boundary.
 pub(crate) enum Panicked {
-    /// It unwound out of caller code: the caller's own, to be resumed as it is.
+    /// It unwound out of caller code: the caller's own payload, to be resumed as it is.
     Caller(Box<dyn Any + Send>),
-    /// It came from redb (or the storage backend) reading the file: its message.
+    /// It came from redb (or the storage backend, or idem's own code) reading the file: its
+    /// message.
     Storage(String),
 }
 
@@ -719,23 +713,17 @@ pub(crate) fn damaged(while_: &str, message: &str) -> Error {
 
 /// A read path at the storage boundary: a panic redb raises on damaged data while `f` runs is
 /// [`Error::CorruptStore`] (reads change nothing, so no fail-stop); a panic in caller code inside
-/// `f` (marked with [`caller_code`]) continues unwinding.
+/// `f` (run through [`caller_code`]) continues unwinding.
 pub(crate) fn contained<T>(while_: &str, f: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> {
     catch_storage_panic(f).unwrap_or_else(|p| Err(p.into_error(while_)))
 }
 
-/// Runs `f` (idem code calling redb) and catches a panic, telling the caller's apart.
+/// Runs `f` (idem code calling redb) and catches a panic, telling the caller's apart: it is the
+/// caller's exactly when it unwound out of [`caller_code`].
 pub(crate) fn catch_storage_panic<T>(f: impl FnOnce() -> T) -> Result<T, Panicked> {
-    let _ = CALLER_PANICKED.try_with(|c| c.set(false));
-    catch_unwind(AssertUnwindSafe(f)).map_err(|payload| {
-        if CALLER_PANICKED
-            .try_with(|c| c.replace(false))
-            .unwrap_or(false)
-        {
-            Panicked::Caller(payload)
-        } else {
-            Panicked::Storage(panic_message(payload.as_ref()))
-        }
+    catch_unwind(AssertUnwindSafe(f)).map_err(|payload| match payload.downcast::<CallerPanic>() {
+        Ok(caller) => Panicked::Caller(caller.0),
+        Err(payload) => Panicked::Storage(panic_message(payload.as_ref())),
     })
 }
 
@@ -1252,7 +1240,14 @@ impl Store {
 
     /// The store's current time.
     pub fn now(&self) -> Timestamp {
-        // The clock is caller-supplied: its panic is the caller's, even inside a storage section.
+        // Outside every storage section: a panic of the (caller-supplied) clock is the caller's
+        // as it is. Inside a section idem reads it with `now_in_section`.
+        self.inner.clock.now()
+    }
+
+    /// The store's time, read by idem inside a storage section: a panic of the clock is the
+    /// caller's, not damage.
+    pub(crate) fn now_in_section(&self) -> Timestamp {
         caller_code(|| self.inner.clock.now())
     }
 
@@ -1298,9 +1293,11 @@ impl Store {
     /// The lock-free path: a read transaction answers replays, mismatches and in-flight keys.
     fn read_path(&self, request: &Request, key: &[u8]) -> Result<Option<Early>, Error> {
         let stored = self.read_record(key)?;
+        let now = self.now();
         Ok(self.early(
-            decide(stored.as_ref(), request.fingerprint(), self.now()),
+            decide(stored.as_ref(), request.fingerprint(), now),
             request,
+            now,
         ))
     }
 
@@ -1313,7 +1310,7 @@ impl Store {
     ) -> Result<Claimed, Error> {
         let stored = self.load(txn, key)?;
         let decision = decide(stored.as_ref(), request.fingerprint(), now);
-        if let Some(early) = self.early(decision.clone(), request) {
+        if let Some(early) = self.early(decision.clone(), request, now) {
             return Ok(Claimed::Early(early));
         }
         Ok(match (decision, &stored) {
@@ -1329,7 +1326,8 @@ impl Store {
         })
     }
 
-    fn early(&self, decision: Decision<'_>, request: &Request) -> Option<Early> {
+    /// The answer that needs no claim, if any; `now` is the time the decision was made at.
+    fn early(&self, decision: Decision<'_>, request: &Request, now: Timestamp) -> Option<Early> {
         match decision {
             Decision::Claim | Decision::Takeover { .. } => None,
             Decision::Replay(r) => Some(Early::Replay(r.clone())),
@@ -1341,7 +1339,7 @@ impl Store {
             })),
             Decision::InFlight { lease_deadline } => Some(Early::InFlight {
                 retry_after: lease_deadline
-                    .saturating_since(self.now())
+                    .saturating_since(now)
                     .min(self.inner.config.retry_after_cap)
                     .max(Duration::from_millis(1)),
             }),
@@ -1664,4 +1662,81 @@ impl Early {
 enum Claimed {
     Early(Early),
     Free { created_at: Timestamp, attempt: u32 },
+}
+
+#[cfg(test)]
+mod tests {
+    use std::panic::{AssertUnwindSafe, catch_unwind, panic_any};
+
+    use super::*;
+
+    /// The text of a caller's panic as the boundary hands it back (`None`: a storage panic).
+    fn caller_payload<T>(r: Result<T, Panicked>) -> Option<String> {
+        match r {
+            Ok(_) => panic!("nothing panicked"),
+            Err(Panicked::Caller(payload)) => Some(panic_message(payload.as_ref())),
+            Err(Panicked::Storage(_)) => None,
+        }
+    }
+
+    #[test]
+    fn a_panic_out_of_caller_code_is_the_callers_with_its_own_payload() {
+        let r = catch_storage_panic(|| caller_code(|| panic_any("mine")));
+        assert_eq!(caller_payload(r).as_deref(), Some("mine"));
+    }
+
+    #[test]
+    fn a_panic_outside_caller_code_is_a_storage_panic() {
+        let r = catch_storage_panic(|| {
+            caller_code(|| 1);
+            panic_any("redb")
+        });
+        assert_eq!(caller_payload(r), None);
+    }
+
+    /// The case a thread-local flag got wrong: caller code whose panic the caller caught itself,
+    /// then a storage panic in the same section.
+    #[test]
+    fn a_storage_panic_after_a_caller_panic_the_caller_caught_is_a_storage_panic() {
+        let r = catch_storage_panic(|| {
+            caller_code(|| {
+                let caught = catch_unwind(|| caller_code(|| panic_any("caught by the caller")));
+                assert!(caught.is_err());
+            });
+            let caught = catch_unwind(|| caller_code(|| panic_any("caught by idem's caller")));
+            assert!(caught.is_err());
+            panic_any("redb")
+        });
+        assert!(
+            matches!(&r, Err(Panicked::Storage(m)) if m == "redb"),
+            "{:?}",
+            caller_payload(r)
+        );
+    }
+
+    /// Caller code → a store call (its own section) → caller code: the innermost panic reaches
+    /// the outer caller's code as it was, and from there the outer caller.
+    #[test]
+    fn a_caller_panic_crosses_nested_sections_unchanged() {
+        let mut seen_inside = None;
+        let r = catch_storage_panic(|| {
+            caller_code(|| {
+                let inner = catch_unwind(AssertUnwindSafe(|| {
+                    contained("reading", || -> Result<(), Error> {
+                        caller_code(|| panic_any("deep"))
+                    })
+                }));
+                let payload = inner.expect_err("the inner caller panic continues");
+                seen_inside = Some(panic_message(payload.as_ref()));
+                std::panic::resume_unwind(payload)
+            })
+        });
+        assert_eq!(seen_inside.as_deref(), Some("deep"));
+        assert_eq!(caller_payload(r).as_deref(), Some("deep"));
+        // A storage panic in the nested section is its CorruptStore, inside the caller's code.
+        let r = catch_storage_panic(|| {
+            caller_code(|| contained("reading", || -> Result<(), Error> { panic_any("redb") }))
+        });
+        assert!(matches!(r, Ok(Err(Error::CorruptStore { .. }))));
+    }
 }
