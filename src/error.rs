@@ -123,7 +123,7 @@ pub enum Error {
 
     /// A stored record could not be decoded. The record is left untouched.
     #[error(
-        "the stored record for this key is corrupt ({reason}): the file was damaged or written by other software; inspect it (Store::get), restore from backup, or remove it with Store::purge"
+        "the stored record for this key is corrupt ({reason}): the file was damaged or written by other software; inspect it (Store::get), remove it with Store::purge, or restore the file from a backup (every intent completed after the backup was taken would run again)"
     )]
     CorruptRecord {
         /// What was wrong with it.
@@ -142,11 +142,15 @@ pub enum Error {
     },
 
     /// The file is not an idem store, or it is damaged: beyond what redb's recovery repairs
-    /// (opening it), or redb failed on a damaged page (any call), or its idem tables disagree
-    /// (an integrity check). Retrying never helps. A damage found inside a write fail-stops the
-    /// store.
+    /// (opening it), or redb panicked on a damaged page (any call; a bug in redb or idem looks
+    /// the same, and the reason says so), or its idem tables disagree (an integrity check).
+    /// Retrying never helps. A damage found inside a write fail-stops the store.
+    ///
+    /// Restoring an older copy of the file is no neutral remedy for an idempotency store: every
+    /// key completed after that copy was taken is free again, so a retry of its intent runs
+    /// again. The message says so.
     #[error(
-        "the store file is damaged or is not an idem store ({reason}): stop writing to it and keep a copy; see what is damaged with `idem check` (it checks a copy), then restore the file from a backup, or move it away and open a new file at that path"
+        "the store file is damaged or is not an idem store ({reason}): stop writing to it and keep a copy, and run `idem check` (it checks a copy). If it finds damage, move the file away and open a new one at that path, or restore a backup (every intent completed after the backup was taken would run again); if it finds none, this is a bug in idem or redb: report it"
     )]
     CorruptStore {
         /// What was wrong with it.

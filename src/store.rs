@@ -704,10 +704,15 @@ impl Panicked {
     }
 }
 
-/// The [`Error::CorruptStore`] of a storage panic.
+/// The [`Error::CorruptStore`] of a storage panic. The boundary cannot tell a damaged page from
+/// a bug in redb or idem, so the message names both, and the way to tell them apart. It warns
+/// against the usual remedy for a damaged file: an older copy of an idempotency store re-opens
+/// every key completed since it was taken.
 pub(crate) fn damaged(while_: &str, message: &str) -> Error {
     Error::CorruptStore {
-        reason: format!("redb failed on damaged data while {while_}: {message}"),
+        reason: format!(
+            "redb or idem panicked while {while_} (a damaged page, or a bug): {message}; run `idem check` on a copy: if it passes, this is a bug — report it, and do not restore an older copy of the store (every intent completed since then would run again)"
+        ),
     }
 }
 

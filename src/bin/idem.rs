@@ -209,6 +209,10 @@ macro_rules! out {
     };
 }
 
+/// The remedy of restoring a backup, with what it costs an idempotency store.
+const RESTORE: &str =
+    "restore a backup (every intent completed after the backup was taken would run again)";
+
 /// A line on stderr. A failure to write it is ignored: there is nowhere left to report it.
 fn say(msg: &str) {
     let _ = writeln!(io::stderr().lock(), "idem: {msg}");
@@ -345,7 +349,7 @@ fn check_before_writing(cli: &Cli) -> Result<(), Failure> {
         format!(
             "{file}: refused: this command writes to the file, and redb's integrity check of a \
              copy of it failed ({why}). Nothing was written. Keep the file as it is (evidence), \
-             run `idem check` to see the damage and restore the store from a backup; or pass \
+             run `idem check` to see the damage, then move the file away or {RESTORE}; or pass \
              --force to write to it anyway"
         )
         .into()
@@ -585,7 +589,7 @@ fn check<W: Write>(cli: &Cli, o: &mut Out<W>, in_place: bool) -> Result<(), Fail
                 out!(o, "  {subject} does not open as a store: {}", detail(&e));
                 out!(o, "  {file} itself was not modified; the copy was removed");
                 return Err(format!(
-                    "{file} does not open as an idem store: it is damaged or is not one (above); if it should be one, restore it from a backup"
+                    "{file} does not open as an idem store: it is damaged or is not one (above); if it should be one, move it away or {RESTORE}"
                 )
                 .into());
             }
@@ -620,8 +624,8 @@ fn check<W: Write>(cli: &Cli, o: &mut Out<W>, in_place: bool) -> Result<(), Fail
                 );
             }
             return Err(format!(
-                "{file} is damaged (above): keep it as it is (evidence) and restore the store \
-                 from a backup; a service that opens it may fail on the damaged pages"
+                "{file} is damaged (above): keep it as it is (evidence), and move it away or \
+                 {RESTORE}; a service that opens it may fail on the damaged pages"
             )
             .into());
         }
@@ -656,7 +660,7 @@ fn check<W: Write>(cli: &Cli, o: &mut Out<W>, in_place: bool) -> Result<(), Fail
     if !bad.is_empty() || walked.is_err() || index.is_err() || integrity.is_err() {
         return Err(format!(
             "the store has problems (above): `idem get` / `idem purge` the keys, `idem sweep` \
-             repairs the expiry index, or restore {file} from a backup"
+             repairs the expiry index, or move {file} away or {RESTORE}"
         )
         .into());
     }
