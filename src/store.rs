@@ -87,7 +87,7 @@ impl Config {
 /// | open | missing file | empty (0-byte) file | redb file without idem's marker | writes |
 /// |---|---|---|---|---|
 /// | [`open`](Self::open) | new store | new store | made an idem store | yes (recovers a crashed file) |
-/// | [`open_existing`](Self::open_existing) | [`Error::Storage`] | [`Error::CorruptStore`] | [`Error::CorruptStore`] | yes (recovers a crashed file) |
+/// | [`open_existing`](Self::open_existing) | [`Error::Storage`] | [`Error::CorruptStore`] | [`Error::CorruptStore`] (the file untouched, unless a crash left it to recover) | yes (recovers a crashed file) |
 /// | [`open_read_only`](Self::open_read_only) | [`Error::Storage`] | [`Error::CorruptStore`] | [`Error::CorruptStore`] | never ([`Error::NeedsRecovery`] for a crashed file) |
 ///
 /// An empty file is a new store for [`open`](Self::open) because a service may create the file
@@ -408,13 +408,20 @@ impl StoreBuilder {
     /// Opens an existing store for writing, like [`open`](Self::open), but never creates one:
     /// a missing file is [`Error::Storage`] (not found), and an empty file or a redb database
     /// without idem's format marker is [`Error::CorruptStore`] ("not an idem store"), each left
-    /// as it was. For operators' tools (the `idem` CLI), which must not turn a wrong path into a
-    /// new store.
+    /// as it was: the marker is checked through a read-only open before the file is opened for
+    /// writing (which rewrites redb's header). Only a file left by a crash, which does not open
+    /// read-only, is recovered first — redb's recovery writes — and its marker checked after.
+    /// For operators' tools (the `idem` CLI), which must not turn a wrong path into a new store.
     pub fn open_existing(self, path: impl AsRef<Path>) -> Result<Store, Error> {
         self.validate()?;
         let path = path.as_ref();
         contain_open(|| {
             refuse_empty(path)?;
+            // Any failure of the read-only open (a crashed file, another process holding it) is
+            // left to the open for writing to handle or report, as before.
+            if let Ok(db) = self.redb_builder().open_read_only(path) {
+                check_marker(&db.begin_read()?)?;
+            }
             let db = self.redb_builder().open(path).map_err(open_error)?;
             Store::init(db, self, Create::No)
         })
