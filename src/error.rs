@@ -35,7 +35,8 @@ impl std::fmt::Display for Field {
 /// - the attempt lost its right to finish (`LeaseLost`): stop, another attempt owns the key;
 /// - the caller's closure asked for a retry (`Aborted`): nothing was written, retry later;
 /// - storage trouble (`Storage`, `OutcomeUnknown`, `FailStopped`, `CorruptRecord`,
-///   `CorruptStore`, `UnsupportedFormat`, `NeedsRecovery`, `Config`, `InUse`): see each variant.
+///   `CorruptStore`, `ExpiryIndexMismatch`, `UnsupportedFormat`, `NeedsRecovery`, `Config`,
+///   `InUse`): see each variant.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -155,6 +156,21 @@ pub enum Error {
     CorruptStore {
         /// What was wrong with it.
         reason: String,
+    },
+
+    /// [`crate::Store::check_integrity`]: redb's pages passed its integrity check (or redb
+    /// repaired them: `repaired`), but idem's expiry index disagrees with the records (an entry
+    /// without its record, at another instant, or missing). No answer depends on the index
+    /// (decisions read the records), only the sweep does; the store is not fail-stopped.
+    #[error(
+        "idem's expiry index does not match the records ({reason}); redb's pages are intact and every answer still comes from the records: a sweep (Store::sweep, `idem sweep`) removes entries without a record and moves misplaced ones once they are due, and a record left without an entry is never swept (purge it, or it gets one when it is written again)"
+    )]
+    ExpiryIndexMismatch {
+        /// The first mismatches.
+        reason: String,
+        /// redb found damage in its pages and repaired it before the index was checked (what
+        /// `check_integrity` would otherwise have answered with `Ok(false)`).
+        repaired: bool,
     },
 
     /// A read-only open ([`crate::StoreBuilder::open_read_only`]) found a file that was not

@@ -951,10 +951,13 @@ impl Store {
 
     /// Runs redb's full integrity check of the file (and repairs it if it can), plus idem's own
     /// check that the expiry index matches the records. Returns `Ok(true)` if the file passed,
-    /// `Ok(false)` if redb found damage and repaired it. Slow: for operators who suspect the file
-    /// was modified outside idem, not for normal operation (crash recovery is automatic). Like
-    /// [`Store::compact`], it needs the only handle ([`Error::InUse`] otherwise), and a
-    /// fail-stopped store must be reopened first ([`Error::FailStopped`]).
+    /// `Ok(false)` if redb found damage and repaired it, and [`Error::ExpiryIndexMismatch`] if
+    /// redb's pages passed (or were repaired) but the expiry index disagrees with the records
+    /// (no fail-stop; a damage or a panic while reading them is [`Error::CorruptStore`]). Slow:
+    /// for operators who suspect the file was modified outside idem, not for normal operation
+    /// (crash recovery is automatic). Like [`Store::compact`], it needs the only handle
+    /// ([`Error::InUse`] otherwise), and a fail-stopped store must be reopened first
+    /// ([`Error::FailStopped`]).
     ///
     /// **Run it on a copy when you suspect damage.** If redb cannot repair the file, this returns
     /// [`Error::CorruptStore`] and the store is fail-stopped; redb has then marked the file for
@@ -975,9 +978,13 @@ impl Store {
         let restarted = self.start_background();
         let passed = checked?;
         restarted?;
-        self.check_expiry_index()
-            .map_err(|reason| Error::CorruptStore { reason })?;
-        Ok(passed)
+        match self.expiry_index_verdict()? {
+            Ok(()) => Ok(passed),
+            Err(reason) => Err(Error::ExpiryIndexMismatch {
+                reason,
+                repaired: !passed,
+            }),
+        }
     }
 
     fn check_integrity_exclusive(&mut self) -> Result<bool, Error> {

@@ -362,10 +362,14 @@ fn check_before_writing(cli: &Cli) -> Result<(), Failure> {
     match store.check_integrity() {
         Ok(true) => Ok(()),
         // redb's pages are intact and only idem's expiry index disagrees with the records:
-        // `sweep` repairs that, and `purge` is the remedy for a record that does not decode.
-        // (A failure of redb's own check fail-stops the store; an index mismatch does not.)
-        Err(Error::CorruptStore { .. }) if store.failure().is_none() => Ok(()),
-        Ok(false) => Err(refuse("redb found damage and repaired the copy".into())),
+        // `sweep` repairs most of that, and `purge` is the remedy for a record that does not
+        // decode. Anything else — a damaged page, a panic contained while reading — refuses.
+        Err(Error::ExpiryIndexMismatch {
+            repaired: false, ..
+        }) => Ok(()),
+        Ok(false) | Err(Error::ExpiryIndexMismatch { repaired: true, .. }) => {
+            Err(refuse("redb found damage and repaired the copy".into()))
+        }
         Err(e) => Err(refuse(detail(&e))),
     }
 }
@@ -595,8 +599,13 @@ fn check<W: Write>(cli: &Cli, o: &mut Out<W>, in_place: bool) -> Result<(), Fail
             }
         }
     };
-    // redb's full integrity check first (it needs the only handle, which this is).
-    let integrity = store.check_integrity();
+    // redb's full integrity check first (it needs the only handle, which this is), with idem's
+    // expiry-index check: a mismatch there leaves redb's verdict as it was (no fail-stop) and is
+    // reported after the records.
+    let (integrity, index) = match store.check_integrity() {
+        Err(Error::ExpiryIndexMismatch { reason, repaired }) => (Ok(!repaired), Err(reason)),
+        other => (other, Ok(())),
+    };
     let verdict = match &integrity {
         Ok(true) => "ok",
         Ok(false) => "REPAIRED",
@@ -608,27 +617,23 @@ fn check<W: Write>(cli: &Cli, o: &mut Out<W>, in_place: bool) -> Result<(), Fail
         Ok(false) => out!(o, "  redb found damage in {subject} and repaired it"),
         Err(e) => out!(o, "  {subject}: {}", detail(e)),
     }
-    if let Err(e) = &integrity {
-        // The expiry index is checked inside check_integrity: a mismatch there leaves redb's
-        // verdict intact (no fail-stop) and is reported with the records below.
-        if store.failure().is_some() || !matches!(e, Error::CorruptStore { .. }) {
-            if in_place {
-                out!(
-                    o,
-                    "  this was the file itself: redb has marked it for repair, and it will not open again"
-                );
-            } else {
-                out!(
-                    o,
-                    "  this is the result for the temporary copy, which was removed; {file} itself was not modified"
-                );
-            }
-            return Err(format!(
-                "{file} is damaged (above): keep it as it is (evidence), and move it away or \
-                 {RESTORE}; a service that opens it may fail on the damaged pages"
-            )
-            .into());
+    if integrity.is_err() {
+        if in_place {
+            out!(
+                o,
+                "  this was the file itself: redb has marked it for repair, and it will not open again"
+            );
+        } else {
+            out!(
+                o,
+                "  this is the result for the temporary copy, which was removed; {file} itself was not modified"
+            );
         }
+        return Err(format!(
+            "{file} is damaged (above): keep it as it is (evidence), and move it away or \
+             {RESTORE}; a service that opens it may fail on the damaged pages"
+        )
+        .into());
     }
     let mut ok = 0u64;
     let mut bad = Vec::new();
@@ -648,7 +653,6 @@ fn check<W: Write>(cli: &Cli, o: &mut Out<W>, in_place: bool) -> Result<(), Fail
     if let Err(e) = &walked {
         out!(o, "  reading the records stopped: {e}");
     }
-    let index = store.check_expiry_index();
     out!(
         o,
         "expiry_index {}",
@@ -657,7 +661,7 @@ fn check<W: Write>(cli: &Cli, o: &mut Out<W>, in_place: bool) -> Result<(), Fail
     if let Err(detail) = &index {
         out!(o, "  {detail}");
     }
-    if !bad.is_empty() || walked.is_err() || index.is_err() || integrity.is_err() {
+    if !bad.is_empty() || walked.is_err() || index.is_err() {
         return Err(format!(
             "the store has problems (above): `idem get` / `idem purge` the keys, `idem sweep` \
              repairs the expiry index, or move {file} away or {RESTORE}"
