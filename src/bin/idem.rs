@@ -378,6 +378,10 @@ fn check_before_writing(cli: &Cli) -> Result<(), Failure> {
 /// without writing to it: a read-only open holds redb's shared lock meanwhile (refused while
 /// another process has the file open for writing), and a file that does not open read-only (it
 /// needs recovery, or it is damaged) is copied as it is, so the recovery runs on the copy.
+/// In multi-process mode the lock admits writers, which may commit during the copy: a read
+/// transaction held through it keeps every page of its snapshot, and of every later commit,
+/// from being reused meanwhile (redb frees a page for reuse only once no reader may still see
+/// it), so the commit the copied header names is copied whole.
 /// Returns the copy and whether the lock was held.
 fn copy_of_file(cli: &Cli) -> Result<(Removed, bool), Failure> {
     require_file(cli)?;
@@ -395,6 +399,8 @@ fn copy_of_file(cli: &Cli) -> Result<(Removed, bool), Failure> {
         }
         Err(_) => None,
     };
+    // Without it (it failed to begin) the copy is made as before: a damage it shows is checked.
+    let _snapshot = lock.as_ref().and_then(|store| store.begin_read().ok());
     let path = cli
         .file
         .with_extension(format!("idem-check-{}.redb", std::process::id()));
