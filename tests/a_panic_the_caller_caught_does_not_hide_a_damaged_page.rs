@@ -45,12 +45,13 @@ impl Clock for PanicsOnceArmed {
     }
 }
 
-/// Walks every record of the store at `path`; the callback of the first record makes the clock
-/// panic and catches that panic itself. Returns the walk's result (`Err` if a panic came out of
-/// it) and the records visited.
-fn walk_after_a_caught_clock_panic(
-    path: &Path,
-) -> Option<(std::thread::Result<Result<(), Error>>, usize, Store)> {
+/// What a walk gave: its result (`Err` if a panic came out of it), the records it visited, and
+/// the store it walked.
+type Walked = (std::thread::Result<Result<(), Error>>, usize, Store);
+
+/// Walks every record of the store at `path` (`None`: it does not open); the callback of the
+/// first record makes the clock panic and catches that panic itself.
+fn walk_after_a_caught_clock_panic(path: &Path) -> Option<Walked> {
     let armed = Arc::new(AtomicBool::new(false));
     let clock = PanicsOnceArmed {
         armed: armed.clone(),

@@ -18,9 +18,10 @@ fn store_with_an_orphan_entry(path: &Path) {
         let store = Store::open(path).expect("open");
         for k in ["a", "b"] {
             let req = Request::from_canonical_bytes(Scope::new("t", "op"), k, b"p");
-            store
+            let outcome = store
                 .execute(req, |_| Ok(Response::new(201, "ok")))
                 .expect("execute");
+            assert!(matches!(outcome, idem::Outcome::Executed(_)));
         }
     }
     let db = idem::redb::Database::open(path).expect("open redb file");

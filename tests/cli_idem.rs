@@ -328,9 +328,10 @@ fn check_and_stats_beside_a_multi_process_writer() {
     let store = Store::builder().multi_process(true).open(&file).unwrap();
     let put = |k: &str| {
         let req = Request::from_canonical_bytes(Scope::new("t1", "op"), k, b"x");
-        store
+        let outcome = store
             .execute(req, |_| Ok(Response::new(201, format!("body-{k}"))))
             .unwrap();
+        assert!(matches!(outcome, idem::Outcome::Executed(_)));
     };
     for i in 0..20 {
         put(&format!("k{i}"));
