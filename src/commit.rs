@@ -36,7 +36,7 @@ use redb::WriteTransaction;
 
 use crate::clock::Timestamp;
 use crate::error::Error;
-use crate::store::{Panicked, Store, catch_storage_panic, damaged};
+use crate::store::{Panicked, Store, catch_storage_panic};
 
 /// What a member's work reports.
 pub(crate) enum Step<T> {
@@ -258,7 +258,7 @@ impl Store {
                     // The storage boundary (store.rs): a panic in the caller's closure or clock
                     // (marked as caller code) is that member's failure and is resumed on its
                     // thread; a panic of redb on damaged data is `CorruptStore`, and fail-stop.
-                    let step = catch_storage_panic(|| work(&baton.txn, self.now()));
+                    let step = catch_storage_panic(|| work(&baton.txn, self.now_in_section()));
                     let kept = match step {
                         Ok(Step::Done(v)) => {
                             baton.dirty = true;
@@ -276,10 +276,10 @@ impl Store {
                             let _ = self.guarded(&prefix, "rolling back", || self.shrink(baton));
                             resume_unwind(panic);
                         }
-                        Err(Panicked::Storage(message)) => {
+                        Err(storage @ Panicked::Storage(_)) => {
                             // redb's state after it stopped mid-write is unknown: latch first,
                             // so the prefix is answered FailStopped instead of re-run.
-                            let e = self.latch_damage(damaged("writing a batch", &message));
+                            let e = self.latch_damage(storage.into_error("writing a batch"));
                             let prefix = baton.batch[..baton.pos].to_vec();
                             let _ = self.guarded(&prefix, "rolling back", || self.shrink(baton));
                             return Err(e);
@@ -434,21 +434,18 @@ impl Store {
         f: impl FnOnce() -> R,
     ) -> Result<R, Error> {
         catch_storage_panic(f).map_err(|panic| {
-            let message = match &panic {
-                Panicked::Storage(message) => message.as_str(),
-                Panicked::Caller(_) => "caller code",
-            };
-            let e = self.latch_damage(damaged(step, message));
             // Every step signals its members only after its last fallible call, so none of
-            // `waiting` has been answered yet.
-            for m in waiting {
-                m.send(Signal::Failed(e.for_another_caller()));
-            }
-            self.inner.group.hand_off();
-            if let Panicked::Caller(payload) = panic {
-                // Not expected (no caller code runs here), but a caller's panic stays one.
-                resume_unwind(payload);
-            }
+            // `waiting` has been answered yet: `answer` does it when dropped, also while a
+            // caller's panic resumed by `into_error` unwinds (not expected: no caller code runs
+            // in these steps, but a caller's panic stays one, and strands nobody).
+            let mut answer = AnswerWaiting {
+                store: self,
+                waiting,
+                step,
+                error: None,
+            };
+            let e = self.latch_damage(panic.into_error(step));
+            answer.error = Some(e.for_another_caller());
             e
         })
     }
@@ -457,6 +454,28 @@ impl Store {
         for m in members {
             m.send(Signal::Failed(e.for_another_caller()));
         }
+    }
+}
+
+/// Answers the members that wait on a protocol step that panicked, and hands leadership on, when
+/// dropped.
+struct AnswerWaiting<'a> {
+    store: &'a Store,
+    waiting: &'a [Arc<Member>],
+    step: &'a str,
+    /// Their answer; `None` while a caller's panic unwinds.
+    error: Option<Error>,
+}
+
+impl Drop for AnswerWaiting<'_> {
+    fn drop(&mut self) {
+        let e = self.error.take().unwrap_or_else(|| {
+            let cause = format!("a panic in caller code while {}", self.step);
+            self.store.latch(&cause);
+            Error::FailStopped { cause }
+        });
+        self.store.fail_all(self.waiting, &e);
+        self.store.inner.group.hand_off();
     }
 }
 

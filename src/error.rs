@@ -35,7 +35,8 @@ impl std::fmt::Display for Field {
 /// - the attempt lost its right to finish (`LeaseLost`): stop, another attempt owns the key;
 /// - the caller's closure asked for a retry (`Aborted`): nothing was written, retry later;
 /// - storage trouble (`Storage`, `OutcomeUnknown`, `FailStopped`, `CorruptRecord`,
-///   `CorruptStore`, `UnsupportedFormat`, `NeedsRecovery`, `Config`, `InUse`): see each variant.
+///   `CorruptStore`, `ExpiryIndexMismatch`, `UnsupportedFormat`, `NeedsRecovery`, `Config`,
+///   `InUse`): see each variant.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -123,7 +124,7 @@ pub enum Error {
 
     /// A stored record could not be decoded. The record is left untouched.
     #[error(
-        "the stored record for this key is corrupt ({reason}): the file was damaged or written by other software; inspect it (Store::get), restore from backup, or remove it with Store::purge"
+        "the stored record for this key is corrupt ({reason}): the file was damaged or written by other software; inspect it (Store::get), remove it with Store::purge, or restore the file from a backup (every intent completed after the backup was taken would run again)"
     )]
     CorruptRecord {
         /// What was wrong with it.
@@ -142,15 +143,34 @@ pub enum Error {
     },
 
     /// The file is not an idem store, or it is damaged: beyond what redb's recovery repairs
-    /// (opening it), or redb failed on a damaged page (any call), or its idem tables disagree
-    /// (an integrity check). Retrying never helps. A damage found inside a write fail-stops the
-    /// store.
+    /// (opening it), or redb panicked on a damaged page (any call; a bug in redb or idem looks
+    /// the same, and the reason says so), or its idem tables disagree (an integrity check).
+    /// Retrying never helps. A damage found inside a write fail-stops the store.
+    ///
+    /// Restoring an older copy of the file is no neutral remedy for an idempotency store: every
+    /// key completed after that copy was taken is free again, so a retry of its intent runs
+    /// again. The message says so.
     #[error(
-        "the store file is damaged or is not an idem store ({reason}): stop writing to it and keep a copy; see what is damaged with `idem check` (it checks a copy), then restore the file from a backup, or move it away and open a new file at that path"
+        "the store file is damaged or is not an idem store ({reason}): stop writing to it and keep a copy, and run `idem check` (it checks a copy). If it finds damage, move the file away and open a new one at that path, or restore a backup (every intent completed after the backup was taken would run again); if it finds none, this is a bug in idem or redb: report it"
     )]
     CorruptStore {
         /// What was wrong with it.
         reason: String,
+    },
+
+    /// [`crate::Store::check_integrity`]: redb's pages passed its integrity check (or redb
+    /// repaired them: `repaired`), but idem's expiry index disagrees with the records (an entry
+    /// without its record, at another instant, or missing). No answer depends on the index
+    /// (decisions read the records), only the sweep does; the store is not fail-stopped.
+    #[error(
+        "idem's expiry index does not match the records ({reason}); redb's pages are intact and every answer still comes from the records: a sweep (Store::sweep, `idem sweep`) removes entries without a record and moves misplaced ones once they are due, and a record left without an entry is never swept (purge it, or it gets one when it is written again)"
+    )]
+    ExpiryIndexMismatch {
+        /// The first mismatches.
+        reason: String,
+        /// redb found damage in its pages and repaired it before the index was checked (what
+        /// `check_integrity` would otherwise have answered with `Ok(false)`).
+        repaired: bool,
     },
 
     /// A read-only open ([`crate::StoreBuilder::open_read_only`]) found a file that was not

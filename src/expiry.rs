@@ -146,20 +146,27 @@ impl Store {
     /// description of the first mismatches. O(records) time and memory: for tests and fuzzers.
     #[doc(hidden)]
     pub fn check_expiry_index(&self) -> Result<(), String> {
-        contained("checking the expiry index", || {
-            Ok(self.check_expiry_index_inner())
-        })
-        .unwrap_or_else(|e| Err(e.to_string()))
+        self.expiry_index_verdict()
+            .unwrap_or_else(|e| Err(e.to_string()))
     }
 
-    fn check_expiry_index_inner(&self) -> Result<(), String> {
-        let read = self.inner.db.begin_read().map_err(|e| e.to_string())?;
-        let records = read.open_table(RECORDS).map_err(|e| e.to_string())?;
-        let expiry = read.open_table(EXPIRY).map_err(|e| e.to_string())?;
+    /// The expiry-index check with its two kinds of failure apart: `Ok(Err(mismatches))` when
+    /// the index disagrees with the records, `Err` when reading them failed (a storage error, or
+    /// a panic contained as [`Error::CorruptStore`]).
+    pub(crate) fn expiry_index_verdict(&self) -> Result<Result<(), String>, Error> {
+        contained("checking the expiry index", || {
+            self.check_expiry_index_inner()
+        })
+    }
+
+    fn check_expiry_index_inner(&self) -> Result<Result<(), String>, Error> {
+        let read = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
+        let records = read.open_table(RECORDS).map_err(|e| self.storage(e))?;
+        let expiry = read.open_table(EXPIRY).map_err(|e| self.storage(e))?;
         let mut expected: HashMap<Vec<u8>, u8> = HashMap::new();
         let mut undecodable: HashSet<Vec<u8>> = HashSet::new();
-        for row in records.iter().map_err(|e| e.to_string())? {
-            let (key, value) = row.map_err(|e| e.to_string())?;
+        for row in records.iter().map_err(|e| self.storage(e))? {
+            let (key, value) = row.map_err(|e| self.storage(e))?;
             match Record::decode(value.value()) {
                 Ok(r) => {
                     expected.insert(record_entry(&r, key.value()), r.state.tag());
@@ -170,14 +177,14 @@ impl Store {
             }
         }
         let (inbox_entries, inbox_undecodable) =
-            crate::inbox::expected_inbox_entries(&read).map_err(|e| e.to_string())?;
+            crate::inbox::expected_inbox_entries(&read).map_err(|e| self.storage(e))?;
         for (entry, tag) in inbox_entries {
             expected.insert(entry, tag);
         }
         let inbox_undecodable: HashSet<Vec<u8>> = inbox_undecodable.into_iter().collect();
         let mut problems = Vec::new();
-        for row in expiry.iter().map_err(|e| e.to_string())? {
-            let (key, tag) = row.map_err(|e| e.to_string())?;
+        for row in expiry.iter().map_err(|e| self.storage(e))? {
+            let (key, tag) = row.map_err(|e| self.storage(e))?;
             let entry = key.value();
             match expected.remove(entry) {
                 Some(t) if t == tag.value() => {}
@@ -202,14 +209,14 @@ impl Store {
             problems.push(format!("record without its entry {}", hex(entry)));
         }
         if problems.is_empty() {
-            return Ok(());
+            return Ok(Ok(()));
         }
         let n = problems.len();
         problems.truncate(10);
-        Err(format!(
+        Ok(Err(format!(
             "{n} expiry index mismatches, first: {}",
             problems.join("; ")
-        ))
+        )))
     }
 }
 

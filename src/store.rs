@@ -1,7 +1,6 @@
 //! The store: opening, configuration, flow A (`execute`) and the claim half of flow B (`begin`).
 
 use std::any::Any;
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::ops::ControlFlow;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -88,7 +87,7 @@ impl Config {
 /// | open | missing file | empty (0-byte) file | redb file without idem's marker | writes |
 /// |---|---|---|---|---|
 /// | [`open`](Self::open) | new store | new store | made an idem store | yes (recovers a crashed file) |
-/// | [`open_existing`](Self::open_existing) | [`Error::Storage`] | [`Error::CorruptStore`] | [`Error::CorruptStore`] | yes (recovers a crashed file) |
+/// | [`open_existing`](Self::open_existing) | [`Error::Storage`] | [`Error::CorruptStore`] | [`Error::CorruptStore`] (the file untouched, unless a crash left it to recover) | yes (recovers a crashed file) |
 /// | [`open_read_only`](Self::open_read_only) | [`Error::Storage`] | [`Error::CorruptStore`] | [`Error::CorruptStore`] | never ([`Error::NeedsRecovery`] for a crashed file) |
 ///
 /// An empty file is a new store for [`open`](Self::open) because a service may create the file
@@ -409,13 +408,20 @@ impl StoreBuilder {
     /// Opens an existing store for writing, like [`open`](Self::open), but never creates one:
     /// a missing file is [`Error::Storage`] (not found), and an empty file or a redb database
     /// without idem's format marker is [`Error::CorruptStore`] ("not an idem store"), each left
-    /// as it was. For operators' tools (the `idem` CLI), which must not turn a wrong path into a
-    /// new store.
+    /// as it was: the marker is checked through a read-only open before the file is opened for
+    /// writing (which rewrites redb's header). Only a file left by a crash, which does not open
+    /// read-only, is recovered first — redb's recovery writes — and its marker checked after.
+    /// For operators' tools (the `idem` CLI), which must not turn a wrong path into a new store.
     pub fn open_existing(self, path: impl AsRef<Path>) -> Result<Store, Error> {
         self.validate()?;
         let path = path.as_ref();
         contain_open(|| {
             refuse_empty(path)?;
+            // Any failure of the read-only open (a crashed file, another process holding it) is
+            // left to the open for writing to handle or report, as before.
+            if let Ok(db) = self.redb_builder().open_read_only(path) {
+                check_marker(&db.begin_read()?)?;
+            }
             let db = self.redb_builder().open(path).map_err(open_error)?;
             Store::init(db, self, Create::No)
         })
@@ -662,40 +668,35 @@ impl Drop for Inner {
 // read path, the work of every write batch, the commit protocol's steps, the integrity check,
 // compaction — inside `catch_unwind`, and turns such a panic into `Error::CorruptStore`
 // (latching fail-stop when it happened inside a write). Caller code that runs inside those
-// sections (a closure, the `Clock`, a progress callback) is marked with `caller_code`: a panic
-// that unwinds out of it is the caller's own and continues unwinding exactly as before.
+// sections (a closure, the `Clock`, a progress callback) runs through `caller_code`, which wraps
+// a panic unwinding out of it in `CallerPanic`; the boundary unwraps it and resumes the caller's
+// own payload, exactly as it was. The mark travels with the panic itself, so a panic the caller
+// caught inside its own code leaves nothing behind that could misclassify a later one.
 
-thread_local! {
-    /// Set when a panic unwinds out of caller code; read (and cleared) where it is caught.
-    static CALLER_PANICKED: Cell<bool> = const { Cell::new(false) };
-}
+/// The payload of a panic that unwound out of caller code inside a storage section: the caller's
+/// own payload, carried to the boundary, which resumes it unchanged.
+struct CallerPanic(Box<dyn Any + Send>);
 
 /// Runs caller-supplied code (a closure, the clock, a callback) inside a storage section: a panic
-/// from it is marked as the caller's, so the boundary lets it continue.
+/// from it is marked as the caller's, so the boundary lets it continue. Only ever called inside a
+/// storage section (`catch_storage_panic`), which unwraps the mark: outside one, the caller would
+/// see the wrapper instead of its own payload.
 pub(crate) fn caller_code<T>(f: impl FnOnce() -> T) -> T {
-    struct Mark {
-        /// Already unwinding when entered (a destructor running during a panic): a panic seen
-        /// at drop is not this code's.
-        unwinding: bool,
-    }
-    impl Drop for Mark {
-        fn drop(&mut self) {
-            if !self.unwinding && std::thread::panicking() {
-                let _ = CALLER_PANICKED.try_with(|c| c.set(true));
-            }
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+        if payload.is::<CallerPanic>() {
+            // Already marked (caller code nested in caller code): one mark is enough.
+            std::panic::resume_unwind(payload)
         }
-    }
-    let _mark = Mark {
-        unwinding: std::thread::panicking(),
-    };
-    f()
+        std::panic::resume_unwind(Box::new(CallerPanic(payload)))
+    })
 }
 
 /// A panic caught at the storage boundary.
 pub(crate) enum Panicked {
-    /// It unwound out of caller code: the caller's own, to be resumed as it is.
+    /// It unwound out of caller code: the caller's own payload, to be resumed as it is.
     Caller(Box<dyn Any + Send>),
-    /// It came from redb (or the storage backend) reading the file: its message.
+    /// It came from redb (or the storage backend, or idem's own code) reading the file: its
+    /// message.
     Storage(String),
 }
 
@@ -710,32 +711,31 @@ impl Panicked {
     }
 }
 
-/// The [`Error::CorruptStore`] of a storage panic.
+/// The [`Error::CorruptStore`] of a storage panic. The boundary cannot tell a damaged page from
+/// a bug in redb or idem, so the message names both, and the way to tell them apart. It warns
+/// against the usual remedy for a damaged file: an older copy of an idempotency store re-opens
+/// every key completed since it was taken.
 pub(crate) fn damaged(while_: &str, message: &str) -> Error {
     Error::CorruptStore {
-        reason: format!("redb failed on damaged data while {while_}: {message}"),
+        reason: format!(
+            "redb or idem panicked while {while_} (a damaged page, or a bug): {message}; run `idem check` on a copy: if it passes, this is a bug — report it, and do not restore an older copy of the store (every intent completed since then would run again)"
+        ),
     }
 }
 
 /// A read path at the storage boundary: a panic redb raises on damaged data while `f` runs is
 /// [`Error::CorruptStore`] (reads change nothing, so no fail-stop); a panic in caller code inside
-/// `f` (marked with [`caller_code`]) continues unwinding.
+/// `f` (run through [`caller_code`]) continues unwinding.
 pub(crate) fn contained<T>(while_: &str, f: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> {
     catch_storage_panic(f).unwrap_or_else(|p| Err(p.into_error(while_)))
 }
 
-/// Runs `f` (idem code calling redb) and catches a panic, telling the caller's apart.
+/// Runs `f` (idem code calling redb) and catches a panic, telling the caller's apart: it is the
+/// caller's exactly when it unwound out of [`caller_code`].
 pub(crate) fn catch_storage_panic<T>(f: impl FnOnce() -> T) -> Result<T, Panicked> {
-    let _ = CALLER_PANICKED.try_with(|c| c.set(false));
-    catch_unwind(AssertUnwindSafe(f)).map_err(|payload| {
-        if CALLER_PANICKED
-            .try_with(|c| c.replace(false))
-            .unwrap_or(false)
-        {
-            Panicked::Caller(payload)
-        } else {
-            Panicked::Storage(panic_message(payload.as_ref()))
-        }
+    catch_unwind(AssertUnwindSafe(f)).map_err(|payload| match payload.downcast::<CallerPanic>() {
+        Ok(caller) => Panicked::Caller(caller.0),
+        Err(payload) => Panicked::Storage(panic_message(payload.as_ref())),
     })
 }
 
@@ -951,10 +951,13 @@ impl Store {
 
     /// Runs redb's full integrity check of the file (and repairs it if it can), plus idem's own
     /// check that the expiry index matches the records. Returns `Ok(true)` if the file passed,
-    /// `Ok(false)` if redb found damage and repaired it. Slow: for operators who suspect the file
-    /// was modified outside idem, not for normal operation (crash recovery is automatic). Like
-    /// [`Store::compact`], it needs the only handle ([`Error::InUse`] otherwise), and a
-    /// fail-stopped store must be reopened first ([`Error::FailStopped`]).
+    /// `Ok(false)` if redb found damage and repaired it, and [`Error::ExpiryIndexMismatch`] if
+    /// redb's pages passed (or were repaired) but the expiry index disagrees with the records
+    /// (no fail-stop; a damage or a panic while reading them is [`Error::CorruptStore`]). Slow:
+    /// for operators who suspect the file was modified outside idem, not for normal operation
+    /// (crash recovery is automatic). Like [`Store::compact`], it needs the only handle
+    /// ([`Error::InUse`] otherwise), and a fail-stopped store must be reopened first
+    /// ([`Error::FailStopped`]).
     ///
     /// **Run it on a copy when you suspect damage.** If redb cannot repair the file, this returns
     /// [`Error::CorruptStore`] and the store is fail-stopped; redb has then marked the file for
@@ -975,9 +978,13 @@ impl Store {
         let restarted = self.start_background();
         let passed = checked?;
         restarted?;
-        self.check_expiry_index()
-            .map_err(|reason| Error::CorruptStore { reason })?;
-        Ok(passed)
+        match self.expiry_index_verdict()? {
+            Ok(()) => Ok(passed),
+            Err(reason) => Err(Error::ExpiryIndexMismatch {
+                reason,
+                repaired: !passed,
+            }),
+        }
     }
 
     fn check_integrity_exclusive(&mut self) -> Result<bool, Error> {
@@ -1252,7 +1259,14 @@ impl Store {
 
     /// The store's current time.
     pub fn now(&self) -> Timestamp {
-        // The clock is caller-supplied: its panic is the caller's, even inside a storage section.
+        // Outside every storage section: a panic of the (caller-supplied) clock is the caller's
+        // as it is. Inside a section idem reads it with `now_in_section`.
+        self.inner.clock.now()
+    }
+
+    /// The store's time, read by idem inside a storage section: a panic of the clock is the
+    /// caller's, not damage.
+    pub(crate) fn now_in_section(&self) -> Timestamp {
         caller_code(|| self.inner.clock.now())
     }
 
@@ -1298,9 +1312,11 @@ impl Store {
     /// The lock-free path: a read transaction answers replays, mismatches and in-flight keys.
     fn read_path(&self, request: &Request, key: &[u8]) -> Result<Option<Early>, Error> {
         let stored = self.read_record(key)?;
+        let now = self.now();
         Ok(self.early(
-            decide(stored.as_ref(), request.fingerprint(), self.now()),
+            decide(stored.as_ref(), request.fingerprint(), now),
             request,
+            now,
         ))
     }
 
@@ -1313,7 +1329,7 @@ impl Store {
     ) -> Result<Claimed, Error> {
         let stored = self.load(txn, key)?;
         let decision = decide(stored.as_ref(), request.fingerprint(), now);
-        if let Some(early) = self.early(decision.clone(), request) {
+        if let Some(early) = self.early(decision.clone(), request, now) {
             return Ok(Claimed::Early(early));
         }
         Ok(match (decision, &stored) {
@@ -1329,7 +1345,8 @@ impl Store {
         })
     }
 
-    fn early(&self, decision: Decision<'_>, request: &Request) -> Option<Early> {
+    /// The answer that needs no claim, if any; `now` is the time the decision was made at.
+    fn early(&self, decision: Decision<'_>, request: &Request, now: Timestamp) -> Option<Early> {
         match decision {
             Decision::Claim | Decision::Takeover { .. } => None,
             Decision::Replay(r) => Some(Early::Replay(r.clone())),
@@ -1341,7 +1358,7 @@ impl Store {
             })),
             Decision::InFlight { lease_deadline } => Some(Early::InFlight {
                 retry_after: lease_deadline
-                    .saturating_since(self.now())
+                    .saturating_since(now)
                     .min(self.inner.config.retry_after_cap)
                     .max(Duration::from_millis(1)),
             }),
@@ -1664,4 +1681,81 @@ impl Early {
 enum Claimed {
     Early(Early),
     Free { created_at: Timestamp, attempt: u32 },
+}
+
+#[cfg(test)]
+mod tests {
+    use std::panic::{AssertUnwindSafe, catch_unwind, panic_any};
+
+    use super::*;
+
+    /// The text of a caller's panic as the boundary hands it back (`None`: a storage panic).
+    fn caller_payload<T>(r: Result<T, Panicked>) -> Option<String> {
+        match r {
+            Ok(_) => panic!("nothing panicked"),
+            Err(Panicked::Caller(payload)) => Some(panic_message(payload.as_ref())),
+            Err(Panicked::Storage(_)) => None,
+        }
+    }
+
+    #[test]
+    fn a_panic_out_of_caller_code_is_the_callers_with_its_own_payload() {
+        let r = catch_storage_panic(|| caller_code(|| panic_any("mine")));
+        assert_eq!(caller_payload(r).as_deref(), Some("mine"));
+    }
+
+    #[test]
+    fn a_panic_outside_caller_code_is_a_storage_panic() {
+        let r = catch_storage_panic(|| {
+            caller_code(|| 1);
+            panic_any("redb")
+        });
+        assert_eq!(caller_payload(r), None);
+    }
+
+    /// The case a thread-local flag got wrong: caller code whose panic the caller caught itself,
+    /// then a storage panic in the same section.
+    #[test]
+    fn a_storage_panic_after_a_caller_panic_the_caller_caught_is_a_storage_panic() {
+        let r = catch_storage_panic(|| {
+            caller_code(|| {
+                let caught = catch_unwind(|| caller_code(|| panic_any("caught by the caller")));
+                assert!(caught.is_err());
+            });
+            let caught = catch_unwind(|| caller_code(|| panic_any("caught by idem's caller")));
+            assert!(caught.is_err());
+            panic_any("redb")
+        });
+        assert!(
+            matches!(&r, Err(Panicked::Storage(m)) if m == "redb"),
+            "{:?}",
+            caller_payload(r)
+        );
+    }
+
+    /// Caller code → a store call (its own section) → caller code: the innermost panic reaches
+    /// the outer caller's code as it was, and from there the outer caller.
+    #[test]
+    fn a_caller_panic_crosses_nested_sections_unchanged() {
+        let mut seen_inside = None;
+        let r = catch_storage_panic(|| {
+            caller_code(|| {
+                let inner = catch_unwind(AssertUnwindSafe(|| {
+                    contained("reading", || -> Result<(), Error> {
+                        caller_code(|| panic_any("deep"))
+                    })
+                }));
+                let payload = inner.expect_err("the inner caller panic continues");
+                seen_inside = Some(panic_message(payload.as_ref()));
+                std::panic::resume_unwind(payload)
+            })
+        });
+        assert_eq!(seen_inside.as_deref(), Some("deep"));
+        assert_eq!(caller_payload(r).as_deref(), Some("deep"));
+        // A storage panic in the nested section is its CorruptStore, inside the caller's code.
+        let r = catch_storage_panic(|| {
+            caller_code(|| contained("reading", || -> Result<(), Error> { panic_any("redb") }))
+        });
+        assert!(matches!(r, Ok(Err(Error::CorruptStore { .. }))));
+    }
 }

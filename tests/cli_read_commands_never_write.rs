@@ -60,7 +60,7 @@ fn read_commands_leave_the_file_as_it_was(path: &Path, what: &str) -> Vec<Output
             "{what}: {args:?} changed the file's mtime"
         );
         let err = String::from_utf8_lossy(&o.stderr);
-        assert!(!err.contains("panicked"), "{what}: {args:?}: {err}");
+        assert!(!err.contains("panicked at"), "{what}: {args:?}: {err}");
         outputs.push(o);
     }
     // `check` removed its copy: the directory holds the file alone.

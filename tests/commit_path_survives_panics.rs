@@ -1,15 +1,19 @@
-//! A panic on a thread that holds the shared write transaction — in the caller's closure or in
-//! caller-supplied code the commit path calls, like the `Clock` — never strands the other
-//! callers of its batch or the callers queued behind it.
+//! A panic on a thread that holds the shared write transaction — in the caller's closure, in
+//! caller-supplied code the commit path calls, like the `Clock`, or in a step of the protocol
+//! itself — never strands the other callers of its batch or the callers queued behind it.
 
 mod common;
 
-use std::sync::mpsc;
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc};
 use std::thread;
 use std::time::Duration;
 
 use common::*;
-use idem::{Clock, ManualClock, Outcome, Response, Store, Timestamp};
+use idem::redb::StorageBackend;
+use idem::redb::backends::InMemoryBackend;
+use idem::{Clock, Error, ManualClock, Outcome, Response, Store, Timestamp};
 
 /// A clock that panics when read on the thread named "victim".
 #[derive(Debug, Clone)]
@@ -92,4 +96,106 @@ fn a_clock_that_panics_inside_a_batch_strands_no_one() {
     executed(store.execute(req("t", "op", "after", b"p"), |_| {
         Ok(Response::new(201, "after"))
     }));
+}
+
+/// An in-memory backend whose next `sync_data` panics once armed, as redb may on a damaged page.
+#[derive(Debug, Clone)]
+struct PanicsOnSyncWhenArmed {
+    inner: Arc<InMemoryBackend>,
+    armed: Arc<AtomicBool>,
+}
+
+impl StorageBackend for PanicsOnSyncWhenArmed {
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        self.inner.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        if self.armed.swap(false, Ordering::SeqCst) {
+            panic!("the backend failed while syncing");
+        }
+        self.inner.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.inner.write(offset, data)
+    }
+}
+
+/// A panic in a step of the commit protocol itself (here the commit's fsync, in the storage
+/// backend) fail-stops the store, answers the member waiting on that commit, and is
+/// `CorruptStore` for the member that ran it: no one is stranded and no panic escapes.
+#[test]
+fn a_panic_in_a_commit_step_answers_every_member_and_latches() {
+    let armed = Arc::new(AtomicBool::new(false));
+    let store = Store::builder()
+        .clock(ManualClock::new(T0))
+        .open_with_backend(PanicsOnSyncWhenArmed {
+            inner: Arc::new(InMemoryBackend::new()),
+            armed: armed.clone(),
+        })
+        .expect("open");
+    let (held_tx, held_rx) = mpsc::channel::<()>();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let (first_tx, first_rx) = mpsc::channel();
+    let (last_tx, last_rx) = mpsc::channel();
+    thread::scope(|s| {
+        let store = &store;
+        s.spawn(move || {
+            executed(store.execute(req("t", "op", "gate", b"p"), |_| {
+                held_tx.send(()).expect("test alive");
+                release_rx.recv().expect("released");
+                Ok(Response::new(200, "gate"))
+            }));
+        });
+        held_rx.recv().expect("gate holds the writer");
+        // The next batch: `first` leads it, `last` runs last, arms the backend and commits.
+        // Detached threads: if a member were stranded, the bounded waits below fail the test.
+        let first_store = store.clone();
+        thread::spawn(move || {
+            let r = first_store.execute(req("t", "op", "first", b"p"), |_| {
+                Ok(Response::new(201, "first"))
+            });
+            first_tx.send(r).expect("test alive");
+        });
+        wait_for_queue(store, 1);
+        let last_store = store.clone();
+        let arm = armed.clone();
+        thread::spawn(move || {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                last_store.execute(req("t", "op", "last", b"p"), |_| {
+                    arm.store(true, Ordering::SeqCst);
+                    Ok(Response::new(201, "last"))
+                })
+            }));
+            last_tx.send(r.ok()).expect("test alive");
+        });
+        wait_for_queue(store, 2);
+        release_tx.send(()).expect("gate alive");
+    });
+    let last = last_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the committing member returns")
+        .expect("no panic reaches the committing member's caller");
+    match &last {
+        Err(Error::CorruptStore { reason }) => {
+            assert!(reason.contains("committing a batch"), "{reason}")
+        }
+        other => panic!("expected CorruptStore, got {other:?}"),
+    }
+    let first = first_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the member waiting on the commit is answered, not stranded");
+    assert!(matches!(first, Err(Error::FailStopped { .. })), "{first:?}");
+    assert!(store.failure().is_some(), "a panicking commit fail-stops");
+    assert!(matches!(
+        store.execute(req("t", "op", "after", b"p"), |_| Ok(Response::new(
+            201, "after"
+        ))),
+        Err(Error::FailStopped { .. })
+    ));
 }

@@ -274,3 +274,55 @@ fn a_closure_panic_is_still_the_callers() {
     );
     assert_eq!(store.failure(), None);
 }
+
+/// A contained panic may be damage or a bug, and the message says so: it sends the operator to
+/// `idem check` on a copy, and warns against restoring an older copy of an idempotency store
+/// (every intent completed since would run again). No `CorruptStore` message advises a restore
+/// without that warning.
+#[test]
+fn a_contained_panic_says_it_may_be_a_bug_and_warns_against_restoring_an_older_copy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("damaged.redb");
+    let mut contained = 0;
+    for seed in 0..SEEDS {
+        let (damaged, _) = damage(store_bytes(), seed);
+        std::fs::write(&path, &damaged).expect("write");
+        let Ok(store) = Store::builder().clock(ManualClock::new(T0)).open(&path) else {
+            continue;
+        };
+        let Err(e) = store.for_each_record(|_, _| ControlFlow::Continue(())) else {
+            continue;
+        };
+        let Error::CorruptStore { reason } = &e else {
+            continue;
+        };
+        // The walk's own contained panics (not a damage redb reported as an error).
+        if !reason.contains("while reading the records") {
+            continue;
+        }
+        contained += 1;
+        assert!(
+            reason.contains("redb or idem panicked while reading the records"),
+            "{reason}"
+        );
+        assert!(reason.contains("a damaged page, or a bug"), "{reason}");
+        assert!(reason.contains("idem check"), "{reason}");
+        assert!(reason.contains("if it passes, this is a bug"), "{reason}");
+        assert!(reason.contains("do not restore an older copy"), "{reason}");
+        assert!(
+            e.to_string().contains("would run again"),
+            "the advice to restore a backup warns: {e}"
+        );
+    }
+    assert!(contained > 0, "no walk hit a contained panic");
+    let plain = Error::CorruptStore {
+        reason: "any".into(),
+    }
+    .to_string();
+    assert!(plain.contains("would run again"), "{plain}");
+    let record = Error::CorruptRecord {
+        reason: "any".into(),
+    }
+    .to_string();
+    assert!(record.contains("would run again"), "{record}");
+}

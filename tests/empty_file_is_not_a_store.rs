@@ -3,7 +3,9 @@
 //! service may create the file before it opens it (`tempfile`, `touch`, a deployment step).
 //!
 //! Before (e693a17): `: > x.redb; idem --file x.redb stats` exited 0 and grew the file to
-//! 72 KiB (an empty store), and `check` said ok.
+//! 72 KiB (an empty store), and `check` said ok. A redb file without idem's marker is refused
+//! by `open_existing` without a byte changed (before: redb's open for writing had rewritten its
+//! header by the time the marker was checked).
 
 use idem::{Error, ReadOnlyStore, Scope, Store};
 
@@ -46,7 +48,7 @@ fn the_cli_says_an_empty_file_is_not_a_store_and_leaves_it_empty() {
             String::from_utf8_lossy(&o.stderr)
         );
         assert!(said.contains("not an idem store"), "{args:?}: {said}");
-        assert!(!said.contains("panicked"), "{args:?}: {said}");
+        assert!(!said.contains("panicked at"), "{args:?}: {said}");
         assert_eq!(
             std::fs::metadata(&path).expect("still there").len(),
             0,
@@ -155,4 +157,43 @@ fn a_redb_file_without_the_format_marker_is_not_an_idem_store() {
             other => panic!("{what}: expected CorruptStore, got {other:?}"),
         }
     }
+}
+
+/// `open_existing` refuses a redb file without idem's marker before it writes anything: the file
+/// stays byte for byte as it was (redb's open for writing would rewrite its header first).
+#[test]
+fn a_refused_open_existing_leaves_a_plain_redb_file_byte_identical() {
+    use idem::redb::TableDefinition;
+    const THEIRS: TableDefinition<&str, u64> = TableDefinition::new("theirs");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("plain.redb");
+    {
+        let db = idem::redb::Database::create(&path).expect("a plain redb file");
+        let txn = db.begin_write().expect("write");
+        txn.open_table(THEIRS)
+            .expect("table")
+            .insert("k", 1)
+            .expect("insert");
+        txn.commit().expect("commit");
+    }
+    let before = std::fs::read(&path).expect("read");
+    let r = Store::builder().open_existing(&path).map(|_| ());
+    assert!(
+        matches!(&r, Err(Error::CorruptStore { reason }) if reason.contains("not an idem store")),
+        "{r:?}"
+    );
+    assert!(
+        std::fs::read(&path).expect("read") == before,
+        "the refused file was written"
+    );
+    // Also in multi-process mode.
+    let r = Store::builder()
+        .multi_process(true)
+        .open_existing(&path)
+        .map(|_| ());
+    assert!(matches!(r, Err(Error::CorruptStore { .. })), "{r:?}");
+    assert!(
+        std::fs::read(&path).expect("read") == before,
+        "the refused file was written (multi-process)"
+    );
 }

@@ -209,6 +209,10 @@ macro_rules! out {
     };
 }
 
+/// The remedy of restoring a backup, with what it costs an idempotency store.
+const RESTORE: &str =
+    "restore a backup (every intent completed after the backup was taken would run again)";
+
 /// A line on stderr. A failure to write it is ignored: there is nowhere left to report it.
 fn say(msg: &str) {
     let _ = writeln!(io::stderr().lock(), "idem: {msg}");
@@ -345,7 +349,7 @@ fn check_before_writing(cli: &Cli) -> Result<(), Failure> {
         format!(
             "{file}: refused: this command writes to the file, and redb's integrity check of a \
              copy of it failed ({why}). Nothing was written. Keep the file as it is (evidence), \
-             run `idem check` to see the damage and restore the store from a backup; or pass \
+             run `idem check` to see the damage, then move the file away or {RESTORE}; or pass \
              --force to write to it anyway"
         )
         .into()
@@ -358,10 +362,14 @@ fn check_before_writing(cli: &Cli) -> Result<(), Failure> {
     match store.check_integrity() {
         Ok(true) => Ok(()),
         // redb's pages are intact and only idem's expiry index disagrees with the records:
-        // `sweep` repairs that, and `purge` is the remedy for a record that does not decode.
-        // (A failure of redb's own check fail-stops the store; an index mismatch does not.)
-        Err(Error::CorruptStore { .. }) if store.failure().is_none() => Ok(()),
-        Ok(false) => Err(refuse("redb found damage and repaired the copy".into())),
+        // `sweep` repairs most of that, and `purge` is the remedy for a record that does not
+        // decode. Anything else — a damaged page, a panic contained while reading — refuses.
+        Err(Error::ExpiryIndexMismatch {
+            repaired: false, ..
+        }) => Ok(()),
+        Ok(false) | Err(Error::ExpiryIndexMismatch { repaired: true, .. }) => {
+            Err(refuse("redb found damage and repaired the copy".into()))
+        }
         Err(e) => Err(refuse(detail(&e))),
     }
 }
@@ -370,6 +378,10 @@ fn check_before_writing(cli: &Cli) -> Result<(), Failure> {
 /// without writing to it: a read-only open holds redb's shared lock meanwhile (refused while
 /// another process has the file open for writing), and a file that does not open read-only (it
 /// needs recovery, or it is damaged) is copied as it is, so the recovery runs on the copy.
+/// In multi-process mode the lock admits writers, which may commit during the copy: a read
+/// transaction held through it keeps every page of its snapshot, and of every later commit,
+/// from being reused meanwhile (redb frees a page for reuse only once no reader may still see
+/// it), so the commit the copied header names is copied whole.
 /// Returns the copy and whether the lock was held.
 fn copy_of_file(cli: &Cli) -> Result<(Removed, bool), Failure> {
     require_file(cli)?;
@@ -387,6 +399,8 @@ fn copy_of_file(cli: &Cli) -> Result<(Removed, bool), Failure> {
         }
         Err(_) => None,
     };
+    // Without it (it failed to begin) the copy is made as before: a damage it shows is checked.
+    let _snapshot = lock.as_ref().and_then(|store| store.begin_read().ok());
     let path = cli
         .file
         .with_extension(format!("idem-check-{}.redb", std::process::id()));
@@ -585,14 +599,19 @@ fn check<W: Write>(cli: &Cli, o: &mut Out<W>, in_place: bool) -> Result<(), Fail
                 out!(o, "  {subject} does not open as a store: {}", detail(&e));
                 out!(o, "  {file} itself was not modified; the copy was removed");
                 return Err(format!(
-                    "{file} does not open as an idem store: it is damaged or is not one (above); if it should be one, restore it from a backup"
+                    "{file} does not open as an idem store: it is damaged or is not one (above); if it should be one, move it away or {RESTORE}"
                 )
                 .into());
             }
         }
     };
-    // redb's full integrity check first (it needs the only handle, which this is).
-    let integrity = store.check_integrity();
+    // redb's full integrity check first (it needs the only handle, which this is), with idem's
+    // expiry-index check: a mismatch there leaves redb's verdict as it was (no fail-stop) and is
+    // reported after the records.
+    let (integrity, index) = match store.check_integrity() {
+        Err(Error::ExpiryIndexMismatch { reason, repaired }) => (Ok(!repaired), Err(reason)),
+        other => (other, Ok(())),
+    };
     let verdict = match &integrity {
         Ok(true) => "ok",
         Ok(false) => "REPAIRED",
@@ -604,27 +623,23 @@ fn check<W: Write>(cli: &Cli, o: &mut Out<W>, in_place: bool) -> Result<(), Fail
         Ok(false) => out!(o, "  redb found damage in {subject} and repaired it"),
         Err(e) => out!(o, "  {subject}: {}", detail(e)),
     }
-    if let Err(e) = &integrity {
-        // The expiry index is checked inside check_integrity: a mismatch there leaves redb's
-        // verdict intact (no fail-stop) and is reported with the records below.
-        if store.failure().is_some() || !matches!(e, Error::CorruptStore { .. }) {
-            if in_place {
-                out!(
-                    o,
-                    "  this was the file itself: redb has marked it for repair, and it will not open again"
-                );
-            } else {
-                out!(
-                    o,
-                    "  this is the result for the temporary copy, which was removed; {file} itself was not modified"
-                );
-            }
-            return Err(format!(
-                "{file} is damaged (above): keep it as it is (evidence) and restore the store \
-                 from a backup; a service that opens it may fail on the damaged pages"
-            )
-            .into());
+    if integrity.is_err() {
+        if in_place {
+            out!(
+                o,
+                "  this was the file itself: redb has marked it for repair, and it will not open again"
+            );
+        } else {
+            out!(
+                o,
+                "  this is the result for the temporary copy, which was removed; {file} itself was not modified"
+            );
         }
+        return Err(format!(
+            "{file} is damaged (above): keep it as it is (evidence), and move it away or \
+             {RESTORE}; a service that opens it may fail on the damaged pages"
+        )
+        .into());
     }
     let mut ok = 0u64;
     let mut bad = Vec::new();
@@ -644,7 +659,6 @@ fn check<W: Write>(cli: &Cli, o: &mut Out<W>, in_place: bool) -> Result<(), Fail
     if let Err(e) = &walked {
         out!(o, "  reading the records stopped: {e}");
     }
-    let index = store.check_expiry_index();
     out!(
         o,
         "expiry_index {}",
@@ -653,10 +667,10 @@ fn check<W: Write>(cli: &Cli, o: &mut Out<W>, in_place: bool) -> Result<(), Fail
     if let Err(detail) = &index {
         out!(o, "  {detail}");
     }
-    if !bad.is_empty() || walked.is_err() || index.is_err() || integrity.is_err() {
+    if !bad.is_empty() || walked.is_err() || index.is_err() {
         return Err(format!(
             "the store has problems (above): `idem get` / `idem purge` the keys, `idem sweep` \
-             repairs the expiry index, or restore {file} from a backup"
+             repairs the expiry index, or move {file} away or {RESTORE}"
         )
         .into());
     }
