@@ -39,9 +39,9 @@
 //!   if recording itself fails, the lease is left to lapse, never released. Only a status the
 //!   user excludes with [`IdempotencyLayer::record_status`] (5xx by default) releases the key;
 //! - **bounded store admissions**: at most [`IdempotencyLayer::max_in_flight`] claims (default
-//!   the store's `max_queue`) run at once; over that, a covered request gets `503` +
-//!   `Retry-After` at once ([`problem::RETRY`]). Store calls after the handler ran are never
-//!   refused for lack of room.
+//!   the store's `max_queue`, at most 256) run at once; over that, a covered request gets
+//!   `503` + `Retry-After` at once ([`problem::RETRY`]). Store calls after the handler ran are
+//!   never refused for lack of room.
 //!
 //! The handler's own writes are **not** in idem's transaction by default: if the process dies
 //! after the handler wrote and before the answer was recorded, the lease lapses and a retry runs
@@ -214,7 +214,7 @@ pub struct LayerMetrics {
 /// `"{METHOD} {route template}"` (the request path when no template is known); fingerprint of
 /// method, operation, path and query, and body (no headers); body limit 1 MiB; missing key → 400; replayed
 /// headers `Content-Type` and `Location`; every status recorded except 5xx; at most the store's
-/// `max_queue` store admissions in flight.
+/// `max_queue`, and at most 256, store admissions in flight.
 ///
 /// Clones of a layer share its in-flight limit and its [`LayerMetrics`]; a builder method
 /// called on one clone changes only that clone's settings ([`IdempotencyLayer::max_in_flight`]
@@ -241,6 +241,13 @@ fn permits(n: usize) -> usize {
     n.clamp(1, Semaphore::MAX_PERMITS)
 }
 
+/// The default bound on store admissions: half of tokio's default blocking pool (512
+/// threads). Every admission occupies a blocking thread while it waits for the store; with
+/// more admissions than threads, the surplus would queue in tokio's blocking queue and the
+/// calls that finish started requests (recording, heartbeats), which queue behind them in
+/// FIFO order, would be delayed past their lease deadline. Half leaves them threads.
+const DEFAULT_MAX_IN_FLIGHT: usize = 256;
+
 impl IdempotencyLayer {
     /// A layer on `store` whose tenant comes from `tenant` (e.g. the authenticated principal an
     /// earlier layer put in the extensions). `None` answers `400` ([`problem::MISSING_TENANT`])
@@ -263,7 +270,7 @@ impl IdempotencyLayer {
     }
 
     fn with_tenant(store: Store, tenant: TenantSource) -> Self {
-        let max_in_flight = permits(store.max_queue());
+        let max_in_flight = permits(store.max_queue().min(DEFAULT_MAX_IN_FLIGHT));
         IdempotencyLayer {
             config: Arc::new(Config {
                 store,
@@ -345,7 +352,12 @@ impl IdempotencyLayer {
     }
 
     /// The most store admissions (the claim of a key, [`Store::begin`]) this layer and its
-    /// clones run at once (default: the store's `max_queue`, 4,096; at least 1). A covered
+    /// clones run at once (at least 1). The default is the store's `max_queue`, at most 256:
+    /// half of tokio's default blocking pool (512 threads), because each admission occupies a
+    /// blocking thread while it waits for the store, and the calls that finish started requests
+    /// (recording their answers, heartbeats) must still find threads — queued behind surplus
+    /// admissions they could be delayed past their lease deadline. A larger limit wants a
+    /// blocking pool (`max_blocking_threads`) of at least twice its size. A covered
     /// request that finds them all busy is answered `503` + `Retry-After: 1`
     /// ([`problem::RETRY`]) at once, without waiting and without running the handler, and
     /// counted in [`LayerMetrics::overloaded`]. Store calls after the handler ran (recording
