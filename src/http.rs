@@ -36,8 +36,9 @@
 //!   over the store's `max_response_bytes` is recorded without its body and replayed with
 //!   [`IDEMPOTENT_BODY_OMITTED`]; a handler that panics, whose response body fails, or whose
 //!   inner service returns `Err` is recorded as a terminal `500` ([`problem::HANDLER_FAILED`]);
-//!   if recording itself fails, the lease is left to lapse, never released. Only a status the
-//!   user excludes with [`IdempotencyLayer::record_status`] (5xx by default) releases the key;
+//!   if recording itself fails, the lease is left to lapse, never released. Every status is
+//!   recorded except `503` (and what the user excludes with
+//!   [`IdempotencyLayer::record_status`]): only such a status releases the key;
 //! - **bounded store admissions**: at most [`IdempotencyLayer::max_in_flight`] claims (default
 //!   the store's `max_queue`, at most 256) run at once; over that, a covered request gets
 //!   `503` + `Retry-After` at once ([`problem::RETRY`]). Store calls after the handler ran are
@@ -213,7 +214,7 @@ pub struct LayerMetrics {
 /// Defaults: methods POST, PUT, PATCH, DELETE; key header `Idempotency-Key`; operation
 /// `"{METHOD} {route template}"` (the request path when no template is known); fingerprint of
 /// method, operation, path and query, and body (no headers); body limit 1 MiB; missing key → 400; replayed
-/// headers `Content-Type` and `Location`; every status recorded except 5xx; at most the store's
+/// headers `Content-Type` and `Location`; every status recorded except 503; at most the store's
 /// `max_queue`, and at most 256, store admissions in flight.
 ///
 /// Clones of a layer share its in-flight limit and its [`LayerMetrics`]; a builder method
@@ -282,7 +283,7 @@ impl IdempotencyLayer {
                 replay_headers: vec![CONTENT_TYPE, LOCATION],
                 body_limit: 1024 * 1024,
                 missing_key: MissingKey::Reject,
-                record_status: Arc::new(|s: StatusCode| !s.is_server_error()),
+                record_status: Arc::new(|s: StatusCode| s != StatusCode::SERVICE_UNAVAILABLE),
                 admissions: Arc::new(Semaphore::new(max_in_flight)),
                 max_in_flight,
                 counters: Arc::default(),
@@ -338,15 +339,17 @@ impl IdempotencyLayer {
         self.edit(|c| c.missing_key = policy)
     }
 
-    /// Which handler statuses are recorded and replayed. The default records everything but
-    /// 5xx; a status for which `f` returns false releases the key (nothing stored, the next
-    /// retry runs the handler again).
+    /// Which handler statuses are recorded and replayed. The default records every status
+    /// except `503 Service Unavailable`; a status for which `f` returns false releases the key
+    /// (nothing stored, the next retry runs the handler again).
     ///
     /// So a status excluded here must mean **"no effect happened"** (the handler refused, or
-    /// undid its work): it is the only way a key whose handler ran is given up. The default
-    /// excludes 5xx for that reason — a handler answering 503 is saying "try again". A handler
-    /// that fails *after* causing an effect must answer a recorded status (or panic, which
-    /// the layer records as a terminal 500).
+    /// undid its work): it is how a key whose handler ran is given up. The default excludes
+    /// only 503, the conventional "not processed, retry later"; a `500` is recorded (as a
+    /// terminal failure, like a 4xx), because handlers commonly answer 500 for "failed after a
+    /// partial write", and a retry must not cause a second effect (Stripe likewise stores a 500
+    /// once execution began). A handler that fails *after* causing an effect must answer a
+    /// recorded status (or panic, which the layer records as a terminal 500).
     pub fn record_status(self, f: impl Fn(StatusCode) -> bool + Send + Sync + 'static) -> Self {
         self.edit(|c| c.record_status = Arc::new(f))
     }
@@ -813,10 +816,11 @@ impl Idempotency {
     /// and the answer commit together or not at all; `f` may run more than once (group commit)
     /// and only the committed run counts.
     ///
-    /// A status the layer records as a failure (4xx) is stored as a terminal failure; an
+    /// A status the layer records as a failure (4xx, 5xx) is stored as a terminal failure,
+    /// with `f`'s writes (answer 503 to roll them back and give the key up); an
     /// answer over the store's `max_response_bytes` is stored without its body, like the
     /// layer's own (replayed with [`IDEMPOTENT_BODY_OMITTED`]). A status the layer would not
-    /// record (5xx by default), [`Abort::Retryable`], or a transaction that fails to commit
+    /// record (503 by default), [`Abort::Retryable`], or a transaction that fails to commit
     /// rolls `f`'s writes back and releases the key: nothing of `f` happened. (Effects the
     /// handler caused outside `f`, before calling this, are its own to make idempotent, with
     /// [`Idempotency::downstream_key`].) Returns the HTTP response to send: the answer, or a

@@ -2,8 +2,9 @@
 //! An answer over the store's `max_response_bytes` is recorded without its body (status,
 //! replayed headers, `Location`) and replayed with `Idempotent-Body-Omitted: true`; a handler
 //! that panics, whose response body fails, or whose inner service returns `Err`, is recorded as
-//! a terminal 500 failure and replayed. (Only a status the user excludes with `record_status`
-//! releases the key: `tests/http_layer.rs`.)
+//! a terminal 500 failure and replayed. (Only 503, or a status the user excludes with
+//! `record_status`, releases the key: `tests/http_layer.rs`,
+//! `tests/http_a_server_error_is_recorded_unless_503.rs`.)
 #![cfg(feature = "http")]
 
 use std::sync::Arc;
