@@ -120,6 +120,10 @@ pub mod problem {
     /// 503 + `Retry-After`: the layer's in-flight limit is reached, the store is saturated, or
     /// the handler asked for a retry. Nothing ran or nothing was recorded.
     pub const RETRY: &str = "urn:idem:problem:retry-later";
+    /// 500: the layer was built with a configuration it cannot use (a
+    /// [`super::IdempotencyLayer::tenant_header`] name that is not a valid header name); every
+    /// covered request gets this answer and nothing runs, until the service is fixed.
+    pub const MISCONFIGURED: &str = "urn:idem:problem:layer-misconfigured";
     /// 500: the store failed; the outcome of this request may be unknown: retry with the key.
     pub const STORE_FAILED: &str = "urn:idem:problem:store-failed";
     /// 500: the handler failed after it started (it panicked, its response body failed, or
@@ -148,6 +152,9 @@ enum TenantSource {
     Header(HeaderName),
     /// The caller's extractor ([`IdempotencyLayer::new`]).
     Extract(Arc<PartsFn>),
+    /// [`IdempotencyLayer::tenant_header`] was given this, which is not a header name: every
+    /// covered request is answered `500` ([`problem::MISCONFIGURED`]) rather than a panic.
+    BadHeaderName(String),
 }
 
 #[derive(Clone)]
@@ -261,13 +268,23 @@ impl IdempotencyLayer {
         Self::with_tenant(store, TenantSource::Extract(Arc::new(tenant)))
     }
 
-    /// A layer whose tenant is the value of the request header `name`: exactly one field line
-    /// of visible ASCII without commas (`A, B` is what an intermediary makes of two lines), at
-    /// most the store's tenant limit. No such header answers `400`
-    /// ([`problem::MISSING_TENANT`]); two lines or a bad value answers `400`
-    /// ([`problem::INVALID_TENANT`]).
-    pub fn tenant_header(store: Store, name: &'static str) -> Self {
-        Self::with_tenant(store, TenantSource::Header(HeaderName::from_static(name)))
+    /// A layer whose tenant is the value of the request header `name` (in any case:
+    /// `X-Tenant-Id` is `x-tenant-id`): exactly one field line of visible ASCII without commas
+    /// (`A, B` is what an intermediary makes of two lines), at most the store's tenant limit.
+    /// No such header answers `400` ([`problem::MISSING_TENANT`]); two lines or a bad value
+    /// answers `400` ([`problem::INVALID_TENANT`]).
+    ///
+    /// A `name` that is not a valid header name (empty, or with a character outside RFC 9110's
+    /// token characters, e.g. a space or `:`) does not panic: the layer answers every covered
+    /// request `500` ([`problem::MISCONFIGURED`]) without running the handler, so the mistake
+    /// shows at the first request.
+    pub fn tenant_header(store: Store, name: &str) -> Self {
+        // `from_bytes` lowercases; it refuses only what is no header name in any case.
+        let source = match HeaderName::from_bytes(name.as_bytes()) {
+            Ok(header) => TenantSource::Header(header),
+            Err(_) => TenantSource::BadHeaderName(name.to_owned()),
+        };
+        Self::with_tenant(store, source)
     }
 
     fn with_tenant(store: Store, tenant: TenantSource) -> Self {
@@ -478,6 +495,10 @@ where
     if !config.methods.contains(&parts.method) {
         let req = http::Request::from_parts(parts, Body::new(body));
         return Ok(call_inner(inner, req).await?.0);
+    }
+    // A configuration the layer cannot use answers every covered request, key or not.
+    if let TenantSource::BadHeaderName(name) = &config.tenant {
+        return Ok(misconfigured(name));
     }
     // Key, tenant and operation are checked before the body is read: a request refused for
     // its names never costs a body buffer.
@@ -1059,12 +1080,29 @@ fn key_of(config: &Config, parts: &Parts) -> Result<Option<String>, KeyError> {
     }
 }
 
+/// `500`: the tenant header name given to [`IdempotencyLayer::tenant_header`] is not a header
+/// name.
+fn misconfigured(name: &str) -> http::Response<Body> {
+    problem_response(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        problem::MISCONFIGURED,
+        "Idempotency layer misconfigured",
+        &format!(
+            "the service built its idempotency layer with IdempotencyLayer::tenant_header \
+             ({name:?}), which is not a valid HTTP header name; nothing ran and nothing was \
+             recorded: the service's configuration must be fixed"
+        ),
+    )
+}
+
 /// Why a covered request has no usable tenant.
 enum TenantError {
     /// The extractor found none, or there is no tenant header: `400` missing tenant.
     Missing,
     /// `400` invalid tenant, with this detail.
     Invalid(String),
+    /// `500`: the layer's tenant header name is no header name.
+    Misconfigured(String),
 }
 
 impl TenantError {
@@ -1077,6 +1115,7 @@ impl TenantError {
                 "the request names no tenant; idempotency keys are scoped per tenant",
             ),
             TenantError::Invalid(detail) => invalid_tenant(detail),
+            TenantError::Misconfigured(name) => misconfigured(name),
         }
     }
 }
@@ -1086,6 +1125,7 @@ fn tenant_of(config: &Config, parts: &Parts) -> Result<String, TenantError> {
     let max = config.store.limits().max_tenant_len;
     let tenant = match &config.tenant {
         TenantSource::Extract(f) => f(parts).ok_or(TenantError::Missing)?,
+        TenantSource::BadHeaderName(name) => return Err(TenantError::Misconfigured(name.clone())),
         TenantSource::Header(name) => {
             let mut lines = parts.headers.get_all(name).iter();
             let first = lines.next().ok_or(TenantError::Missing)?;
