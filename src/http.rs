@@ -56,9 +56,13 @@
 //! [`tokio::task::spawn_blocking`]. Once the handler started, it runs to the end in its own task
 //! and its answer is recorded even if the client disconnects. While it runs, the lease is
 //! heartbeated every third of the store's `lease_duration`, so a slow handler is not taken over
-//! by a retry; only a process that died stops heartbeating, and then the lease lapses.
-//! [`IdempotencyLayer::metrics`] counts what an operator should see (bodies not kept, overload,
-//! handler failures, answers that could not be recorded).
+//! by a retry. A heartbeat that fails transiently (the store's queue full, a failed store call
+//! on the blocking pool) is retried after a short pause; heartbeats stop only when the lease
+//! is finished, when it was lost, or when the store fail-stopped or is damaged (then it takes
+//! no write, so no answer could be recorded either). A process that died stops heartbeating,
+//! and then the lease lapses. [`IdempotencyLayer::metrics`] counts what an operator should see
+//! (bodies not kept, overload, handler failures, answers that could not be recorded, failed
+//! heartbeats).
 
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -182,6 +186,7 @@ struct Counters {
     overloaded: AtomicU64,
     handler_failures: AtomicU64,
     not_recorded: AtomicU64,
+    heartbeat_failures: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64) {
@@ -208,6 +213,12 @@ pub struct LayerMetrics {
     /// lease). The key was not released: its lease lapses at its deadline, and only then may a
     /// retry run the handler again.
     pub not_recorded: u64,
+    /// Heartbeats of a running handler's lease that failed. A transient failure (the store's
+    /// queue full, a failed store call) is retried at once after a short pause, so the lease
+    /// does not lapse under the handler; only a failure no retry mends ends the heartbeats (the
+    /// lease was lost, the store fail-stopped), and the answer is then not recorded. A few
+    /// under a load peak are harmless; a steady rise means the store is saturated.
+    pub heartbeat_failures: u64,
     /// Store admissions running at the moment of the snapshot.
     pub in_flight: usize,
     /// The bound on them ([`IdempotencyLayer::max_in_flight`]).
@@ -401,6 +412,7 @@ impl IdempotencyLayer {
             overloaded: c.overloaded.load(Ordering::Relaxed),
             handler_failures: c.handler_failures.load(Ordering::Relaxed),
             not_recorded: c.not_recorded.load(Ordering::Relaxed),
+            heartbeat_failures: c.heartbeat_failures.load(Ordering::Relaxed),
             in_flight: max.saturating_sub(self.config.admissions.available_permits()),
             max_in_flight: max,
         }
@@ -601,7 +613,7 @@ where
     let request = Arc::new(lease.request().clone());
     let downstream = lease.downstream_key();
     let slot = Arc::new(Slot(Mutex::new(Some(lease))));
-    let heartbeat = spawn_heartbeat(&slot, every);
+    let heartbeat = spawn_heartbeat(&slot, every, Arc::clone(&config.counters));
     parts.extensions.insert(Idempotency {
         slot: Arc::clone(&slot),
         request,
@@ -728,25 +740,75 @@ async fn take_lease(slot: &Arc<Slot>) -> Option<Lease> {
     blocking(move || slot.0.lock().take()).await.ok().flatten()
 }
 
+/// What one heartbeat found.
+enum Beat {
+    /// The lease was extended.
+    Extended,
+    /// The slot is empty: the lease was finished, released, or taken to be finished.
+    Gone,
+    /// A failure that may pass (see [`transient`]): try again soon.
+    Retry,
+    /// A failure no retry mends: the lease is lost, or the store refuses every write.
+    Stop,
+}
+
+/// A heartbeat failure worth retrying: the store's queue was full (`Busy`), or a storage
+/// error that may pass (an I/O failure latches fail-stop, so the retry then gets `FailStopped`
+/// and stops). `Aborted` cannot come from a heartbeat, and would be retryable. Everything else
+/// is terminal: `LeaseLost` (another attempt holds the key, or it was released), `FailStopped`
+/// and `OutcomeUnknown` (the store takes no write until reopened), `CorruptStore` and
+/// `CorruptRecord` (damage), and errors a heartbeat cannot meet.
+fn transient(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Busy { .. } | Error::Aborted { .. } | Error::Storage { .. }
+    )
+}
+
 /// Extends the lease every `every` while the handler runs, so a handler slower than the
 /// store's `lease_duration` is not taken over by a retry (a second concurrent execution).
-/// Stops when the lease left its slot (finished or released), or was lost.
-fn spawn_heartbeat(slot: &Arc<Slot>, every: Duration) -> tokio::task::JoinHandle<()> {
+/// A transient failure (the store's queue full, a failed blocking task) does not end this: it
+/// is counted in [`LayerMetrics::heartbeat_failures`] and retried after `every / 4`, well
+/// before the deadline (two thirds of the lease away after a missed beat). Stops when the
+/// lease left its slot (finished or released), or on a failure no retry mends (the lease was
+/// lost, the store fail-stopped or is damaged).
+fn spawn_heartbeat(
+    slot: &Arc<Slot>,
+    every: Duration,
+    counters: Arc<Counters>,
+) -> tokio::task::JoinHandle<()> {
     let weak = Arc::downgrade(slot);
+    let retry = (every / 4).max(Duration::from_millis(5));
     tokio::spawn(async move {
+        let mut pause = every;
         loop {
-            tokio::time::sleep(every).await;
+            tokio::time::sleep(pause).await;
             let Some(slot) = weak.upgrade() else {
                 return;
             };
-            let alive = blocking(move || match slot.0.lock().as_mut() {
-                Some(lease) => lease.heartbeat().is_ok(),
-                None => false,
+            let beat = blocking(move || match slot.0.lock().as_mut() {
+                None => Beat::Gone,
+                Some(lease) => match lease.heartbeat() {
+                    Ok(_) => Beat::Extended,
+                    Err(e) if transient(&e) => Beat::Retry,
+                    Err(_) => Beat::Stop,
+                },
             })
             .await;
-            if !matches!(alive, Ok(true)) {
-                return;
-            }
+            pause = match beat {
+                Ok(Beat::Extended) => every,
+                Ok(Beat::Gone) => return,
+                Ok(Beat::Stop) => {
+                    bump(&counters.heartbeat_failures);
+                    return;
+                }
+                // A panic or cancellation of the blocking task: the lease is still in its
+                // slot (a panic unwinds through the lock guard, which does not poison).
+                Ok(Beat::Retry) | Err(_) => {
+                    bump(&counters.heartbeat_failures);
+                    retry
+                }
+            };
         }
     })
 }
@@ -1824,6 +1886,42 @@ mod tests {
         ));
         // Not released: a retry is told "in flight" until the lease lapses.
         assert!(in_flight_now(&store));
+    }
+
+    #[test]
+    fn heartbeat_failures_are_retried_unless_no_retry_mends_them() {
+        let io = || redb::Error::Io(std::io::Error::other("disk"));
+        let key = || "k".to_owned();
+        for e in [
+            Error::Busy {
+                queued: 1,
+                waited: Duration::from_millis(1),
+            },
+            Error::Aborted {
+                source: "retry".into(),
+            },
+            Error::Storage { source: io() },
+        ] {
+            assert!(transient(&e), "{e}");
+        }
+        for e in [
+            Error::LeaseLost { key: key() },
+            Error::FailStopped {
+                cause: "disk".into(),
+            },
+            Error::OutcomeUnknown {
+                source: Arc::new(io()),
+            },
+            Error::CorruptStore {
+                reason: "page".into(),
+            },
+            Error::CorruptRecord {
+                reason: "bytes".into(),
+            },
+            Error::Internal { what: "bug" },
+        ] {
+            assert!(!transient(&e), "{e}");
+        }
     }
 
     #[test]
