@@ -618,7 +618,6 @@ where
         slot: Arc::clone(&slot),
         request,
         downstream,
-        replay_headers: config.replay_headers.clone().into(),
         config: Arc::clone(&config),
     });
     let req = http::Request::from_parts(parts, Body::from(body));
@@ -651,6 +650,30 @@ where
     }
 }
 
+/// What the layer does with a handler's answer, decided by its status alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Disposition {
+    /// Record it: as a terminal failure (`failure`: 4xx, 5xx) or as completed (the rest).
+    Record {
+        /// Stored with [`Lease::fail`] rather than [`Lease::complete`].
+        failure: bool,
+    },
+    /// Record nothing and release the key: a status `record_status` excludes (503 by
+    /// default), which says no effect happened.
+    Release,
+}
+
+/// The one place a status is judged: the user's `record_status` policy, then failure or not.
+fn disposition(config: &Config, status: StatusCode) -> Disposition {
+    if !(config.record_status)(status) {
+        Disposition::Release
+    } else {
+        Disposition::Record {
+            failure: status.is_client_error() || status.is_server_error(),
+        }
+    }
+}
+
 /// Finishes the lease with the handler's answer (or passes through an answer the handler
 /// recorded itself through [`Idempotency::complete_with`]).
 async fn record(
@@ -659,13 +682,13 @@ async fn record(
     resp: http::Response<Body>,
 ) -> http::Response<Body> {
     let status = resp.status();
-    if !(config.record_status)(status) {
+    let Disposition::Record { failure } = disposition(config, status) else {
         // The user's policy: this status means no effect happened, so the key is given up.
         if let Some(lease) = take_lease(slot).await {
             let _ = blocking(move || lease.release()).await;
         }
         return resp;
-    }
+    };
     // The body is collected while the lease is still in its slot (heartbeated).
     let (parts, body) = resp.into_parts();
     let bytes = match body.collect().await {
@@ -673,7 +696,7 @@ async fn record(
         Err(_) => return record_failure(config, slot).await,
     };
     if let Some(lease) = take_lease(slot).await {
-        finish(config, lease, status, &parts.headers, &bytes).await;
+        finish(config, lease, failure, status, &parts.headers, &bytes).await;
     }
     // If recording failed, the handler's answer still goes out: the effect happened.
     http::Response::from_parts(parts, Body::from(bytes))
@@ -693,26 +716,27 @@ async fn record_failure(config: &Config, slot: &Arc<Slot>) -> http::Response<Bod
     );
     // No lease in the slot: the handler recorded its own answer before failing.
     if let Some(lease) = take_lease(slot).await
-        && finish(config, lease, status, &headers, &body).await
+        && finish(config, lease, true, status, &headers, &body).await
     {
         bump(&config.counters.handler_failures);
     }
     plain_response(status, headers, body)
 }
 
-/// Records an answer with the lease (a 4xx/5xx as a terminal failure), fitted into the store's
-/// response cap; true if it was recorded. If recording fails the lease is dropped unfinished
-/// and lapses (it was marked so before the handler ran): never released.
+/// Records an answer with the lease (as a terminal failure if `failure`), fitted into the
+/// store's response cap; true if it was recorded. If recording fails the lease is dropped
+/// unfinished and lapses (it was marked so before the handler ran): never released.
 async fn finish(
     config: &Config,
     lease: Lease,
+    failure: bool,
     status: StatusCode,
     headers: &HeaderMap,
     body: &[u8],
 ) -> bool {
     let max = config.store.max_response_bytes();
     let (stored, body_kept) = fit_response(status, headers, &config.replay_headers, body, max);
-    let done = blocking(move || finish_lease(lease, status, stored)).await;
+    let done = blocking(move || finish_lease(lease, failure, stored)).await;
     let recorded = matches!(done, Ok(Ok(_)));
     if !recorded {
         bump(&config.counters.not_recorded);
@@ -722,11 +746,11 @@ async fn finish(
     recorded
 }
 
-/// Runs on the blocking pool: completes or fails `lease` with `stored`, letting it lapse (not
-/// releasing it) if that fails.
-fn finish_lease(mut lease: Lease, status: StatusCode, stored: Response) -> Result<Response, Error> {
+/// Runs on the blocking pool: fails (`failure`) or completes `lease` with `stored`, letting it
+/// lapse (not releasing it) if that fails.
+fn finish_lease(mut lease: Lease, failure: bool, stored: Response) -> Result<Response, Error> {
     lease.lapse_on_drop(true);
-    if status.is_client_error() || status.is_server_error() {
+    if failure {
         lease.fail(stored)
     } else {
         lease.complete(stored)
@@ -846,7 +870,6 @@ pub struct Idempotency {
     slot: Arc<Slot>,
     request: Arc<Request>,
     downstream: crate::DownstreamKey,
-    replay_headers: Arc<[HeaderName]>,
     config: Arc<Config>,
 }
 
@@ -924,10 +947,9 @@ impl Idempotency {
         // The transaction holds the effect: if it does not commit, nothing happened, and the
         // core's rule applies (an unfinished lease is released).
         lease.lapse_on_drop(false);
-        let replay_headers = Arc::clone(&self.replay_headers);
         let config = Arc::clone(&self.config);
-        let max = self.config.store.max_response_bytes();
         let done = blocking(move || {
+            let max = config.store.max_response_bytes();
             let mut answer = None;
             let mut body_kept = true;
             let result = lease.complete_with(|tx| {
@@ -935,34 +957,31 @@ impl Idempotency {
                 answer = None;
                 let r = f(tx)?;
                 let (stored, kept) =
-                    fit_response(r.status, &r.headers, &replay_headers, &r.body, max);
+                    fit_response(r.status, &r.headers, &config.replay_headers, &r.body, max);
                 body_kept = kept;
                 let status = r.status;
-                answer = Some(r);
-                if !(config.record_status)(status) {
-                    Err(Abort::Retryable(
+                let disposition = disposition(&config, status);
+                answer = Some((r, disposition));
+                match disposition {
+                    Disposition::Release => Err(Abort::Retryable(
                         format!("status {status} is not recorded").into(),
-                    ))
-                } else if status.is_client_error() || status.is_server_error() {
-                    Err(Abort::Terminal(stored))
-                } else {
-                    Ok(stored)
+                    )),
+                    Disposition::Record { failure: true } => Err(Abort::Terminal(stored)),
+                    Disposition::Record { failure: false } => Ok(stored),
                 }
             });
             (result, answer, body_kept)
         })
         .await;
         match done {
-            Ok((Ok(_), Some(r), body_kept)) => {
+            Ok((Ok(_), Some((r, _)), body_kept)) => {
                 if !body_kept {
                     bump(&self.config.counters.bodies_not_kept);
                 }
                 plain_response(r.status, r.headers, r.body)
             }
             // Not recorded because of its status: the handler's answer still goes out.
-            Ok((Err(Error::Aborted { .. }), Some(r), _))
-                if !(self.config.record_status)(r.status) =>
-            {
+            Ok((Err(Error::Aborted { .. }), Some((r, Disposition::Release)), _)) => {
                 plain_response(r.status, r.headers, r.body)
             }
             Ok((Err(e), _, _)) => error_response(&e),
@@ -1881,7 +1900,7 @@ mod tests {
         let lease = claimed(&store);
         let too_big = Response::new(200, vec![0; 64]);
         assert!(matches!(
-            finish_lease(lease, StatusCode::OK, too_big),
+            finish_lease(lease, false, too_big),
             Err(Error::ResponseTooLarge { .. })
         ));
         // Not released: a retry is told "in flight" until the lease lapses.
