@@ -38,7 +38,9 @@
 //!   inner service returns `Err` is recorded as a terminal `500` ([`problem::HANDLER_FAILED`]);
 //!   if recording itself fails, the lease is left to lapse, never released. Every status is
 //!   recorded except `503` (and what the user excludes with
-//!   [`IdempotencyLayer::record_status`]): only such a status releases the key;
+//!   [`IdempotencyLayer::record_status`]): only such a status releases the key, and, for a
+//!   handler that records through [`Idempotency::complete_with`], a transaction that rolled
+//!   back (nothing of it happened; a panic in it is recorded as a terminal `500` instead);
 //! - **bounded store admissions**: at most [`IdempotencyLayer::max_in_flight`] claims (default
 //!   the store's `max_queue`, at most 256) run at once; over that, a covered request gets
 //!   `503` + `Retry-After` at once ([`problem::RETRY`]). Store calls after the handler ran are
@@ -705,15 +707,7 @@ async fn record(
 /// The handler failed after it started: records a terminal `500` (its effect is unknown, so
 /// it must not run again) and returns that answer.
 async fn record_failure(config: &Config, slot: &Arc<Slot>) -> http::Response<Body> {
-    let (status, headers, body) = problem_parts(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        problem::HANDLER_FAILED,
-        "Handler failed",
-        "the handler failed after it started (it panicked, its response body failed, or the \
-         service returned an error), so its effect is unknown; this answer is recorded and \
-         this key will not run the request again: check the outcome, and use a new key for a \
-         new attempt",
-    );
+    let (status, headers, body) = handler_failed();
     // No lease in the slot: the handler recorded its own answer before failing.
     if let Some(lease) = take_lease(slot).await
         && finish(config, lease, true, status, &headers, &body).await
@@ -721,6 +715,19 @@ async fn record_failure(config: &Config, slot: &Arc<Slot>) -> http::Response<Bod
         bump(&config.counters.handler_failures);
     }
     plain_response(status, headers, body)
+}
+
+/// The parts of the terminal `500` recorded for a handler that failed after it started.
+fn handler_failed() -> (StatusCode, HeaderMap, Bytes) {
+    problem_parts(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        problem::HANDLER_FAILED,
+        "Handler failed",
+        "the handler failed after it started (it panicked, its response body failed, or the \
+         service returned an error), so its effect is unknown; this answer is recorded and \
+         this key will not run the request again: check the outcome, and use a new key for a \
+         new attempt",
+    )
 }
 
 /// Records an answer with the lease (as a terminal failure if `failure`), fitted into the
@@ -922,16 +929,25 @@ impl Idempotency {
     /// and the answer commit together or not at all; `f` may run more than once (group commit)
     /// and only the committed run counts.
     ///
-    /// A status the layer records as a failure (4xx, 5xx) is stored as a terminal failure,
-    /// with `f`'s writes (answer 503 to roll them back and give the key up); an
-    /// answer over the store's `max_response_bytes` is stored without its body, like the
-    /// layer's own (replayed with [`IDEMPOTENT_BODY_OMITTED`]). A status the layer would not
-    /// record (503 by default), [`Abort::Retryable`], or a transaction that fails to commit
-    /// rolls `f`'s writes back and releases the key: nothing of `f` happened. (Effects the
-    /// handler caused outside `f`, before calling this, are its own to make idempotent, with
-    /// [`Idempotency::downstream_key`].) Returns the HTTP response to send: the answer, or a
-    /// problem response when nothing could be recorded. Call it at most once per request; a
-    /// second call answers `500`.
+    /// The answer is judged like the layer's own: a status the layer records as a failure
+    /// (4xx, 5xx) is stored as a terminal failure, with `f`'s writes (answer 503 to roll them
+    /// back and give the key up); an answer over the store's `max_response_bytes` is stored
+    /// without its body (replayed with [`IDEMPOTENT_BODY_OMITTED`]). `Err(Abort::Terminal(r))`
+    /// from `f` is recorded as a terminal failure whatever its status, with `f`'s writes, and
+    /// answered as `r`'s status (500 if it is no HTTP status), body, and resource pointer of
+    /// kind `"location"` as `Location`. The first answer is never marked as a replay.
+    ///
+    /// A status the layer would not record (503 by default), [`Abort::Retryable`], or a
+    /// transaction that fails to commit rolls `f`'s writes back and releases the key: nothing
+    /// of `f` happened. (Effects the handler caused outside `f`, before calling this, are its
+    /// own to make idempotent, with [`Idempotency::downstream_key`].) If `f` panics, its writes
+    /// are rolled back too, but the handler may have caused effects before calling this, so the
+    /// key is not released: like any handler that fails after it started, a terminal `500`
+    /// ([`problem::HANDLER_FAILED`]) is recorded, counted in [`LayerMetrics::handler_failures`]
+    /// and replayed to every retry.
+    ///
+    /// Returns the HTTP response to send: the answer, or a problem response when nothing could
+    /// be recorded. Call it at most once per request; a second call answers `500`.
     pub async fn complete_with<F>(&self, mut f: F) -> http::Response<Body>
     where
         F: FnMut(&Tx<'_>) -> Result<Recorded, Abort> + Send + 'static,
@@ -944,23 +960,41 @@ impl Idempotency {
                 "complete_with was called twice for one request",
             );
         };
-        // The transaction holds the effect: if it does not commit, nothing happened, and the
-        // core's rule applies (an unfinished lease is released).
-        lease.lapse_on_drop(false);
+        // The lease still lapses if dropped unfinished (marked so before the handler ran):
+        // every release below is explicit, and only where nothing of `f` happened.
         let config = Arc::clone(&self.config);
         let done = blocking(move || {
             let max = config.store.max_response_bytes();
             let mut answer = None;
             let mut body_kept = true;
-            let result = lease.complete_with(|tx| {
+            let mut panicked = false;
+            let result = lease.complete_with_held(|tx| {
                 // Only the last (committed) run's answer counts.
                 answer = None;
-                let r = f(tx)?;
+                // A panic of `f` is caught inside the transaction, so it rolls back like a
+                // retryable abort and the lease stays at hand to record the failure.
+                // AssertUnwindSafe: after a panic `f` is not called again (this member leaves
+                // its batch on the abort).
+                let (r, disposition) = match catch_unwind(AssertUnwindSafe(|| f(tx))) {
+                    Ok(Ok(r)) => {
+                        let d = disposition(&config, r.status);
+                        (r, d)
+                    }
+                    // The handler's own terminal failure: recorded as one, whatever its status.
+                    Ok(Err(Abort::Terminal(resp))) => (
+                        terminal_answer(&resp),
+                        Disposition::Record { failure: true },
+                    ),
+                    Ok(Err(other)) => return Err(other),
+                    Err(_panic) => {
+                        panicked = true;
+                        return Err(Abort::Retryable("the handler panicked".into()));
+                    }
+                };
                 let (stored, kept) =
                     fit_response(r.status, &r.headers, &config.replay_headers, &r.body, max);
                 body_kept = kept;
                 let status = r.status;
-                let disposition = disposition(&config, status);
                 answer = Some((r, disposition));
                 match disposition {
                     Disposition::Release => Err(Abort::Retryable(
@@ -970,24 +1004,89 @@ impl Idempotency {
                     Disposition::Record { failure: false } => Ok(stored),
                 }
             });
-            (result, answer, body_kept)
+            match (result, answer) {
+                (Ok(_), Some((r, _))) => Completed::Recorded(r, body_kept),
+                (Err(Error::Aborted { .. }), _) if panicked => {
+                    let (status, headers, body) = handler_failed();
+                    let (stored, _) =
+                        fit_response(status, &headers, &config.replay_headers, &body, max);
+                    let recorded = finish_lease(lease, true, stored).is_ok();
+                    Completed::Panicked { recorded }
+                }
+                // Not recorded because of its status: the handler's answer still goes out.
+                (Err(Error::Aborted { .. }), Some((r, Disposition::Release))) => {
+                    let _ = lease.release();
+                    Completed::Released(r)
+                }
+                // Lost: nothing of ours to release.
+                (Err(e @ Error::LeaseLost { .. }), _) => Completed::Failed(e),
+                // Rolled back: nothing of `f` happened.
+                (Err(e), _) => {
+                    let _ = lease.release();
+                    Completed::Failed(e)
+                }
+                // `Ok` comes only from a run that kept its answer.
+                (Ok(_), None) => Completed::Failed(Error::Internal {
+                    what: "complete_with recorded an answer it did not keep",
+                }),
+            }
         })
         .await;
+        let counters = &self.config.counters;
         match done {
-            Ok((Ok(_), Some((r, _)), body_kept)) => {
+            Ok(Completed::Recorded(r, body_kept)) => {
                 if !body_kept {
-                    bump(&self.config.counters.bodies_not_kept);
+                    bump(&counters.bodies_not_kept);
                 }
                 plain_response(r.status, r.headers, r.body)
             }
-            // Not recorded because of its status: the handler's answer still goes out.
-            Ok((Err(Error::Aborted { .. }), Some((r, Disposition::Release)), _)) => {
-                plain_response(r.status, r.headers, r.body)
+            Ok(Completed::Released(r)) => plain_response(r.status, r.headers, r.body),
+            Ok(Completed::Panicked { recorded }) => {
+                bump(if recorded {
+                    &counters.handler_failures
+                } else {
+                    &counters.not_recorded
+                });
+                let (status, headers, body) = handler_failed();
+                plain_response(status, headers, body)
             }
-            Ok((Err(e), _, _)) => error_response(&e),
-            Ok((Ok(stored), None, _)) => replay(&stored),
+            Ok(Completed::Failed(e)) => error_response(&e),
             Err(resp) => resp,
         }
+    }
+}
+
+/// How [`Idempotency::complete_with`] ended, decided on the blocking pool.
+enum Completed {
+    /// The answer was recorded (and whether its body was kept).
+    Recorded(Recorded, bool),
+    /// The answer's status is not recorded: its writes rolled back, the key released.
+    Released(Recorded),
+    /// `f` panicked: its writes rolled back, and a terminal `500` was recorded (or, if that
+    /// failed, the lease lapses).
+    Panicked {
+        /// The `500` was recorded.
+        recorded: bool,
+    },
+    /// Nothing was recorded.
+    Failed(Error),
+}
+
+/// The HTTP answer of the [`Response`] a handler returned as `Abort::Terminal`: its status
+/// (500 if it is no HTTP status), its body, and a resource pointer of kind `"location"` (the
+/// layer's own) as `Location`.
+fn terminal_answer(resp: &Response) -> Recorded {
+    let status = StatusCode::from_u16(resp.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut headers = HeaderMap::new();
+    if let Some(r) = resp.resource().filter(|r| r.kind == "location")
+        && let Ok(v) = HeaderValue::from_str(&r.id)
+    {
+        headers.insert(LOCATION, v);
+    }
+    Recorded {
+        status,
+        headers,
+        body: Bytes::copy_from_slice(resp.body()),
     }
 }
 
