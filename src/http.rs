@@ -283,8 +283,8 @@ impl IdempotencyLayer {
 
     /// A layer whose tenant is the value of the request header `name` (in any case:
     /// `X-Tenant-Id` is `x-tenant-id`): exactly one field line of visible ASCII without commas
-    /// (`A, B` is what an intermediary makes of two lines), at most the store's tenant limit.
-    /// No such header answers `400` ([`problem::MISSING_TENANT`]); two lines or a bad value
+    /// (`A, B` is what an intermediary makes of two lines), at most the store's tenant limit
+    /// ([`tenant_from_header`], which a service's own extractor can share). No such header answers `400` ([`problem::MISSING_TENANT`]); two lines or a bad value
     /// answers `400` ([`problem::INVALID_TENANT`]).
     ///
     /// A `name` that is not a valid header name (empty, or with a character outside RFC 9110's
@@ -1275,6 +1275,89 @@ fn misconfigured(name: &str) -> http::Response<Body> {
     )
 }
 
+/// Why a tenant is refused ([`tenant_from_header`]; the layer answers `400`
+/// [`problem::INVALID_TENANT`] with this message, naming the header).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidTenant {
+    /// The tenant header appears on this many field lines: two lines, or the one line an
+    /// intermediary combines them into (`t1, t2`), never name one tenant.
+    #[error("the tenant header has {0} field lines: send exactly one tenant")]
+    Lines(usize),
+    /// The value (without the whitespace around it) has a byte that is not visible ASCII, or
+    /// is a comma.
+    #[error(
+        "the tenant has byte 0x{byte:02x} at offset {at}; a tenant is visible ASCII without \
+         ',' or whitespace"
+    )]
+    BadByte {
+        /// The byte.
+        byte: u8,
+        /// Its offset in the value.
+        at: usize,
+    },
+    /// The tenant is empty.
+    #[error("the tenant is empty")]
+    Empty,
+    /// The tenant is longer than the store's limit ([`crate::Limits::max_tenant_len`]).
+    #[error("the tenant is {len} bytes, over the store's limit of {max} (Limits::max_tenant_len)")]
+    TooLong {
+        /// Its length in bytes.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+}
+
+/// The tenant that the request header `name` names in `headers`, checked as
+/// [`IdempotencyLayer::tenant_header`] checks it: exactly one field line, whose value (without
+/// the whitespace around it) is 1 to `max_len` bytes of visible ASCII without `,`. `Ok(None)`:
+/// the header is absent (the layer answers [`problem::MISSING_TENANT`]).
+///
+/// For a service's own tenant extractor on the routes the layer does not cover (reads), so
+/// that every route takes the same tenants; pass the store's
+/// [`crate::Limits::max_tenant_len`] (`examples/edge_service.rs` does this).
+pub fn tenant_from_header(
+    headers: &HeaderMap,
+    name: &HeaderName,
+    max_len: usize,
+) -> Result<Option<String>, InvalidTenant> {
+    let mut lines = headers.get_all(name).iter();
+    let Some(first) = lines.next() else {
+        return Ok(None);
+    };
+    let more = lines.count();
+    if more > 0 {
+        return Err(InvalidTenant::Lines(more + 1));
+    }
+    let v = trim_ows(first.as_bytes());
+    if let Some(at) = v
+        .iter()
+        .position(|&b| !matches!(b, 0x21..=0x7e) || b == b',')
+    {
+        return Err(InvalidTenant::BadByte { byte: v[at], at });
+    }
+    // Every byte is visible ASCII (checked above): the conversion cannot fail.
+    let tenant =
+        String::from_utf8(v.to_vec()).map_err(|_| InvalidTenant::BadByte { byte: 0, at: 0 })?;
+    check_tenant_len(&tenant, max_len)?;
+    Ok(Some(tenant))
+}
+
+/// A tenant from any source is 1 to `max` bytes.
+fn check_tenant_len(tenant: &str, max: usize) -> Result<(), InvalidTenant> {
+    if tenant.is_empty() {
+        return Err(InvalidTenant::Empty);
+    }
+    if tenant.len() > max {
+        return Err(InvalidTenant::TooLong {
+            len: tenant.len(),
+            max,
+        });
+    }
+    Ok(())
+}
+
 /// Why a covered request has no usable tenant.
 enum TenantError {
     /// The extractor found none, or there is no tenant header: `400` missing tenant.
@@ -1303,44 +1386,19 @@ impl TenantError {
 /// The tenant of a covered request.
 fn tenant_of(config: &Config, parts: &Parts) -> Result<String, TenantError> {
     let max = config.store.limits().max_tenant_len;
-    let tenant = match &config.tenant {
-        TenantSource::Extract(f) => f(parts).ok_or(TenantError::Missing)?,
-        TenantSource::BadHeaderName(name) => return Err(TenantError::Misconfigured(name.clone())),
-        TenantSource::Header(name) => {
-            let mut lines = parts.headers.get_all(name).iter();
-            let first = lines.next().ok_or(TenantError::Missing)?;
-            let more = lines.count();
-            if more > 0 {
-                return Err(TenantError::Invalid(format!(
-                    "the request has {} {name} field lines: send exactly one tenant",
-                    more + 1
-                )));
-            }
-            let v = trim_ows(first.as_bytes());
-            if let Some(at) = v
-                .iter()
-                .position(|&b| !matches!(b, 0x21..=0x7e) || b == b',')
-            {
-                return Err(TenantError::Invalid(format!(
-                    "the {name} has byte 0x{:02x} at offset {at}; a tenant is visible ASCII \
-                     without ',' or whitespace",
-                    v[at]
-                )));
-            }
-            // Every byte is ASCII (checked above): the conversion cannot fail.
-            String::from_utf8(v.to_vec()).map_err(|_| TenantError::Missing)?
+    match &config.tenant {
+        TenantSource::Extract(f) => {
+            let tenant = f(parts).ok_or(TenantError::Missing)?;
+            check_tenant_len(&tenant, max).map_err(|e| TenantError::Invalid(e.to_string()))?;
+            Ok(tenant)
         }
-    };
-    if tenant.is_empty() {
-        return Err(TenantError::Invalid("the tenant is empty".into()));
+        TenantSource::Header(name) => match tenant_from_header(&parts.headers, name, max) {
+            Ok(Some(tenant)) => Ok(tenant),
+            Ok(None) => Err(TenantError::Missing),
+            Err(e) => Err(TenantError::Invalid(format!("{name}: {e}"))),
+        },
+        TenantSource::BadHeaderName(name) => Err(TenantError::Misconfigured(name.clone())),
     }
-    if tenant.len() > max {
-        return Err(TenantError::Invalid(format!(
-            "the tenant is {} bytes, over the store's limit of {max} (Limits::max_tenant_len)",
-            tenant.len()
-        )));
-    }
-    Ok(tenant)
 }
 
 /// `"{METHOD} {route template}"`, and whether the request path stood in for an unknown
