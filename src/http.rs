@@ -233,9 +233,10 @@ pub struct LayerMetrics {
 ///
 /// Defaults: methods POST, PUT, PATCH, DELETE; key header `Idempotency-Key`; operation
 /// `"{METHOD} {route template}"` (the request path when no template is known); fingerprint of
-/// method, operation, path and query, and body (no headers); body limit 1 MiB; missing key → 400; replayed
-/// headers `Content-Type` and `Location`; every status recorded except 503; at most the store's
-/// `max_queue`, and at most 256, store admissions in flight.
+/// method, operation, path and query, and body (no headers); body limit 1 MiB; missing key →
+/// 400; replayed headers `Content-Type` and `Location`; every status recorded except 503 (4xx
+/// and other 5xx as a terminal failure); at most the store's `max_queue`, and at most 256, store
+/// admissions in flight.
 ///
 /// Clones of a layer share its in-flight limit and its [`LayerMetrics`]; a builder method
 /// called on one clone changes only that clone's settings ([`IdempotencyLayer::max_in_flight`]
@@ -284,8 +285,9 @@ impl IdempotencyLayer {
     /// A layer whose tenant is the value of the request header `name` (in any case:
     /// `X-Tenant-Id` is `x-tenant-id`): exactly one field line of visible ASCII without commas
     /// (`A, B` is what an intermediary makes of two lines), at most the store's tenant limit
-    /// ([`tenant_from_header`], which a service's own extractor can share). No such header answers `400` ([`problem::MISSING_TENANT`]); two lines or a bad value
-    /// answers `400` ([`problem::INVALID_TENANT`]).
+    /// ([`tenant_from_header`], which a service's own extractor can share). No such header
+    /// answers `400` ([`problem::MISSING_TENANT`]); two lines or a bad value answers `400`
+    /// ([`problem::INVALID_TENANT`]).
     ///
     /// A `name` that is not a valid header name (empty, or with a character outside RFC 9110's
     /// token characters, e.g. a space or `:`) does not panic: the layer answers every covered
