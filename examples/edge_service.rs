@@ -58,7 +58,7 @@ use std::time::Duration;
 use axum::extract::{FromRequestParts, Path, Request, State};
 use axum::http::header::{CONTENT_TYPE, LOCATION, RETRY_AFTER};
 use axum::http::request::Parts;
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -101,7 +101,8 @@ pub mod problem {
     pub const AMOUNT_OUT_OF_RANGE: &str = "urn:edge-service:problem:amount-out-of-range";
     /// The tenant's ledger total would not fit in an `i64`.
     pub const LEDGER_OUT_OF_RANGE: &str = "urn:edge-service:problem:ledger-total-out-of-range";
-    /// `X-Tenant-Id` sent more than once, or not visible ASCII.
+    /// `X-Tenant-Id` sent more than once, or not a tenant the layer takes (empty, over the
+    /// store's tenant limit, not visible ASCII, or with a comma: `idem::http::tenant_from_header`).
     pub const INVALID_TENANT: &str = "urn:edge-service:problem:invalid-tenant";
     /// A path parameter could not be read.
     pub const INVALID_PATH: &str = "urn:edge-service:problem:invalid-path";
@@ -317,31 +318,34 @@ async fn method_not_allowed(req: Request) -> Response {
     )
 }
 
-/// The request's tenant: exactly one `X-Tenant-Id` line of visible ASCII (the layer checks the
-/// same on the POST routes before the handler runs). Rejected with a 400 problem.
+/// The request's tenant, checked with the layer's own rule ([`idem::http::tenant_from_header`]:
+/// exactly one `X-Tenant-Id` line, 1 to the store's `max_tenant_len` bytes of visible ASCII
+/// without commas), so the read routes take exactly the tenants the layer takes on the POST
+/// routes. Rejected with a 400 problem.
 struct Tenant(String);
 
-impl<S: Send + Sync> FromRequestParts<S> for Tenant {
+impl FromRequestParts<AppState> for Tenant {
     type Rejection = Response;
 
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        let mut lines = parts.headers.get_all(TENANT).iter();
-        match (lines.next(), lines.next()) {
-            (None, _) => Err(problem_response(
+    async fn from_request_parts(
+        parts: &mut Parts,
+        app: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let max = app.store.limits().max_tenant_len;
+        match idem::http::tenant_from_header(&parts.headers, &HeaderName::from_static(TENANT), max)
+        {
+            Ok(Some(tenant)) => Ok(Tenant(tenant)),
+            Ok(None) => Err(problem_response(
                 StatusCode::BAD_REQUEST,
                 idem::http::problem::MISSING_TENANT,
                 "Tenant required",
                 "send X-Tenant-Id",
             )),
-            (Some(v), None) if !v.is_empty() && v.as_bytes().iter().all(u8::is_ascii_graphic) => {
-                // Visible ASCII is valid UTF-8: nothing is lost.
-                Ok(Tenant(String::from_utf8_lossy(v.as_bytes()).into_owned()))
-            }
-            _ => Err(problem_response(
+            Err(e) => Err(problem_response(
                 StatusCode::BAD_REQUEST,
                 problem::INVALID_TENANT,
                 "Invalid tenant",
-                "send X-Tenant-Id exactly once, as visible ASCII characters",
+                &format!("X-Tenant-Id: {e}"),
             )),
         }
     }

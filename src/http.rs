@@ -36,12 +36,15 @@
 //!   over the store's `max_response_bytes` is recorded without its body and replayed with
 //!   [`IDEMPOTENT_BODY_OMITTED`]; a handler that panics, whose response body fails, or whose
 //!   inner service returns `Err` is recorded as a terminal `500` ([`problem::HANDLER_FAILED`]);
-//!   if recording itself fails, the lease is left to lapse, never released. Only a status the
-//!   user excludes with [`IdempotencyLayer::record_status`] (5xx by default) releases the key;
+//!   if recording itself fails, the lease is left to lapse, never released. Every status is
+//!   recorded except `503` (and what the user excludes with
+//!   [`IdempotencyLayer::record_status`]): only such a status releases the key, and, for a
+//!   handler that records through [`Idempotency::complete_with`], a transaction that rolled
+//!   back (nothing of it happened; a panic in it is recorded as a terminal `500` instead);
 //! - **bounded store admissions**: at most [`IdempotencyLayer::max_in_flight`] claims (default
-//!   the store's `max_queue`) run at once; over that, a covered request gets `503` +
-//!   `Retry-After` at once ([`problem::RETRY`]). Store calls after the handler ran are never
-//!   refused for lack of room.
+//!   the store's `max_queue`, at most 256) run at once; over that, a covered request gets
+//!   `503` + `Retry-After` at once ([`problem::RETRY`]). Store calls after the handler ran are
+//!   never refused for lack of room.
 //!
 //! The handler's own writes are **not** in idem's transaction by default: if the process dies
 //! after the handler wrote and before the answer was recorded, the lease lapses and a retry runs
@@ -55,9 +58,13 @@
 //! [`tokio::task::spawn_blocking`]. Once the handler started, it runs to the end in its own task
 //! and its answer is recorded even if the client disconnects. While it runs, the lease is
 //! heartbeated every third of the store's `lease_duration`, so a slow handler is not taken over
-//! by a retry; only a process that died stops heartbeating, and then the lease lapses.
-//! [`IdempotencyLayer::metrics`] counts what an operator should see (bodies not kept, overload,
-//! handler failures, answers that could not be recorded).
+//! by a retry. A heartbeat that fails transiently (the store's queue full, a failed store call
+//! on the blocking pool) is retried after a short pause; heartbeats stop only when the lease
+//! is finished, when it was lost, or when the store fail-stopped or is damaged (then it takes
+//! no write, so no answer could be recorded either). A process that died stops heartbeating,
+//! and then the lease lapses. [`IdempotencyLayer::metrics`] counts what an operator should see
+//! (bodies not kept, overload, handler failures, answers that could not be recorded, failed
+//! heartbeats).
 
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -119,6 +126,10 @@ pub mod problem {
     /// 503 + `Retry-After`: the layer's in-flight limit is reached, the store is saturated, or
     /// the handler asked for a retry. Nothing ran or nothing was recorded.
     pub const RETRY: &str = "urn:idem:problem:retry-later";
+    /// 500: the layer was built with a configuration it cannot use (a
+    /// [`super::IdempotencyLayer::tenant_header`] name that is not a valid header name); every
+    /// covered request gets this answer and nothing runs, until the service is fixed.
+    pub const MISCONFIGURED: &str = "urn:idem:problem:layer-misconfigured";
     /// 500: the store failed; the outcome of this request may be unknown: retry with the key.
     pub const STORE_FAILED: &str = "urn:idem:problem:store-failed";
     /// 500: the handler failed after it started (it panicked, its response body failed, or
@@ -147,6 +158,9 @@ enum TenantSource {
     Header(HeaderName),
     /// The caller's extractor ([`IdempotencyLayer::new`]).
     Extract(Arc<PartsFn>),
+    /// [`IdempotencyLayer::tenant_header`] was given this, which is not a header name: every
+    /// covered request is answered `500` ([`problem::MISCONFIGURED`]) rather than a panic.
+    BadHeaderName(String),
 }
 
 #[derive(Clone)]
@@ -174,6 +188,7 @@ struct Counters {
     overloaded: AtomicU64,
     handler_failures: AtomicU64,
     not_recorded: AtomicU64,
+    heartbeat_failures: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64) {
@@ -200,6 +215,12 @@ pub struct LayerMetrics {
     /// lease). The key was not released: its lease lapses at its deadline, and only then may a
     /// retry run the handler again.
     pub not_recorded: u64,
+    /// Heartbeats of a running handler's lease that failed. A transient failure (the store's
+    /// queue full, a failed store call) is retried at once after a short pause, so the lease
+    /// does not lapse under the handler; only a failure no retry mends ends the heartbeats (the
+    /// lease was lost, the store fail-stopped), and the answer is then not recorded. A few
+    /// under a load peak are harmless; a steady rise means the store is saturated.
+    pub heartbeat_failures: u64,
     /// Store admissions running at the moment of the snapshot.
     pub in_flight: usize,
     /// The bound on them ([`IdempotencyLayer::max_in_flight`]).
@@ -212,9 +233,10 @@ pub struct LayerMetrics {
 ///
 /// Defaults: methods POST, PUT, PATCH, DELETE; key header `Idempotency-Key`; operation
 /// `"{METHOD} {route template}"` (the request path when no template is known); fingerprint of
-/// method, operation, path and query, and body (no headers); body limit 1 MiB; missing key → 400; replayed
-/// headers `Content-Type` and `Location`; every status recorded except 5xx; at most the store's
-/// `max_queue` store admissions in flight.
+/// method, operation, path and query, and body (no headers); body limit 1 MiB; missing key →
+/// 400; replayed headers `Content-Type` and `Location`; every status recorded except 503 (4xx
+/// and other 5xx as a terminal failure); at most the store's `max_queue`, and at most 256, store
+/// admissions in flight.
 ///
 /// Clones of a layer share its in-flight limit and its [`LayerMetrics`]; a builder method
 /// called on one clone changes only that clone's settings ([`IdempotencyLayer::max_in_flight`]
@@ -241,6 +263,13 @@ fn permits(n: usize) -> usize {
     n.clamp(1, Semaphore::MAX_PERMITS)
 }
 
+/// The default bound on store admissions: half of tokio's default blocking pool (512
+/// threads). Every admission occupies a blocking thread while it waits for the store; with
+/// more admissions than threads, the surplus would queue in tokio's blocking queue and the
+/// calls that finish started requests (recording, heartbeats), which queue behind them in
+/// FIFO order, would be delayed past their lease deadline. Half leaves them threads.
+const DEFAULT_MAX_IN_FLIGHT: usize = 256;
+
 impl IdempotencyLayer {
     /// A layer on `store` whose tenant comes from `tenant` (e.g. the authenticated principal an
     /// earlier layer put in the extensions). `None` answers `400` ([`problem::MISSING_TENANT`])
@@ -253,17 +282,28 @@ impl IdempotencyLayer {
         Self::with_tenant(store, TenantSource::Extract(Arc::new(tenant)))
     }
 
-    /// A layer whose tenant is the value of the request header `name`: exactly one field line
-    /// of visible ASCII without commas (`A, B` is what an intermediary makes of two lines), at
-    /// most the store's tenant limit. No such header answers `400`
-    /// ([`problem::MISSING_TENANT`]); two lines or a bad value answers `400`
+    /// A layer whose tenant is the value of the request header `name` (in any case:
+    /// `X-Tenant-Id` is `x-tenant-id`): exactly one field line of visible ASCII without commas
+    /// (`A, B` is what an intermediary makes of two lines), at most the store's tenant limit
+    /// ([`tenant_from_header`], which a service's own extractor can share). No such header
+    /// answers `400` ([`problem::MISSING_TENANT`]); two lines or a bad value answers `400`
     /// ([`problem::INVALID_TENANT`]).
-    pub fn tenant_header(store: Store, name: &'static str) -> Self {
-        Self::with_tenant(store, TenantSource::Header(HeaderName::from_static(name)))
+    ///
+    /// A `name` that is not a valid header name (empty, or with a character outside RFC 9110's
+    /// token characters, e.g. a space or `:`) does not panic: the layer answers every covered
+    /// request `500` ([`problem::MISCONFIGURED`]) without running the handler, so the mistake
+    /// shows at the first request.
+    pub fn tenant_header(store: Store, name: &str) -> Self {
+        // `from_bytes` lowercases; it refuses only what is no header name in any case.
+        let source = match HeaderName::from_bytes(name.as_bytes()) {
+            Ok(header) => TenantSource::Header(header),
+            Err(_) => TenantSource::BadHeaderName(name.to_owned()),
+        };
+        Self::with_tenant(store, source)
     }
 
     fn with_tenant(store: Store, tenant: TenantSource) -> Self {
-        let max_in_flight = permits(store.max_queue());
+        let max_in_flight = permits(store.max_queue().min(DEFAULT_MAX_IN_FLIGHT));
         IdempotencyLayer {
             config: Arc::new(Config {
                 store,
@@ -275,7 +315,7 @@ impl IdempotencyLayer {
                 replay_headers: vec![CONTENT_TYPE, LOCATION],
                 body_limit: 1024 * 1024,
                 missing_key: MissingKey::Reject,
-                record_status: Arc::new(|s: StatusCode| !s.is_server_error()),
+                record_status: Arc::new(|s: StatusCode| s != StatusCode::SERVICE_UNAVAILABLE),
                 admissions: Arc::new(Semaphore::new(max_in_flight)),
                 max_in_flight,
                 counters: Arc::default(),
@@ -331,21 +371,28 @@ impl IdempotencyLayer {
         self.edit(|c| c.missing_key = policy)
     }
 
-    /// Which handler statuses are recorded and replayed. The default records everything but
-    /// 5xx; a status for which `f` returns false releases the key (nothing stored, the next
-    /// retry runs the handler again).
+    /// Which handler statuses are recorded and replayed. The default records every status
+    /// except `503 Service Unavailable`; a status for which `f` returns false releases the key
+    /// (nothing stored, the next retry runs the handler again).
     ///
     /// So a status excluded here must mean **"no effect happened"** (the handler refused, or
-    /// undid its work): it is the only way a key whose handler ran is given up. The default
-    /// excludes 5xx for that reason — a handler answering 503 is saying "try again". A handler
-    /// that fails *after* causing an effect must answer a recorded status (or panic, which
-    /// the layer records as a terminal 500).
+    /// undid its work): it is how a key whose handler ran is given up. The default excludes
+    /// only 503, the conventional "not processed, retry later"; a `500` is recorded (as a
+    /// terminal failure, like a 4xx), because handlers commonly answer 500 for "failed after a
+    /// partial write", and a retry must not cause a second effect (Stripe likewise stores a 500
+    /// once execution began). A handler that fails *after* causing an effect must answer a
+    /// recorded status (or panic, which the layer records as a terminal 500).
     pub fn record_status(self, f: impl Fn(StatusCode) -> bool + Send + Sync + 'static) -> Self {
         self.edit(|c| c.record_status = Arc::new(f))
     }
 
     /// The most store admissions (the claim of a key, [`Store::begin`]) this layer and its
-    /// clones run at once (default: the store's `max_queue`, 4,096; at least 1). A covered
+    /// clones run at once (at least 1). The default is the store's `max_queue`, at most 256:
+    /// half of tokio's default blocking pool (512 threads), because each admission occupies a
+    /// blocking thread while it waits for the store, and the calls that finish started requests
+    /// (recording their answers, heartbeats) must still find threads — queued behind surplus
+    /// admissions they could be delayed past their lease deadline. A larger limit wants a
+    /// blocking pool (`max_blocking_threads`) of at least twice its size. A covered
     /// request that finds them all busy is answered `503` + `Retry-After: 1`
     /// ([`problem::RETRY`]) at once, without waiting and without running the handler, and
     /// counted in [`LayerMetrics::overloaded`]. Store calls after the handler ran (recording
@@ -369,6 +416,7 @@ impl IdempotencyLayer {
             overloaded: c.overloaded.load(Ordering::Relaxed),
             handler_failures: c.handler_failures.load(Ordering::Relaxed),
             not_recorded: c.not_recorded.load(Ordering::Relaxed),
+            heartbeat_failures: c.heartbeat_failures.load(Ordering::Relaxed),
             in_flight: max.saturating_sub(self.config.admissions.available_permits()),
             max_in_flight: max,
         }
@@ -463,6 +511,10 @@ where
     if !config.methods.contains(&parts.method) {
         let req = http::Request::from_parts(parts, Body::new(body));
         return Ok(call_inner(inner, req).await?.0);
+    }
+    // A configuration the layer cannot use answers every covered request, key or not.
+    if let TenantSource::BadHeaderName(name) = &config.tenant {
+        return Ok(misconfigured(name));
     }
     // Key, tenant and operation are checked before the body is read: a request refused for
     // its names never costs a body buffer.
@@ -565,12 +617,11 @@ where
     let request = Arc::new(lease.request().clone());
     let downstream = lease.downstream_key();
     let slot = Arc::new(Slot(Mutex::new(Some(lease))));
-    let heartbeat = spawn_heartbeat(&slot, every);
+    let heartbeat = spawn_heartbeat(&slot, every, Arc::clone(&config.counters));
     parts.extensions.insert(Idempotency {
         slot: Arc::clone(&slot),
         request,
         downstream,
-        replay_headers: config.replay_headers.clone().into(),
         config: Arc::clone(&config),
     });
     let req = http::Request::from_parts(parts, Body::from(body));
@@ -603,6 +654,30 @@ where
     }
 }
 
+/// What the layer does with a handler's answer, decided by its status alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Disposition {
+    /// Record it: as a terminal failure (`failure`: 4xx, 5xx) or as completed (the rest).
+    Record {
+        /// Stored with [`Lease::fail`] rather than [`Lease::complete`].
+        failure: bool,
+    },
+    /// Record nothing and release the key: a status `record_status` excludes (503 by
+    /// default), which says no effect happened.
+    Release,
+}
+
+/// The one place a status is judged: the user's `record_status` policy, then failure or not.
+fn disposition(config: &Config, status: StatusCode) -> Disposition {
+    if !(config.record_status)(status) {
+        Disposition::Release
+    } else {
+        Disposition::Record {
+            failure: status.is_client_error() || status.is_server_error(),
+        }
+    }
+}
+
 /// Finishes the lease with the handler's answer (or passes through an answer the handler
 /// recorded itself through [`Idempotency::complete_with`]).
 async fn record(
@@ -611,13 +686,13 @@ async fn record(
     resp: http::Response<Body>,
 ) -> http::Response<Body> {
     let status = resp.status();
-    if !(config.record_status)(status) {
+    let Disposition::Record { failure } = disposition(config, status) else {
         // The user's policy: this status means no effect happened, so the key is given up.
         if let Some(lease) = take_lease(slot).await {
             let _ = blocking(move || lease.release()).await;
         }
         return resp;
-    }
+    };
     // The body is collected while the lease is still in its slot (heartbeated).
     let (parts, body) = resp.into_parts();
     let bytes = match body.collect().await {
@@ -625,7 +700,7 @@ async fn record(
         Err(_) => return record_failure(config, slot).await,
     };
     if let Some(lease) = take_lease(slot).await {
-        finish(config, lease, status, &parts.headers, &bytes).await;
+        finish(config, lease, failure, status, &parts.headers, &bytes).await;
     }
     // If recording failed, the handler's answer still goes out: the effect happened.
     http::Response::from_parts(parts, Body::from(bytes))
@@ -634,7 +709,19 @@ async fn record(
 /// The handler failed after it started: records a terminal `500` (its effect is unknown, so
 /// it must not run again) and returns that answer.
 async fn record_failure(config: &Config, slot: &Arc<Slot>) -> http::Response<Body> {
-    let (status, headers, body) = problem_parts(
+    let (status, headers, body) = handler_failed();
+    // No lease in the slot: the handler recorded its own answer before failing.
+    if let Some(lease) = take_lease(slot).await
+        && finish(config, lease, true, status, &headers, &body).await
+    {
+        bump(&config.counters.handler_failures);
+    }
+    plain_response(status, headers, body)
+}
+
+/// The parts of the terminal `500` recorded for a handler that failed after it started.
+fn handler_failed() -> (StatusCode, HeaderMap, Bytes) {
+    problem_parts(
         StatusCode::INTERNAL_SERVER_ERROR,
         problem::HANDLER_FAILED,
         "Handler failed",
@@ -642,29 +729,23 @@ async fn record_failure(config: &Config, slot: &Arc<Slot>) -> http::Response<Bod
          service returned an error), so its effect is unknown; this answer is recorded and \
          this key will not run the request again: check the outcome, and use a new key for a \
          new attempt",
-    );
-    // No lease in the slot: the handler recorded its own answer before failing.
-    if let Some(lease) = take_lease(slot).await
-        && finish(config, lease, status, &headers, &body).await
-    {
-        bump(&config.counters.handler_failures);
-    }
-    plain_response(status, headers, body)
+    )
 }
 
-/// Records an answer with the lease (a 4xx/5xx as a terminal failure), fitted into the store's
-/// response cap; true if it was recorded. If recording fails the lease is dropped unfinished
-/// and lapses (it was marked so before the handler ran): never released.
+/// Records an answer with the lease (as a terminal failure if `failure`), fitted into the
+/// store's response cap; true if it was recorded. If recording fails the lease is dropped
+/// unfinished and lapses (it was marked so before the handler ran): never released.
 async fn finish(
     config: &Config,
     lease: Lease,
+    failure: bool,
     status: StatusCode,
     headers: &HeaderMap,
     body: &[u8],
 ) -> bool {
     let max = config.store.max_response_bytes();
     let (stored, body_kept) = fit_response(status, headers, &config.replay_headers, body, max);
-    let done = blocking(move || finish_lease(lease, status, stored)).await;
+    let done = blocking(move || finish_lease(lease, failure, stored)).await;
     let recorded = matches!(done, Ok(Ok(_)));
     if !recorded {
         bump(&config.counters.not_recorded);
@@ -674,11 +755,11 @@ async fn finish(
     recorded
 }
 
-/// Runs on the blocking pool: completes or fails `lease` with `stored`, letting it lapse (not
-/// releasing it) if that fails.
-fn finish_lease(mut lease: Lease, status: StatusCode, stored: Response) -> Result<Response, Error> {
+/// Runs on the blocking pool: fails (`failure`) or completes `lease` with `stored`, letting it
+/// lapse (not releasing it) if that fails.
+fn finish_lease(mut lease: Lease, failure: bool, stored: Response) -> Result<Response, Error> {
     lease.lapse_on_drop(true);
-    if status.is_client_error() || status.is_server_error() {
+    if failure {
         lease.fail(stored)
     } else {
         lease.complete(stored)
@@ -692,25 +773,75 @@ async fn take_lease(slot: &Arc<Slot>) -> Option<Lease> {
     blocking(move || slot.0.lock().take()).await.ok().flatten()
 }
 
+/// What one heartbeat found.
+enum Beat {
+    /// The lease was extended.
+    Extended,
+    /// The slot is empty: the lease was finished, released, or taken to be finished.
+    Gone,
+    /// A failure that may pass (see [`transient`]): try again soon.
+    Retry,
+    /// A failure no retry mends: the lease is lost, or the store refuses every write.
+    Stop,
+}
+
+/// A heartbeat failure worth retrying: the store's queue was full (`Busy`), or a storage
+/// error that may pass (an I/O failure latches fail-stop, so the retry then gets `FailStopped`
+/// and stops). `Aborted` cannot come from a heartbeat, and would be retryable. Everything else
+/// is terminal: `LeaseLost` (another attempt holds the key, or it was released), `FailStopped`
+/// and `OutcomeUnknown` (the store takes no write until reopened), `CorruptStore` and
+/// `CorruptRecord` (damage), and errors a heartbeat cannot meet.
+fn transient(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Busy { .. } | Error::Aborted { .. } | Error::Storage { .. }
+    )
+}
+
 /// Extends the lease every `every` while the handler runs, so a handler slower than the
 /// store's `lease_duration` is not taken over by a retry (a second concurrent execution).
-/// Stops when the lease left its slot (finished or released), or was lost.
-fn spawn_heartbeat(slot: &Arc<Slot>, every: Duration) -> tokio::task::JoinHandle<()> {
+/// A transient failure (the store's queue full, a failed blocking task) does not end this: it
+/// is counted in [`LayerMetrics::heartbeat_failures`] and retried after `every / 4`, well
+/// before the deadline (two thirds of the lease away after a missed beat). Stops when the
+/// lease left its slot (finished or released), or on a failure no retry mends (the lease was
+/// lost, the store fail-stopped or is damaged).
+fn spawn_heartbeat(
+    slot: &Arc<Slot>,
+    every: Duration,
+    counters: Arc<Counters>,
+) -> tokio::task::JoinHandle<()> {
     let weak = Arc::downgrade(slot);
+    let retry = (every / 4).max(Duration::from_millis(5));
     tokio::spawn(async move {
+        let mut pause = every;
         loop {
-            tokio::time::sleep(every).await;
+            tokio::time::sleep(pause).await;
             let Some(slot) = weak.upgrade() else {
                 return;
             };
-            let alive = blocking(move || match slot.0.lock().as_mut() {
-                Some(lease) => lease.heartbeat().is_ok(),
-                None => false,
+            let beat = blocking(move || match slot.0.lock().as_mut() {
+                None => Beat::Gone,
+                Some(lease) => match lease.heartbeat() {
+                    Ok(_) => Beat::Extended,
+                    Err(e) if transient(&e) => Beat::Retry,
+                    Err(_) => Beat::Stop,
+                },
             })
             .await;
-            if !matches!(alive, Ok(true)) {
-                return;
-            }
+            pause = match beat {
+                Ok(Beat::Extended) => every,
+                Ok(Beat::Gone) => return,
+                Ok(Beat::Stop) => {
+                    bump(&counters.heartbeat_failures);
+                    return;
+                }
+                // A panic or cancellation of the blocking task: the lease is still in its
+                // slot (a panic unwinds through the lock guard, which does not poison).
+                Ok(Beat::Retry) | Err(_) => {
+                    bump(&counters.heartbeat_failures);
+                    retry
+                }
+            };
         }
     })
 }
@@ -748,7 +879,6 @@ pub struct Idempotency {
     slot: Arc<Slot>,
     request: Arc<Request>,
     downstream: crate::DownstreamKey,
-    replay_headers: Arc<[HeaderName]>,
     config: Arc<Config>,
 }
 
@@ -801,15 +931,25 @@ impl Idempotency {
     /// and the answer commit together or not at all; `f` may run more than once (group commit)
     /// and only the committed run counts.
     ///
-    /// A status the layer records as a failure (4xx) is stored as a terminal failure; an
-    /// answer over the store's `max_response_bytes` is stored without its body, like the
-    /// layer's own (replayed with [`IDEMPOTENT_BODY_OMITTED`]). A status the layer would not
-    /// record (5xx by default), [`Abort::Retryable`], or a transaction that fails to commit
-    /// rolls `f`'s writes back and releases the key: nothing of `f` happened. (Effects the
-    /// handler caused outside `f`, before calling this, are its own to make idempotent, with
-    /// [`Idempotency::downstream_key`].) Returns the HTTP response to send: the answer, or a
-    /// problem response when nothing could be recorded. Call it at most once per request; a
-    /// second call answers `500`.
+    /// The answer is judged like the layer's own: a status the layer records as a failure
+    /// (4xx, 5xx) is stored as a terminal failure, with `f`'s writes (answer 503 to roll them
+    /// back and give the key up); an answer over the store's `max_response_bytes` is stored
+    /// without its body (replayed with [`IDEMPOTENT_BODY_OMITTED`]). `Err(Abort::Terminal(r))`
+    /// from `f` is recorded as a terminal failure whatever its status, with `f`'s writes, and
+    /// answered as `r`'s status (500 if it is no HTTP status), body, and resource pointer of
+    /// kind `"location"` as `Location`. The first answer is never marked as a replay.
+    ///
+    /// A status the layer would not record (503 by default), [`Abort::Retryable`], or a
+    /// transaction that fails to commit rolls `f`'s writes back and releases the key: nothing
+    /// of `f` happened. (Effects the handler caused outside `f`, before calling this, are its
+    /// own to make idempotent, with [`Idempotency::downstream_key`].) If `f` panics, its writes
+    /// are rolled back too, but the handler may have caused effects before calling this, so the
+    /// key is not released: like any handler that fails after it started, a terminal `500`
+    /// ([`problem::HANDLER_FAILED`]) is recorded, counted in [`LayerMetrics::handler_failures`]
+    /// and replayed to every retry.
+    ///
+    /// Returns the HTTP response to send: the answer, or a problem response when nothing could
+    /// be recorded. Call it at most once per request; a second call answers `500`.
     pub async fn complete_with<F>(&self, mut f: F) -> http::Response<Body>
     where
         F: FnMut(&Tx<'_>) -> Result<Recorded, Abort> + Send + 'static,
@@ -822,54 +962,133 @@ impl Idempotency {
                 "complete_with was called twice for one request",
             );
         };
-        // The transaction holds the effect: if it does not commit, nothing happened, and the
-        // core's rule applies (an unfinished lease is released).
-        lease.lapse_on_drop(false);
-        let replay_headers = Arc::clone(&self.replay_headers);
+        // The lease still lapses if dropped unfinished (marked so before the handler ran):
+        // every release below is explicit, and only where nothing of `f` happened.
         let config = Arc::clone(&self.config);
-        let max = self.config.store.max_response_bytes();
         let done = blocking(move || {
+            let max = config.store.max_response_bytes();
             let mut answer = None;
             let mut body_kept = true;
-            let result = lease.complete_with(|tx| {
+            let mut panicked = false;
+            let result = lease.complete_with_held(|tx| {
                 // Only the last (committed) run's answer counts.
                 answer = None;
-                let r = f(tx)?;
+                // A panic of `f` is caught inside the transaction, so it rolls back like a
+                // retryable abort and the lease stays at hand to record the failure.
+                // AssertUnwindSafe: after a panic `f` is not called again (this member leaves
+                // its batch on the abort).
+                let (r, disposition) = match catch_unwind(AssertUnwindSafe(|| f(tx))) {
+                    Ok(Ok(r)) => {
+                        let d = disposition(&config, r.status);
+                        (r, d)
+                    }
+                    // The handler's own terminal failure: recorded as one, whatever its status.
+                    Ok(Err(Abort::Terminal(resp))) => (
+                        terminal_answer(&resp),
+                        Disposition::Record { failure: true },
+                    ),
+                    Ok(Err(other)) => return Err(other),
+                    Err(_panic) => {
+                        panicked = true;
+                        return Err(Abort::Retryable("the handler panicked".into()));
+                    }
+                };
                 let (stored, kept) =
-                    fit_response(r.status, &r.headers, &replay_headers, &r.body, max);
+                    fit_response(r.status, &r.headers, &config.replay_headers, &r.body, max);
                 body_kept = kept;
                 let status = r.status;
-                answer = Some(r);
-                if !(config.record_status)(status) {
-                    Err(Abort::Retryable(
+                answer = Some((r, disposition));
+                match disposition {
+                    Disposition::Release => Err(Abort::Retryable(
                         format!("status {status} is not recorded").into(),
-                    ))
-                } else if status.is_client_error() || status.is_server_error() {
-                    Err(Abort::Terminal(stored))
-                } else {
-                    Ok(stored)
+                    )),
+                    Disposition::Record { failure: true } => Err(Abort::Terminal(stored)),
+                    Disposition::Record { failure: false } => Ok(stored),
                 }
             });
-            (result, answer, body_kept)
+            match (result, answer) {
+                (Ok(_), Some((r, _))) => Completed::Recorded(r, body_kept),
+                (Err(Error::Aborted { .. }), _) if panicked => {
+                    let (status, headers, body) = handler_failed();
+                    let (stored, _) =
+                        fit_response(status, &headers, &config.replay_headers, &body, max);
+                    let recorded = finish_lease(lease, true, stored).is_ok();
+                    Completed::Panicked { recorded }
+                }
+                // Not recorded because of its status: the handler's answer still goes out.
+                (Err(Error::Aborted { .. }), Some((r, Disposition::Release))) => {
+                    let _ = lease.release();
+                    Completed::Released(r)
+                }
+                // Lost: nothing of ours to release.
+                (Err(e @ Error::LeaseLost { .. }), _) => Completed::Failed(e),
+                // Rolled back: nothing of `f` happened.
+                (Err(e), _) => {
+                    let _ = lease.release();
+                    Completed::Failed(e)
+                }
+                // `Ok` comes only from a run that kept its answer.
+                (Ok(_), None) => Completed::Failed(Error::Internal {
+                    what: "complete_with recorded an answer it did not keep",
+                }),
+            }
         })
         .await;
+        let counters = &self.config.counters;
         match done {
-            Ok((Ok(_), Some(r), body_kept)) => {
+            Ok(Completed::Recorded(r, body_kept)) => {
                 if !body_kept {
-                    bump(&self.config.counters.bodies_not_kept);
+                    bump(&counters.bodies_not_kept);
                 }
                 plain_response(r.status, r.headers, r.body)
             }
-            // Not recorded because of its status: the handler's answer still goes out.
-            Ok((Err(Error::Aborted { .. }), Some(r), _))
-                if !(self.config.record_status)(r.status) =>
-            {
-                plain_response(r.status, r.headers, r.body)
+            Ok(Completed::Released(r)) => plain_response(r.status, r.headers, r.body),
+            Ok(Completed::Panicked { recorded }) => {
+                bump(if recorded {
+                    &counters.handler_failures
+                } else {
+                    &counters.not_recorded
+                });
+                let (status, headers, body) = handler_failed();
+                plain_response(status, headers, body)
             }
-            Ok((Err(e), _, _)) => error_response(&e),
-            Ok((Ok(stored), None, _)) => replay(&stored),
+            Ok(Completed::Failed(e)) => error_response(&e),
             Err(resp) => resp,
         }
+    }
+}
+
+/// How [`Idempotency::complete_with`] ended, decided on the blocking pool.
+enum Completed {
+    /// The answer was recorded (and whether its body was kept).
+    Recorded(Recorded, bool),
+    /// The answer's status is not recorded: its writes rolled back, the key released.
+    Released(Recorded),
+    /// `f` panicked: its writes rolled back, and a terminal `500` was recorded (or, if that
+    /// failed, the lease lapses).
+    Panicked {
+        /// The `500` was recorded.
+        recorded: bool,
+    },
+    /// Nothing was recorded.
+    Failed(Error),
+}
+
+/// The HTTP answer of the [`Response`] a handler returned as `Abort::Terminal`: its status
+/// (500 if it is no HTTP status), its body, and a resource pointer of kind `"location"` (the
+/// layer's own) as `Location`.
+fn terminal_answer(resp: &Response) -> Recorded {
+    let status = StatusCode::from_u16(resp.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut headers = HeaderMap::new();
+    if let Some(r) = resp.resource().filter(|r| r.kind == "location")
+        && let Ok(v) = HeaderValue::from_str(&r.id)
+    {
+        headers.insert(LOCATION, v);
+    }
+    Recorded {
+        status,
+        headers,
+        body: Bytes::copy_from_slice(resp.body()),
     }
 }
 
@@ -1043,12 +1262,112 @@ fn key_of(config: &Config, parts: &Parts) -> Result<Option<String>, KeyError> {
     }
 }
 
+/// `500`: the tenant header name given to [`IdempotencyLayer::tenant_header`] is not a header
+/// name.
+fn misconfigured(name: &str) -> http::Response<Body> {
+    problem_response(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        problem::MISCONFIGURED,
+        "Idempotency layer misconfigured",
+        &format!(
+            "the service built its idempotency layer with IdempotencyLayer::tenant_header \
+             ({name:?}), which is not a valid HTTP header name; nothing ran and nothing was \
+             recorded: the service's configuration must be fixed"
+        ),
+    )
+}
+
+/// Why a tenant is refused ([`tenant_from_header`]; the layer answers `400`
+/// [`problem::INVALID_TENANT`] with this message, naming the header).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidTenant {
+    /// The tenant header appears on this many field lines: two lines, or the one line an
+    /// intermediary combines them into (`t1, t2`), never name one tenant.
+    #[error("the tenant header has {0} field lines: send exactly one tenant")]
+    Lines(usize),
+    /// The value (without the whitespace around it) has a byte that is not visible ASCII, or
+    /// is a comma.
+    #[error(
+        "the tenant has byte 0x{byte:02x} at offset {at}; a tenant is visible ASCII without \
+         ',' or whitespace"
+    )]
+    BadByte {
+        /// The byte.
+        byte: u8,
+        /// Its offset in the value.
+        at: usize,
+    },
+    /// The tenant is empty.
+    #[error("the tenant is empty")]
+    Empty,
+    /// The tenant is longer than the store's limit ([`crate::Limits::max_tenant_len`]).
+    #[error("the tenant is {len} bytes, over the store's limit of {max} (Limits::max_tenant_len)")]
+    TooLong {
+        /// Its length in bytes.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+}
+
+/// The tenant that the request header `name` names in `headers`, checked as
+/// [`IdempotencyLayer::tenant_header`] checks it: exactly one field line, whose value (without
+/// the whitespace around it) is 1 to `max_len` bytes of visible ASCII without `,`. `Ok(None)`:
+/// the header is absent (the layer answers [`problem::MISSING_TENANT`]).
+///
+/// For a service's own tenant extractor on the routes the layer does not cover (reads), so
+/// that every route takes the same tenants; pass the store's
+/// [`crate::Limits::max_tenant_len`] (`examples/edge_service.rs` does this).
+pub fn tenant_from_header(
+    headers: &HeaderMap,
+    name: &HeaderName,
+    max_len: usize,
+) -> Result<Option<String>, InvalidTenant> {
+    let mut lines = headers.get_all(name).iter();
+    let Some(first) = lines.next() else {
+        return Ok(None);
+    };
+    let more = lines.count();
+    if more > 0 {
+        return Err(InvalidTenant::Lines(more + 1));
+    }
+    let v = trim_ows(first.as_bytes());
+    if let Some(at) = v
+        .iter()
+        .position(|&b| !matches!(b, 0x21..=0x7e) || b == b',')
+    {
+        return Err(InvalidTenant::BadByte { byte: v[at], at });
+    }
+    // Every byte is visible ASCII (checked above): the conversion cannot fail.
+    let tenant =
+        String::from_utf8(v.to_vec()).map_err(|_| InvalidTenant::BadByte { byte: 0, at: 0 })?;
+    check_tenant_len(&tenant, max_len)?;
+    Ok(Some(tenant))
+}
+
+/// A tenant from any source is 1 to `max` bytes.
+fn check_tenant_len(tenant: &str, max: usize) -> Result<(), InvalidTenant> {
+    if tenant.is_empty() {
+        return Err(InvalidTenant::Empty);
+    }
+    if tenant.len() > max {
+        return Err(InvalidTenant::TooLong {
+            len: tenant.len(),
+            max,
+        });
+    }
+    Ok(())
+}
+
 /// Why a covered request has no usable tenant.
 enum TenantError {
     /// The extractor found none, or there is no tenant header: `400` missing tenant.
     Missing,
     /// `400` invalid tenant, with this detail.
     Invalid(String),
+    /// `500`: the layer's tenant header name is no header name.
+    Misconfigured(String),
 }
 
 impl TenantError {
@@ -1061,6 +1380,7 @@ impl TenantError {
                 "the request names no tenant; idempotency keys are scoped per tenant",
             ),
             TenantError::Invalid(detail) => invalid_tenant(detail),
+            TenantError::Misconfigured(name) => misconfigured(name),
         }
     }
 }
@@ -1068,43 +1388,19 @@ impl TenantError {
 /// The tenant of a covered request.
 fn tenant_of(config: &Config, parts: &Parts) -> Result<String, TenantError> {
     let max = config.store.limits().max_tenant_len;
-    let tenant = match &config.tenant {
-        TenantSource::Extract(f) => f(parts).ok_or(TenantError::Missing)?,
-        TenantSource::Header(name) => {
-            let mut lines = parts.headers.get_all(name).iter();
-            let first = lines.next().ok_or(TenantError::Missing)?;
-            let more = lines.count();
-            if more > 0 {
-                return Err(TenantError::Invalid(format!(
-                    "the request has {} {name} field lines: send exactly one tenant",
-                    more + 1
-                )));
-            }
-            let v = trim_ows(first.as_bytes());
-            if let Some(at) = v
-                .iter()
-                .position(|&b| !matches!(b, 0x21..=0x7e) || b == b',')
-            {
-                return Err(TenantError::Invalid(format!(
-                    "the {name} has byte 0x{:02x} at offset {at}; a tenant is visible ASCII \
-                     without ',' or whitespace",
-                    v[at]
-                )));
-            }
-            // Every byte is ASCII (checked above): the conversion cannot fail.
-            String::from_utf8(v.to_vec()).map_err(|_| TenantError::Missing)?
+    match &config.tenant {
+        TenantSource::Extract(f) => {
+            let tenant = f(parts).ok_or(TenantError::Missing)?;
+            check_tenant_len(&tenant, max).map_err(|e| TenantError::Invalid(e.to_string()))?;
+            Ok(tenant)
         }
-    };
-    if tenant.is_empty() {
-        return Err(TenantError::Invalid("the tenant is empty".into()));
+        TenantSource::Header(name) => match tenant_from_header(&parts.headers, name, max) {
+            Ok(Some(tenant)) => Ok(tenant),
+            Ok(None) => Err(TenantError::Missing),
+            Err(e) => Err(TenantError::Invalid(format!("{name}: {e}"))),
+        },
+        TenantSource::BadHeaderName(name) => Err(TenantError::Misconfigured(name.clone())),
     }
-    if tenant.len() > max {
-        return Err(TenantError::Invalid(format!(
-            "the tenant is {} bytes, over the store's limit of {max} (Limits::max_tenant_len)",
-            tenant.len()
-        )));
-    }
-    Ok(tenant)
 }
 
 /// `"{METHOD} {route template}"`, and whether the request path stood in for an unknown
@@ -1763,11 +2059,47 @@ mod tests {
         let lease = claimed(&store);
         let too_big = Response::new(200, vec![0; 64]);
         assert!(matches!(
-            finish_lease(lease, StatusCode::OK, too_big),
+            finish_lease(lease, false, too_big),
             Err(Error::ResponseTooLarge { .. })
         ));
         // Not released: a retry is told "in flight" until the lease lapses.
         assert!(in_flight_now(&store));
+    }
+
+    #[test]
+    fn heartbeat_failures_are_retried_unless_no_retry_mends_them() {
+        let io = || redb::Error::Io(std::io::Error::other("disk"));
+        let key = || "k".to_owned();
+        for e in [
+            Error::Busy {
+                queued: 1,
+                waited: Duration::from_millis(1),
+            },
+            Error::Aborted {
+                source: "retry".into(),
+            },
+            Error::Storage { source: io() },
+        ] {
+            assert!(transient(&e), "{e}");
+        }
+        for e in [
+            Error::LeaseLost { key: key() },
+            Error::FailStopped {
+                cause: "disk".into(),
+            },
+            Error::OutcomeUnknown {
+                source: Arc::new(io()),
+            },
+            Error::CorruptStore {
+                reason: "page".into(),
+            },
+            Error::CorruptRecord {
+                reason: "bytes".into(),
+            },
+            Error::Internal { what: "bug" },
+        ] {
+            assert!(!transient(&e), "{e}");
+        }
     }
 
     #[test]

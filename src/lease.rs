@@ -156,6 +156,19 @@ impl Lease {
         self.finish(f)
     }
 
+    /// Like [`Lease::complete_with`], but through `&mut self`: after a failure other than
+    /// `LeaseLost` the caller still holds the unfinished lease and decides what becomes of it
+    /// (release it, record something else, or drop it to be released or to lapse). After `Ok`
+    /// or `LeaseLost` it is finished, and dropping it does nothing. (Used by the HTTP layer,
+    /// which records a terminal failure when `f` panicked, without ever letting the key go.)
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn complete_with_held<F>(&mut self, f: F) -> Result<Response, Error>
+    where
+        F: FnMut(&Tx<'_>) -> Result<Response, Abort>,
+    {
+        self.finish_held(f)
+    }
+
     /// Gives the key up now, so the next attempt runs at once (e.g. after a retryable failure
     /// of the external call). A lease that was already lost is not an error here.
     pub fn release(mut self) -> Result<(), Error> {
@@ -163,7 +176,15 @@ impl Lease {
         self.release_inner()
     }
 
-    fn finish<F>(mut self, mut f: F) -> Result<Response, Error>
+    fn finish<F>(mut self, f: F) -> Result<Response, Error>
+    where
+        F: FnMut(&Tx<'_>) -> Result<Response, Abort>,
+    {
+        // Unfinished after a failure (not `LeaseLost`): released or left to lapse on drop.
+        self.finish_held(f)
+    }
+
+    fn finish_held<F>(&mut self, mut f: F) -> Result<Response, Error>
     where
         F: FnMut(&Tx<'_>) -> Result<Response, Abort>,
     {

@@ -2,8 +2,9 @@
 //! An answer over the store's `max_response_bytes` is recorded without its body (status,
 //! replayed headers, `Location`) and replayed with `Idempotent-Body-Omitted: true`; a handler
 //! that panics, whose response body fails, or whose inner service returns `Err`, is recorded as
-//! a terminal 500 failure and replayed. (Only a status the user excludes with `record_status`
-//! releases the key: `tests/http_layer.rs`.)
+//! a terminal 500 failure and replayed. (Only 503, or a status the user excludes with
+//! `record_status`, releases the key: `tests/http_layer.rs`,
+//! `tests/http_a_server_error_is_recorded_unless_503.rs`.)
 #![cfg(feature = "http")]
 
 use std::sync::Arc;
@@ -219,4 +220,112 @@ async fn an_inner_service_error_is_recorded_as_a_failure() {
     assert_eq!(h["idempotent-replayed"], "true");
     assert_eq!(problem(&body)["type"], "urn:idem:problem:handler-failed");
     ran_once_and_failed(&calls, &layer);
+}
+
+#[tokio::test]
+async fn a_panic_inside_complete_with_rolls_its_writes_back_and_is_recorded_as_a_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(&dir);
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = Arc::clone(&calls);
+    let layer = IdempotencyLayer::tenant_header(store.clone(), "x-tenant-id");
+    let app = Router::new()
+        .route(
+            "/book",
+            post(move |Extension(idem): Extension<Idempotency>| {
+                c.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    idem.complete_with(|tx| {
+                        tx.open_table(ROWS)?.insert("row", 1)?;
+                        panic!("handler bug inside the transaction");
+                    })
+                    .await
+                }
+            }),
+        )
+        .route_layer(layer.clone());
+    // The handler started (it may have called out before `complete_with`): like any panic
+    // after the start, a terminal 500 is recorded and replayed, never a second run.
+    fails_once_then_replays_the_failure(app, "/book").await;
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(layer.metrics().handler_failures, 1);
+    // The transaction's writes went with the panic.
+    let read = store.begin_read().unwrap();
+    assert!(
+        read.open_table(ROWS).map_or(0, |t| t.len().unwrap()) == 0,
+        "the panicked transaction's write was rolled back"
+    );
+}
+
+#[tokio::test]
+async fn a_terminal_abort_from_complete_with_is_a_first_answer_fitted_into_the_cap() {
+    use idem::{Abort, Response};
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(&dir);
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = Arc::clone(&calls);
+    let layer = IdempotencyLayer::tenant_header(store.clone(), "x-tenant-id");
+    let app = Router::new()
+        .route(
+            "/charge/{size}",
+            post(
+                move |axum::extract::Path(size): axum::extract::Path<usize>,
+                      Extension(idem): Extension<Idempotency>| {
+                    c.fetch_add(1, Ordering::SeqCst);
+                    async move {
+                        idem.complete_with(move |tx| {
+                            // A terminal failure commits the closure's writes with it.
+                            tx.open_table(ROWS)?.insert(size.to_string().as_str(), 1)?;
+                            Err(Abort::Terminal(
+                                Response::new(402, "d".repeat(size))
+                                    .with_resource("location", "/charges/1"),
+                            ))
+                        })
+                        .await
+                    }
+                },
+            ),
+        )
+        .route_layer(layer.clone());
+
+    for size in [8, BIG] {
+        let path = format!("/charge/{size}");
+        let key = format!("k{size}");
+        // The first answer is the handler's, whole, and does not say it is a replay.
+        let (s, h, body) = body_of(
+            app.clone()
+                .oneshot(post_req(&path, Some(&key), ""))
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(
+            (s, body.len()),
+            (StatusCode::PAYMENT_REQUIRED, size),
+            "{size}"
+        );
+        assert!(h.get("idempotent-replayed").is_none(), "{size}");
+        assert_eq!(h["location"], "/charges/1");
+        // Every retry replays the recorded failure; an oversized body was not kept.
+        let (s, h, again) = body_of(
+            app.clone()
+                .oneshot(post_req(&path, Some(&key), ""))
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(s, StatusCode::PAYMENT_REQUIRED);
+        assert_eq!(h["idempotent-replayed"], "true");
+        assert_eq!(h["location"], "/charges/1");
+        if size == BIG {
+            assert!(again.is_empty());
+            assert_eq!(h[IDEMPOTENT_BODY_OMITTED], "true");
+        } else {
+            assert_eq!(again, body);
+        }
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "one execution per key");
+    assert_eq!(layer.metrics().bodies_not_kept, 1);
+    let read = store.begin_read().unwrap();
+    assert_eq!(read.open_table(ROWS).unwrap().len().unwrap(), 2);
 }

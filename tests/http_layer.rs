@@ -99,13 +99,14 @@ async fn second_request_while_the_first_runs_gets_409_with_retry_after() {
 }
 
 #[tokio::test]
-async fn server_errors_are_retryable_client_errors_are_replayed() {
+async fn a_503_is_retryable_client_errors_are_replayed() {
     let dir = tempfile::tempdir().unwrap();
     let status = Arc::new(AtomicU32::new(503));
     let calls = Arc::new(AtomicU32::new(0));
     let app = counting(store(&dir), Arc::clone(&status), Arc::clone(&calls));
 
-    // 5xx: nothing stored, the retry runs the handler again.
+    // 503 (the default's only unrecorded status): nothing stored, the retry runs the handler
+    // again. (Other 5xx are recorded: tests/http_a_server_error_is_recorded_unless_503.rs.)
     let (s, h, _) = body_of(
         app.clone()
             .oneshot(post_req("/things/1", Some("a"), "p"))

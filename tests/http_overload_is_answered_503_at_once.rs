@@ -1,6 +1,6 @@
-//! The layer bounds its in-flight store admissions (`max_in_flight`, default the
-//! store's `max_queue`). Over the bound a covered request is answered 503 + `Retry-After` at
-//! once, without queueing and without running the handler; store calls after a handler ran
+//! The layer bounds its in-flight store admissions (`max_in_flight`, default the store's
+//! `max_queue`, at most 256). Over the bound a covered request is answered 503 + `Retry-After`
+//! at once, without queueing and without running the handler; store calls after a handler ran
 //! (recording, heartbeats) never need a permit, so a started request always records.
 #![cfg(feature = "http")]
 
@@ -139,7 +139,20 @@ async fn over_the_in_flight_limit_a_request_gets_503_at_once_and_parked_ones_fin
 }
 
 #[tokio::test]
-async fn the_in_flight_limit_defaults_to_the_store_queue() {
+async fn the_in_flight_limit_defaults_to_the_store_queue_at_most_256() {
+    // The store's default queue (4,096) is larger than tokio's blocking pool (512 threads):
+    // the default stays at half the pool, so finishing calls and heartbeats find a thread.
+    let dir = tempfile::tempdir().unwrap();
+    let layer = IdempotencyLayer::tenant_header(store(&dir), "x-tenant-id");
+    assert_eq!(layer.metrics().max_in_flight, 256);
+    // An explicit limit overrides it, larger or smaller.
+    assert_eq!(
+        layer.clone().max_in_flight(1000).metrics().max_in_flight,
+        1000
+    );
+    assert_eq!(layer.max_in_flight(3).metrics().max_in_flight, 3);
+
+    // A store queue under 256 is the limit.
     let dir = tempfile::tempdir().unwrap();
     let store = idem::Store::builder()
         .max_queue(7)
