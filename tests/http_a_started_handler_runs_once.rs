@@ -292,13 +292,7 @@ async fn a_terminal_abort_from_complete_with_is_a_first_answer_fitted_into_the_c
         let path = format!("/charge/{size}");
         let key = format!("k{size}");
         // The first answer is the handler's, whole, and does not say it is a replay.
-        let (s, h, body) = body_of(
-            app.clone()
-                .oneshot(post_req(&path, Some(&key), ""))
-                .await
-                .unwrap(),
-        )
-        .await;
+        let (s, h, body) = send(&app, post_req(&path, Some(&key), "")).await;
         assert_eq!(
             (s, body.len()),
             (StatusCode::PAYMENT_REQUIRED, size),
@@ -307,13 +301,7 @@ async fn a_terminal_abort_from_complete_with_is_a_first_answer_fitted_into_the_c
         assert!(h.get("idempotent-replayed").is_none(), "{size}");
         assert_eq!(h["location"], "/charges/1");
         // Every retry replays the recorded failure; an oversized body was not kept.
-        let (s, h, again) = body_of(
-            app.clone()
-                .oneshot(post_req(&path, Some(&key), ""))
-                .await
-                .unwrap(),
-        )
-        .await;
+        let (s, h, again) = send(&app, post_req(&path, Some(&key), "")).await;
         assert_eq!(s, StatusCode::PAYMENT_REQUIRED);
         assert_eq!(h["idempotent-replayed"], "true");
         assert_eq!(h["location"], "/charges/1");
