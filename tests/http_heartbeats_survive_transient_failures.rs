@@ -23,7 +23,7 @@ use tokio::sync::Notify;
 use tower::ServiceExt;
 
 mod http_fixtures;
-use http_fixtures::{body_of, post_req};
+use http_fixtures::{body_of, post_req, send};
 
 /// The stores' lease: the layer heartbeats every 100 ms of real time.
 const LEASE: Duration = Duration::from_millis(300);
@@ -136,14 +136,7 @@ async fn the_lease_is_still_heartbeated(app: &App, store: &Store, time: &ManualC
         deadline(store) >= now.saturating_add(LEASE)
     })
     .await;
-    let (s, _, _) = body_of(
-        app.router
-            .clone()
-            .oneshot(post_req("/slow", Some("k"), ""))
-            .await
-            .unwrap(),
-    )
-    .await;
+    let (s, _, _) = send(&app.router, post_req("/slow", Some("k"), "")).await;
     assert_eq!(
         s,
         StatusCode::CONFLICT,
@@ -160,14 +153,7 @@ async fn the_lease_is_still_heartbeated(app: &App, store: &Store, time: &ManualC
         )
     })
     .await;
-    let (s, h, body) = body_of(
-        app.router
-            .clone()
-            .oneshot(post_req("/slow", Some("k"), ""))
-            .await
-            .unwrap(),
-    )
-    .await;
+    let (s, h, body) = send(&app.router, post_req("/slow", Some("k"), "")).await;
     assert_eq!((s, &body[..]), (StatusCode::CREATED, &b"done"[..]));
     assert_eq!(h["idempotent-replayed"], "true");
     assert_eq!(app.calls.load(Ordering::SeqCst), 1, "one execution");
