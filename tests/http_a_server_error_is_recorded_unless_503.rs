@@ -8,15 +8,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use axum::Router;
-use axum::extract::Extension;
 use axum::http::StatusCode;
 use axum::routing::post;
-use idem::http::{Idempotency, IdempotencyLayer, Recorded};
+use idem::http::{IdempotencyLayer, Recorded};
 use idem::redb::ReadableTableMetadata;
 use tower::ServiceExt;
 
 mod http_fixtures;
-use http_fixtures::{body_of, post_req, store};
+use http_fixtures::{body_of, complete_with_route, post_req, store};
 
 /// A route that counts its calls (its "effect") and answers `status` with a body naming the
 /// call.
@@ -91,30 +90,16 @@ async fn a_500_recorded_through_complete_with_commits_with_its_writes_and_is_rep
     let dir = tempfile::tempdir().unwrap();
     let store = store(&dir);
     let calls = Arc::new(AtomicU32::new(0));
-    let c = Arc::clone(&calls);
-    let app = Router::new()
-        .route(
-            "/rows",
-            post(move |Extension(idem): Extension<Idempotency>| {
-                c.fetch_add(1, Ordering::SeqCst);
-                async move {
-                    idem.complete_with(|tx| {
-                        // A write, then a failure answer: like a 4xx, a recorded 500 commits
-                        // together with the closure's writes.
-                        tx.open_table(ROWS)?.insert("row", 1)?;
-                        Ok(Recorded::json(
-                            StatusCode::INTERNAL_SERVER_ERROR,
-                            &serde_json::json!({"error": "partial"}),
-                        ))
-                    })
-                    .await
-                }
-            }),
-        )
-        .route_layer(IdempotencyLayer::tenant_header(
-            store.clone(),
-            "x-tenant-id",
-        ));
+    let layer = IdempotencyLayer::tenant_header(store.clone(), "x-tenant-id");
+    let app = complete_with_route("/rows", &layer, &calls, |tx| {
+        // A write, then a failure answer: like a 4xx, a recorded 500 commits together with
+        // the closure's writes.
+        tx.open_table(ROWS)?.insert("row", 1)?;
+        Ok(Recorded::json(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &serde_json::json!({"error": "partial"}),
+        ))
+    });
     let (s, h, first) = body_of(
         app.clone()
             .oneshot(post_req("/rows", Some("k"), ""))

@@ -21,7 +21,7 @@ use idem::redb::ReadableTableMetadata;
 use tower::{Layer, ServiceExt};
 
 mod http_fixtures;
-use http_fixtures::{Breaks, post_req, problem, send, store};
+use http_fixtures::{Breaks, complete_with_route, post_req, problem, send, store};
 
 /// 100 KiB: over the store's default `max_response_bytes` (64 KiB).
 const BIG: usize = 100 * 1024;
@@ -105,32 +105,20 @@ async fn an_oversized_answer_recorded_by_the_handler_commits_its_effect_once() {
     let dir = tempfile::tempdir().unwrap();
     let store = store(&dir);
     let calls = Arc::new(AtomicU32::new(0));
-    let c = Arc::clone(&calls);
     let layer = IdempotencyLayer::tenant_header(store.clone(), "x-tenant-id");
-    let app = Router::new()
-        .route(
-            "/rows",
-            post(move |Extension(idem): Extension<Idempotency>| {
-                c.fetch_add(1, Ordering::SeqCst);
-                async move {
-                    idem.complete_with(|tx| {
-                        let mut rows = tx.open_table(ROWS)?;
-                        let n = rows.len()?;
-                        rows.insert(format!("row-{n}").as_str(), n)?;
-                        let mut answer = Recorded::json(
-                            StatusCode::OK,
-                            &serde_json::json!({"row": n, "pad": "x".repeat(BIG)}),
-                        );
-                        answer
-                            .headers
-                            .insert("location", "/rows/0".parse().unwrap());
-                        Ok(answer)
-                    })
-                    .await
-                }
-            }),
-        )
-        .route_layer(layer.clone());
+    let app = complete_with_route("/rows", &layer, &calls, |tx| {
+        let mut rows = tx.open_table(ROWS)?;
+        let n = rows.len()?;
+        rows.insert(format!("row-{n}").as_str(), n)?;
+        let mut answer = Recorded::json(
+            StatusCode::OK,
+            &serde_json::json!({"row": n, "pad": "x".repeat(BIG)}),
+        );
+        answer
+            .headers
+            .insert("location", "/rows/0".parse().unwrap());
+        Ok(answer)
+    });
 
     let (s, h, body) = send(&app, post_req("/rows", Some("k"), "")).await;
     assert_eq!(s, StatusCode::OK);
@@ -227,23 +215,11 @@ async fn a_panic_inside_complete_with_rolls_its_writes_back_and_is_recorded_as_a
     let dir = tempfile::tempdir().unwrap();
     let store = store(&dir);
     let calls = Arc::new(AtomicU32::new(0));
-    let c = Arc::clone(&calls);
     let layer = IdempotencyLayer::tenant_header(store.clone(), "x-tenant-id");
-    let app = Router::new()
-        .route(
-            "/book",
-            post(move |Extension(idem): Extension<Idempotency>| {
-                c.fetch_add(1, Ordering::SeqCst);
-                async move {
-                    idem.complete_with(|tx| {
-                        tx.open_table(ROWS)?.insert("row", 1)?;
-                        panic!("handler bug inside the transaction");
-                    })
-                    .await
-                }
-            }),
-        )
-        .route_layer(layer.clone());
+    let app = complete_with_route("/book", &layer, &calls, |tx| {
+        tx.open_table(ROWS)?.insert("row", 1)?;
+        panic!("handler bug inside the transaction");
+    });
     // The handler started (it may have called out before `complete_with`): like any panic
     // after the start, a terminal 500 is recorded and replayed, never a second run.
     fails_once_then_replays_the_failure(app, "/book").await;

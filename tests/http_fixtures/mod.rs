@@ -161,3 +161,35 @@ impl http_body::Body for Breaks {
         ))))
     }
 }
+
+/// A router with one POST `path` under `layer` whose handler counts its calls in `calls` and
+/// records its answer itself, with `Idempotency::complete_with(f)`.
+pub fn complete_with_route<F>(
+    path: &str,
+    layer: &IdempotencyLayer,
+    calls: &Arc<AtomicU32>,
+    f: F,
+) -> Router
+where
+    F: FnMut(&idem::Tx<'_>) -> Result<idem::http::Recorded, idem::Abort>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+{
+    let calls = Arc::clone(calls);
+    Router::new()
+        .route(
+            path,
+            post(
+                move |axum::extract::Extension(idem): axum::extract::Extension<
+                    idem::http::Idempotency,
+                >| {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    let f = f.clone();
+                    async move { idem.complete_with(f).await }
+                },
+            ),
+        )
+        .route_layer(layer.clone())
+}
