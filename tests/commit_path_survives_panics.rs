@@ -35,20 +35,11 @@ fn a_clock_that_panics_inside_a_batch_strands_no_one() {
         .clock(PanicsOnVictim(ManualClock::new(T0)))
         .open(dir.path().join("idem.redb"))
         .expect("open");
-    let (held_tx, held_rx) = mpsc::channel::<()>();
-    let (release_tx, release_rx) = mpsc::channel::<()>();
     let (done_tx, done_rx) = mpsc::channel();
     let (victim_tx, victim_rx) = mpsc::channel();
     thread::scope(|s| {
         let store = &store;
-        s.spawn(move || {
-            executed(store.execute(req("t", "op", "gate", b"p"), |_| {
-                held_tx.send(()).expect("test alive");
-                release_rx.recv().expect("released");
-                Ok(Response::new(200, "gate"))
-            }));
-        });
-        held_rx.recv().expect("gate holds the writer");
+        let (release_tx, _gate) = gate(s, store);
         // The victim queues first (it leads the next batch), a bystander behind it. `purge`
         // has no read path, so the victim reads the clock only on its turn in the batch.
         // Detached threads (not scoped): if the bug came back they would hang, and the bounded
@@ -139,20 +130,11 @@ fn a_panic_in_a_commit_step_answers_every_member_and_latches() {
             armed: armed.clone(),
         })
         .expect("open");
-    let (held_tx, held_rx) = mpsc::channel::<()>();
-    let (release_tx, release_rx) = mpsc::channel::<()>();
     let (first_tx, first_rx) = mpsc::channel();
     let (last_tx, last_rx) = mpsc::channel();
     thread::scope(|s| {
         let store = &store;
-        s.spawn(move || {
-            executed(store.execute(req("t", "op", "gate", b"p"), |_| {
-                held_tx.send(()).expect("test alive");
-                release_rx.recv().expect("released");
-                Ok(Response::new(200, "gate"))
-            }));
-        });
-        held_rx.recv().expect("gate holds the writer");
+        let (release_tx, _gate) = gate(s, store);
         // The next batch: `first` leads it, `last` runs last, arms the backend and commits.
         // Detached threads: if a member were stranded, the bounded waits below fail the test.
         let first_store = store.clone();

@@ -10,7 +10,6 @@
 mod common;
 
 use std::sync::Mutex;
-use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
@@ -192,16 +191,7 @@ fn a_group_commit_rerun_pushes_the_same_ids_and_a_redelivery_pushes_none() {
     let runs: Mutex<Vec<Vec<EventId>>> = Mutex::new(Vec::new());
     thread::scope(|s| {
         // A gate holds the writer until both members are queued, so they share one batch.
-        let (release_tx, release_rx) = mpsc::channel::<()>();
-        let (held_tx, held_rx) = mpsc::channel::<()>();
-        let gate = s.spawn(move || {
-            executed(store.execute(req("t", "op", "gate", b"p"), |_| {
-                held_tx.send(()).expect("test alive");
-                release_rx.recv().expect("released");
-                Ok(Response::new(200, "gate"))
-            }))
-        });
-        held_rx.recv().expect("gate holds the writer");
+        let (release_tx, gate) = gate(s, store);
         let runs = &runs;
         let member = s.spawn(move || {
             executed(store.execute(req("t", "op", "k", b"p"), |tx| {

@@ -10,31 +10,11 @@
 mod common;
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
 use common::*;
-use idem::{Abort, Begin, Error, Outcome, Response, Store};
-
-/// Holds the writer from a scoped thread until the returned sender is used: every caller that
-/// arrives meanwhile queues for the next batch. Returns once the gate holds the writer.
-fn gate<'s, 'e>(
-    s: &'s thread::Scope<'s, 'e>,
-    store: &'e Store,
-) -> (mpsc::Sender<()>, thread::ScopedJoinHandle<'s, ()>) {
-    let (release_tx, release_rx) = mpsc::channel::<()>();
-    let (held_tx, held_rx) = mpsc::channel::<()>();
-    let handle = s.spawn(move || {
-        executed(store.execute(req("t", "op", "gate", b"p"), |_| {
-            held_tx.send(()).expect("test alive");
-            release_rx.recv().expect("released");
-            Ok(Response::new(200, "gate"))
-        }));
-    });
-    held_rx.recv().expect("gate holds the writer");
-    (release_tx, handle)
-}
+use idem::{Abort, Begin, Error, Outcome, Response};
 
 #[test]
 fn a_failing_member_leaves_nothing_and_changes_no_one_elses_outcome() {

@@ -209,3 +209,25 @@ pub fn wait_for_queue(store: &Store, n: usize) {
     }
     panic!("callers never queued: {} of {n}", store.metrics().queued);
 }
+
+/// Holds the writer from a scoped thread until the returned sender is used: every caller that
+/// arrives meanwhile queues for the next batch. Returns once the gate holds the writer.
+pub fn gate<'s, 'e>(
+    s: &'s std::thread::Scope<'s, 'e>,
+    store: &'e Store,
+) -> (
+    std::sync::mpsc::Sender<()>,
+    std::thread::ScopedJoinHandle<'s, ()>,
+) {
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let (held_tx, held_rx) = std::sync::mpsc::channel::<()>();
+    let handle = s.spawn(move || {
+        executed(store.execute(req("t", "op", "gate", b"p"), |_| {
+            held_tx.send(()).expect("test alive");
+            release_rx.recv().expect("released");
+            Ok(Response::new(200, "gate"))
+        }));
+    });
+    held_rx.recv().expect("gate holds the writer");
+    (release_tx, handle)
+}
