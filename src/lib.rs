@@ -47,55 +47,38 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
-mod clock;
-mod commit;
-mod decision;
-mod dispatch;
-mod error;
-mod expiry;
-mod fingerprint;
+pub(crate) mod engine;
+pub(crate) mod error;
 #[cfg(feature = "http")]
 pub mod http;
-mod inbox;
-mod keys;
-mod lease;
-mod order;
-mod outbox;
-mod read_only;
-mod record;
-mod response;
-mod retention;
-mod scope;
-mod store;
-mod sweep;
-mod tables;
-mod tx;
-#[cfg(feature = "webhooks")]
-pub mod webhook;
+pub(crate) mod messaging;
+pub(crate) mod model;
 
-pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
-pub use decision::{
+pub use engine::expiry::Stats;
+pub use engine::lease::Lease;
+pub use engine::read_only::ReadOnlyStore;
+pub use engine::store::{Durability, Metrics, Store, StoreBuilder};
+pub use engine::sweep::SweepReport;
+pub use engine::tables::RESERVED_PREFIX;
+pub use engine::tx::Tx;
+pub use error::{Abort, BoxError, Error, Field};
+pub use messaging::dispatch::{DispatcherHandle, DispatcherOptions, Publisher};
+pub use messaging::inbox::{InboxDecision, Mark, Processed, Receipt, inbox_decide};
+pub use messaging::order::{HighWaterMark, VersionCheck, Versions, version_check};
+pub use messaging::outbox::{DeadLetter, Event, EventId, Outbox, OutboxEvent, OutboxStats};
+#[cfg(feature = "webhooks")]
+pub use messaging::webhook;
+pub use model::clock::{Clock, ManualClock, SystemClock, Timestamp};
+pub use model::keys::{DownstreamKey, Fingerprint};
+pub use model::keys::{activity_key, compensation_key, derive_key};
+pub use model::record::{FORMAT_VERSION, HolderToken, Record, State};
+pub use model::response::{Begin, Outcome, Resource, Response, Tombstone};
+pub use model::retention::RetentionPolicy;
+pub use model::rules::{
     Decision, SweepAction, decide, heartbeat_deadline, holds_lease, is_expired, is_forgotten,
     sweep_action, sweep_due,
 };
-pub use dispatch::{DispatcherHandle, DispatcherOptions, Publisher};
-pub use error::{Abort, BoxError, Error, Field};
-pub use expiry::Stats;
-pub use fingerprint::{DownstreamKey, Fingerprint};
-pub use inbox::{InboxDecision, Mark, Processed, Receipt, inbox_decide};
-pub use keys::{activity_key, compensation_key, derive_key};
-pub use lease::Lease;
-pub use order::{HighWaterMark, VersionCheck, Versions, version_check};
-pub use outbox::{DeadLetter, Event, EventId, Outbox, OutboxEvent, OutboxStats};
-pub use read_only::ReadOnlyStore;
-pub use record::{FORMAT_VERSION, HolderToken, Record, State};
-pub use response::{Begin, Outcome, Resource, Response, Tombstone};
-pub use retention::RetentionPolicy;
-pub use scope::{Limits, Request, Scope};
-pub use store::{Durability, Metrics, Store, StoreBuilder};
-pub use sweep::SweepReport;
-pub use tables::RESERVED_PREFIX;
-pub use tx::Tx;
+pub use model::scope::{Limits, Request, Scope};
 
 /// README.md's code blocks compile and run as doctests.
 #[cfg(doctest)]

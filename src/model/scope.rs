@@ -1,7 +1,7 @@
 //! Scopes, requests, limits and the composite record key.
 
 use crate::error::{Error, Field};
-use crate::fingerprint::Fingerprint;
+use crate::model::keys::Fingerprint;
 
 /// Where an idempotency key lives: a tenant and an operation. There is no global keyspace: the
 /// same key under two tenants, or under two operations, names two independent intents.

@@ -8,10 +8,10 @@
 
 use std::time::Duration;
 
-use crate::clock::Timestamp;
-use crate::fingerprint::Fingerprint;
-use crate::record::{HolderToken, Record, State};
-use crate::response::{Resource, Response, Tombstone};
+use crate::model::clock::Timestamp;
+use crate::model::keys::Fingerprint;
+use crate::model::record::{HolderToken, Record, State};
+use crate::model::response::{Resource, Response, Tombstone};
 
 /// What to do with a request, given what is stored.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,11 +3,11 @@
 
 use redb::{ReadableDatabase, ReadableTable};
 
+use crate::engine::store::{Store, contained};
+use crate::engine::tables::VERSIONS;
+use crate::engine::tx::Tx;
 use crate::error::Error;
-use crate::outbox::open_optional;
-use crate::store::{Store, contained};
-use crate::tables::VERSIONS;
-use crate::tx::Tx;
+use crate::messaging::outbox::open_optional;
 
 /// What [`Versions::advance`] decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

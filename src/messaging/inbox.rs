@@ -7,16 +7,16 @@
 
 use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
 
-use crate::clock::Timestamp;
-use crate::commit::Step;
+use crate::engine::commit::Step;
+use crate::engine::expiry::{ExpiryTable, entry_key};
+use crate::engine::store::{Store, contained};
+use crate::engine::tables::{EXPIRY, INBOX};
+use crate::engine::tx::Tx;
 use crate::error::{Abort, Error, Field};
-use crate::expiry::{ExpiryTable, entry_key};
-use crate::outbox::{Origin, open_optional};
-use crate::record::checksum8;
-use crate::response::{Resource, Response};
-use crate::store::{Store, contained};
-use crate::tables::{EXPIRY, INBOX};
-use crate::tx::Tx;
+use crate::messaging::outbox::{Origin, open_optional};
+use crate::model::clock::Timestamp;
+use crate::model::record::checksum8;
+use crate::model::response::{Resource, Response};
 
 /// Expiry-index entry kind of an inbox mark or webhook receipt (its key is in
 /// `idem.inbox.v2`).

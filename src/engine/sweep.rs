@@ -3,7 +3,7 @@
 //! through group commit like every other write.
 //!
 //! A sweep never changes an answer: [`crate::decide`] already treats every record by its stored
-//! instants, and [`crate::decision::sweep_action`] only deletes what `decide` treats as absent
+//! instants, and [`crate::model::rules::sweep_action`] only deletes what `decide` treats as absent
 //! and only shrinks what it answers as `Expired`. Sweeps free space; correctness never waits
 //! for them.
 
@@ -12,15 +12,15 @@ use std::time::{Duration, Instant};
 
 use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
 
-use crate::clock::Timestamp;
-use crate::commit::Step;
-use crate::decision::{SweepAction, sweep_action, sweep_due};
+use crate::engine::commit::Step;
+use crate::engine::expiry::{KIND_RECORD, parse_entry, put_in, record_entry, remove_in};
+use crate::engine::store::{Inner, Store, contained};
+use crate::engine::tables::{EXPIRY, RECORDS};
 use crate::error::Error;
-use crate::expiry::{KIND_RECORD, parse_entry, put_in, record_entry, remove_in};
-use crate::inbox::{InboxSweep, KIND_INBOX, sweep_inbox_entry};
-use crate::record::Record;
-use crate::store::{Inner, Store, contained};
-use crate::tables::{EXPIRY, RECORDS};
+use crate::messaging::inbox::{InboxSweep, KIND_INBOX, sweep_inbox_entry};
+use crate::model::clock::Timestamp;
+use crate::model::record::Record;
+use crate::model::rules::{SweepAction, sweep_action, sweep_due};
 
 /// What one sweep pass did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -13,15 +13,17 @@ use std::sync::Arc;
 
 use redb::ReadableDatabase;
 
-use crate::clock::{Clock, Timestamp};
+use crate::engine::expiry::{Stats, stats_in};
+use crate::engine::store::{
+    StoreBuilder, admit_key, contained, for_each_record_in, read_record_in,
+};
 use crate::error::Error;
-use crate::expiry::{Stats, stats_in};
-use crate::outbox::{
+use crate::messaging::outbox::{
     DeadLetter, OutboxEvent, OutboxStats, dead_letters_in, outbox_stats_in, pending_events_in,
 };
-use crate::record::Record;
-use crate::scope::{Limits, Scope};
-use crate::store::{StoreBuilder, admit_key, contained, for_each_record_in, read_record_in};
+use crate::model::clock::{Clock, Timestamp};
+use crate::model::record::Record;
+use crate::model::scope::{Limits, Scope};
 
 /// An idem store opened for reading only. Nothing it does writes to the file: no open-time
 /// commit, no crash recovery, no sweep; redb's shared lock is held instead of the exclusive one.

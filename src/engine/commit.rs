@@ -34,9 +34,9 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use redb::WriteTransaction;
 
-use crate::clock::Timestamp;
+use crate::engine::store::{Panicked, Store, catch_storage_panic};
 use crate::error::Error;
-use crate::store::{Panicked, Store, catch_storage_panic};
+use crate::model::clock::Timestamp;
 
 /// What a member's work reports.
 pub(crate) enum Step<T> {

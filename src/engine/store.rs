@@ -13,21 +13,21 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use redb::{ReadableDatabase, ReadableTable, StorageBackend, WriteTransaction};
 
-use crate::clock::{Clock, SystemClock, Timestamp};
-use crate::commit::{Group, GroupConfig, Step};
-use crate::decision::{Decision, decide};
+use crate::engine::commit::{Group, GroupConfig, Step};
+use crate::engine::expiry::{put_in, remove_in};
+use crate::engine::lease::Lease;
+use crate::engine::read_only::ReadOnlyStore;
+use crate::engine::sweep::{SweepReport, SweepTotals, sweeper};
+use crate::engine::tables::{EXPIRY, META, META_FORMAT, RECORDS};
+use crate::engine::tx::Tx;
 use crate::error::{Abort, Error};
-use crate::expiry::{put_in, remove_in};
-use crate::lease::Lease;
-use crate::outbox::Origin;
-use crate::read_only::ReadOnlyStore;
-use crate::record::{FORMAT_VERSION, HolderToken, Record, State};
-use crate::response::{Begin, Outcome, Response, Tombstone};
-use crate::retention::{Retention, RetentionPolicy, Windows};
-use crate::scope::{Limits, Request, Scope, record_key};
-use crate::sweep::{SweepReport, SweepTotals, sweeper};
-use crate::tables::{EXPIRY, META, META_FORMAT, RECORDS};
-use crate::tx::Tx;
+use crate::messaging::outbox::Origin;
+use crate::model::clock::{Clock, SystemClock, Timestamp};
+use crate::model::record::{FORMAT_VERSION, HolderToken, Record, State};
+use crate::model::response::{Begin, Outcome, Response, Tombstone};
+use crate::model::retention::{Retention, RetentionPolicy, Windows};
+use crate::model::rules::{Decision, decide};
+use crate::model::scope::{Limits, Request, Scope, record_key};
 
 /// Settings, fixed when the store opens. See [`StoreBuilder`] for defaults.
 #[derive(Debug, Clone)]
@@ -556,7 +556,7 @@ pub(crate) struct Inner {
     /// Sweep figures for [`Metrics`].
     pub(crate) sweeps: Mutex<SweepTotals>,
     /// Outbox dispatcher wake-ups, counters and the one-dispatcher guard.
-    pub(crate) outbox: crate::outbox::OutboxShared,
+    pub(crate) outbox: crate::messaging::outbox::OutboxShared,
 }
 
 /// The background threads of one store (the relaxed-durability flusher, the sweeper).
@@ -618,7 +618,7 @@ impl Inner {
             background: Mutex::new(Background::default()),
             sweep_lock: Mutex::new(()),
             sweeps: Mutex::new(SweepTotals::default()),
-            outbox: crate::outbox::OutboxShared::default(),
+            outbox: crate::messaging::outbox::OutboxShared::default(),
         }
     }
 

@@ -1,4 +1,4 @@
-//! Request fingerprints and downstream keys: blake3 in derive-key mode, one fixed context string
+//! Request fingerprints, downstream keys and step-key derivation: blake3 in derive-key mode, one fixed context string
 //! per purpose, so a fingerprint can never equal a downstream key or a fingerprint made through
 //! the other entry point. Changing a context string changes every stored fingerprint: never do it
 //! without a record-format version bump.
@@ -60,7 +60,7 @@ impl DownstreamKey {
     /// The lease's key is the root of the step-key tree: `derive_key(record key, "")`, the same
     /// derivation as every step, activity and compensation key ([`crate::derive_key`]).
     pub(crate) fn derive(record_key: &[u8]) -> Self {
-        crate::keys::derive_key(record_key, b"")
+        crate::model::keys::derive_key(record_key, b"")
     }
 
     /// The raw 32 bytes.
@@ -94,6 +94,39 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
         s.push(char::from(DIGITS[usize::from(b & 0xf)]));
     }
     s
+}
+
+// ---- Step keys: stable idempotency keys for the calls a step makes, derived with blake3's
+// `derive_key` under a fixed context, so every retry of the same step sends the same key. ----
+
+/// blake3 `derive_key` context of step keys.
+const CTX_STEP_KEY: &str = "idem 2026-11-30 downstream step key v1";
+
+/// The key of step `step` under `parent` (a [`crate::Lease::downstream_key`], a workflow id,
+/// an outbox event id, …): the same inputs always give the same key, different steps of one
+/// parent get unrelated keys. The encoding is unambiguous (the parent's length is part of
+/// the input), so `("ab", "c")` and `("a", "bc")` differ.
+pub fn derive_key(parent: impl AsRef<[u8]>, step: impl AsRef<[u8]>) -> DownstreamKey {
+    let parent = parent.as_ref();
+    let mut h = blake3::Hasher::new_derive_key(CTX_STEP_KEY);
+    h.update(&(parent.len() as u64).to_be_bytes());
+    h.update(parent);
+    h.update(step.as_ref());
+    DownstreamKey::from_raw(*h.finalize().as_bytes())
+}
+
+/// The key of activity `activity_id` of workflow run `workflow_id` (Temporal's advice:
+/// workflow run id + activity id), identical on every retry of the activity.
+pub fn activity_key(workflow_id: impl AsRef<[u8]>, activity_id: impl AsRef<[u8]>) -> DownstreamKey {
+    let workflow = derive_key(workflow_id, b"workflow");
+    derive_key(workflow.as_bytes(), activity_id)
+}
+
+/// The key of the compensation of the step whose key is `forward`: distinct from `forward`
+/// (a provider never confuses the undo with the do) and stable across retries of the
+/// compensation, so a compensation that runs twice has one effect.
+pub fn compensation_key(forward: &DownstreamKey) -> DownstreamKey {
+    derive_key(forward.as_bytes(), b"\0compensate")
 }
 
 #[cfg(test)]
@@ -132,5 +165,31 @@ mod tests {
             "4428712e59fe5064237c1456762839ab4c07d1cada76bf958732e1420c744215"
         );
         assert_eq!(hex(&[0x00, 0xab, 0xff]), "00abff");
+    }
+}
+
+#[cfg(test)]
+mod step_key_tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_stable_and_separated() {
+        assert_eq!(derive_key("p", "s"), derive_key("p", "s"));
+        assert_ne!(derive_key("p", "s"), derive_key("p", "t"));
+        assert_ne!(derive_key("ab", "c"), derive_key("a", "bc"));
+        let fwd = activity_key("wf-1", "charge");
+        assert_eq!(fwd, activity_key("wf-1", "charge"));
+        assert_ne!(fwd, activity_key("wf-2", "charge"));
+        assert_ne!(compensation_key(&fwd), fwd);
+        assert_eq!(compensation_key(&fwd), compensation_key(&fwd));
+    }
+
+    /// Keys are sent to other systems and must never change between releases.
+    #[test]
+    fn derivation_is_pinned() {
+        assert_eq!(
+            derive_key("p", "s").to_hex(),
+            "e3874a553e444eddb6847dfc645d4586e26393c6df9d77ef5f08cd3fbd8a802c"
+        );
     }
 }

@@ -5,10 +5,10 @@ use redb::{
     TableHandle, Value, WriteTransaction,
 };
 
-use crate::clock::Timestamp;
+use crate::engine::tables::RESERVED_PREFIX;
 use crate::error::Error;
-use crate::outbox::Origin;
-use crate::tables::RESERVED_PREFIX;
+use crate::messaging::outbox::Origin;
+use crate::model::clock::Timestamp;
 
 /// The write transaction that will also commit the idempotency record. Open your own tables
 /// on it: your writes and the record commit together or not at all.
@@ -36,14 +36,14 @@ impl<'t> Tx<'t> {
 
     /// The transactional outbox: events pushed here commit with this transaction's writes, or
     /// not at all. See [`crate::Outbox`].
-    pub fn outbox(&self) -> crate::outbox::Outbox<'_, 't> {
-        crate::outbox::Outbox::new(self)
+    pub fn outbox(&self) -> crate::messaging::outbox::Outbox<'_, 't> {
+        crate::messaging::outbox::Outbox::new(self)
     }
 
     /// Per-entity version high-water marks, updated in this transaction. See
     /// [`crate::Versions`].
-    pub fn versions(&self) -> crate::order::Versions<'_, 't> {
-        crate::order::Versions::new(self)
+    pub fn versions(&self) -> crate::messaging::order::Versions<'_, 't> {
+        crate::messaging::order::Versions::new(self)
     }
 
     pub(crate) fn raw(&self) -> &'t WriteTransaction {

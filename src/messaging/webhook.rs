@@ -18,7 +18,7 @@ use base64::engine::general_purpose::STANDARD;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::clock::Timestamp;
+use crate::model::clock::Timestamp;
 
 type HmacSha256 = Hmac<Sha256>;
 

@@ -13,13 +13,13 @@ use std::collections::{HashMap, HashSet};
 
 use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, StorageError, Table};
 
-use crate::clock::Timestamp;
-use crate::decision::sweep_due;
+use crate::engine::store::{Store, contained};
+use crate::engine::tables::{EXPIRY, RECORDS};
 use crate::error::Error;
-use crate::fingerprint::hex;
-use crate::record::Record;
-use crate::store::{Store, contained};
-use crate::tables::{EXPIRY, RECORDS};
+use crate::model::clock::Timestamp;
+use crate::model::keys::hex;
+use crate::model::record::Record;
+use crate::model::rules::sweep_due;
 
 /// Entry kind of an idempotency record (its key is in `idem.records.v1`).
 pub(crate) const KIND_RECORD: u8 = 0x01;
@@ -141,7 +141,7 @@ impl Store {
     }
 
     /// Checks that the expiry index matches the records exactly: every record that decodes has
-    /// exactly one entry, at [`crate::decision::sweep_due`] with its state tag, and every entry
+    /// exactly one entry, at [`crate::model::rules::sweep_due`] with its state tag, and every entry
     /// belongs to a record (entries of records and inbox marks that no longer decode are tolerated). Returns a
     /// description of the first mismatches. O(records) time and memory: for tests and fuzzers.
     #[doc(hidden)]
@@ -177,7 +177,7 @@ impl Store {
             }
         }
         let (inbox_entries, inbox_undecodable) =
-            crate::inbox::expected_inbox_entries(&read).map_err(|e| self.storage(e))?;
+            crate::messaging::inbox::expected_inbox_entries(&read).map_err(|e| self.storage(e))?;
         for (entry, tag) in inbox_entries {
             expected.insert(entry, tag);
         }
@@ -196,7 +196,7 @@ impl Store {
                 None => match parse_entry(entry) {
                     Some(e) if e.kind == KIND_RECORD && undecodable.contains(e.key) => {}
                     Some(e)
-                        if e.kind == crate::inbox::KIND_INBOX
+                        if e.kind == crate::messaging::inbox::KIND_INBOX
                             && inbox_undecodable.contains(e.key) => {}
                     _ => problems.push(format!(
                         "orphan entry {} (no record has this due instant)",

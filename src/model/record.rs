@@ -8,10 +8,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::clock::Timestamp;
 use crate::error::Error;
-use crate::fingerprint::Fingerprint;
-use crate::response::{Resource, Response, Tombstone};
+use crate::model::clock::Timestamp;
+use crate::model::keys::Fingerprint;
+use crate::model::response::{Resource, Response, Tombstone};
 
 /// The record format version this build writes and reads.
 pub const FORMAT_VERSION: u8 = 2;

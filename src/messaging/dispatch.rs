@@ -16,12 +16,14 @@ use std::time::Duration;
 
 use redb::{ReadableDatabase, ReadableTable};
 
-use crate::clock::Timestamp;
-use crate::commit::Step;
+use crate::engine::commit::Step;
+use crate::engine::store::{Inner, Store, contained};
+use crate::engine::tables::{OUTBOX, OUTBOX_DEAD};
 use crate::error::{BoxError, Error};
-use crate::outbox::{AfterFailure, OutboxEvent, Signal, Stored, after_failure, open_optional};
-use crate::store::{Inner, Store, contained};
-use crate::tables::{OUTBOX, OUTBOX_DEAD};
+use crate::messaging::outbox::{
+    AfterFailure, OutboxEvent, Signal, Stored, after_failure, open_optional,
+};
+use crate::model::clock::Timestamp;
 
 /// Publishes outbox events to a broker (Kafka, NATS, an HTTP endpoint…). Return `Ok` only once
 /// the broker has accepted the event: the event is then marked delivered and never published

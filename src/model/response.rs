@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::lease::Lease;
+use crate::engine::lease::Lease;
 
 /// A pointer to the resource an operation created or touched (e.g. `("order", "ord_123")`), so
 /// a late retry can be answered with "already done: here is where it is".

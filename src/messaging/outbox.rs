@@ -16,13 +16,13 @@ use parking_lot::{Condvar, Mutex};
 use redb::{ReadableTable, ReadableTableMetadata, WriteTransaction};
 use serde::{Deserialize, Serialize};
 
-use crate::clock::Timestamp;
-use crate::commit::Step;
+use crate::engine::commit::Step;
+use crate::engine::store::{Store, contained};
+use crate::engine::tables::{META, META_OUTBOX_SEQ, OUTBOX, OUTBOX_DEAD};
+use crate::engine::tx::Tx;
 use crate::error::Error;
-use crate::fingerprint::hex;
-use crate::store::{Store, contained};
-use crate::tables::{META, META_OUTBOX_SEQ, OUTBOX, OUTBOX_DEAD};
-use crate::tx::Tx;
+use crate::model::clock::Timestamp;
+use crate::model::keys::hex;
 
 /// blake3 `derive_key` context of event ids pushed by a transaction that commits an
 /// idempotency record (`execute`, a lease's completion). One context per origin kind, so a

@@ -1,16 +1,16 @@
 //! Flow B's fenced lease.
 
-use crate::clock::Timestamp;
-use crate::commit::Step;
-use crate::decision::{heartbeat_deadline, holds_lease};
+use crate::engine::commit::Step;
+use crate::engine::store::Store;
+use crate::engine::tx::Tx;
 use crate::error::{Abort, Error};
-use crate::fingerprint::DownstreamKey;
-use crate::outbox::Origin;
-use crate::record::{HolderToken, Record, State};
-use crate::response::Response;
-use crate::scope::Request;
-use crate::store::Store;
-use crate::tx::Tx;
+use crate::messaging::outbox::Origin;
+use crate::model::clock::Timestamp;
+use crate::model::keys::DownstreamKey;
+use crate::model::record::{HolderToken, Record, State};
+use crate::model::response::Response;
+use crate::model::rules::{heartbeat_deadline, holds_lease};
+use crate::model::scope::Request;
 
 /// The right to finish one intent, held by exactly one attempt at a time.
 ///
