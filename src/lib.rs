@@ -55,7 +55,8 @@ pub(crate) mod messaging;
 pub(crate) mod model;
 
 pub use engine::expiry::Stats;
-pub use engine::lease::Lease;
+
+pub use engine::lease::{Begin, Lease};
 pub use engine::read_only::ReadOnlyStore;
 pub use engine::store::{Durability, Metrics, Store, StoreBuilder};
 pub use engine::sweep::SweepReport;
@@ -72,7 +73,7 @@ pub use model::clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use model::keys::{DownstreamKey, Fingerprint};
 pub use model::keys::{activity_key, compensation_key, derive_key};
 pub use model::record::{FORMAT_VERSION, HolderToken, Record, State};
-pub use model::response::{Begin, Outcome, Resource, Response, Tombstone};
+pub use model::response::{Outcome, Resource, Response, Tombstone};
 pub use model::retention::RetentionPolicy;
 pub use model::rules::{
     Decision, SweepAction, decide, heartbeat_deadline, holds_lease, is_expired, is_forgotten,

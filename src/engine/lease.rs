@@ -1,5 +1,7 @@
 //! Flow B's fenced lease.
 
+use std::time::Duration;
+
 use crate::engine::commit::Step;
 use crate::engine::store::Store;
 use crate::engine::tx::Tx;
@@ -8,9 +10,28 @@ use crate::messaging::outbox::Origin;
 use crate::model::clock::Timestamp;
 use crate::model::keys::DownstreamKey;
 use crate::model::record::{HolderToken, Record, State};
-use crate::model::response::Response;
+use crate::model::response::{Response, Tombstone};
 use crate::model::rules::{heartbeat_deadline, holds_lease};
 use crate::model::scope::Request;
+
+/// The answer to [`crate::Store::begin`].
+#[derive(Debug)]
+#[must_use]
+pub enum Begin {
+    /// This attempt holds the lease: do the external work, then [`Lease::complete`] or
+    /// [`Lease::fail`]. [`Lease::takeover_of`] tells whether an earlier attempt held it first.
+    Acquired(Lease),
+    /// The intent had already finished: its stored response.
+    Replayed(Response),
+    /// Another attempt holds a live lease.
+    InFlight {
+        /// Suggested wait before retrying.
+        retry_after: Duration,
+    },
+    /// The intent already finished and its response window is over: only its [`Tombstone`]
+    /// is left. Do not make the external call again (see [`crate::Outcome::Expired`]).
+    Expired(Tombstone),
+}
 
 /// The right to finish one intent, held by exactly one attempt at a time.
 ///

@@ -15,6 +15,7 @@ use redb::{ReadableDatabase, ReadableTable, StorageBackend, WriteTransaction};
 
 use crate::engine::commit::{Group, GroupConfig, Step};
 use crate::engine::expiry::{put_in, remove_in};
+use crate::engine::lease::Begin;
 use crate::engine::lease::Lease;
 use crate::engine::read_only::ReadOnlyStore;
 use crate::engine::sweep::{SweepReport, SweepTotals, sweeper};
@@ -24,7 +25,7 @@ use crate::error::{Abort, Error};
 use crate::messaging::outbox::Origin;
 use crate::model::clock::{Clock, SystemClock, Timestamp};
 use crate::model::record::{FORMAT_VERSION, HolderToken, Record, State};
-use crate::model::response::{Begin, Outcome, Response, Tombstone};
+use crate::model::response::{Outcome, Response, Tombstone};
 use crate::model::retention::{Retention, RetentionPolicy, Windows};
 use crate::model::rules::{Decision, decide};
 use crate::model::scope::{Limits, Request, Scope, record_key};

@@ -2,8 +2,6 @@
 
 use std::time::Duration;
 
-use crate::engine::lease::Lease;
-
 /// A pointer to the resource an operation created or touched (e.g. `("order", "ord_123")`), so
 /// a late retry can be answered with "already done: here is where it is".
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -61,7 +59,7 @@ impl Response {
     }
 
     /// True when this response records a terminal failure ([`crate::Abort::Terminal`] or
-    /// [`Lease::fail`]): the intent is finished and will not run again.
+    /// [`crate::Lease::fail`]): the intent is finished and will not run again.
     pub fn is_failure(&self) -> bool {
         self.failed
     }
@@ -118,7 +116,7 @@ impl Response {
 
 /// What is kept of a finished intent after its response window: the status, the resource
 /// pointer and whether it was a terminal failure — not the body. A late retry that finds one
-/// gets [`Outcome::Expired`] / [`Begin::Expired`]: the intent already happened and does not
+/// gets [`Outcome::Expired`] / [`crate::Begin::Expired`]: the intent already happened and does not
 /// run again.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Tombstone {
@@ -148,7 +146,7 @@ impl Tombstone {
     }
 
     /// True when the intent ended in a terminal failure ([`crate::Abort::Terminal`],
-    /// [`Lease::fail`]).
+    /// [`crate::Lease::fail`]).
     pub fn is_failure(&self) -> bool {
         self.failed
     }
@@ -198,23 +196,4 @@ impl Outcome {
             _ => None,
         }
     }
-}
-
-/// The answer to [`crate::Store::begin`].
-#[derive(Debug)]
-#[must_use]
-pub enum Begin {
-    /// This attempt holds the lease: do the external work, then [`Lease::complete`] or
-    /// [`Lease::fail`]. [`Lease::takeover_of`] tells whether an earlier attempt held it first.
-    Acquired(Lease),
-    /// The intent had already finished: its stored response.
-    Replayed(Response),
-    /// Another attempt holds a live lease.
-    InFlight {
-        /// Suggested wait before retrying.
-        retry_after: Duration,
-    },
-    /// The intent already finished and its response window is over: only its [`Tombstone`]
-    /// is left. Do not make the external call again (see [`Outcome::Expired`]).
-    Expired(Tombstone),
 }
