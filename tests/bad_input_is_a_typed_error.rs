@@ -630,8 +630,8 @@ fn a_flipped_byte_in_the_file_is_no_panic() {
     }
 }
 
-/// The requirement of issue 6, item 6, for a byte flipped on disk inside one record's value:
-/// the damaged key answers `CorruptRecord` (nothing runs, nothing is replayed) and every other
+/// What a byte flipped on disk inside one record's value must give (the requirement): the
+/// damaged key answers `CorruptRecord` (nothing runs, nothing is replayed) and every other
 /// key still replays.
 ///
 /// Holds for a cleanly closed file (the record checksum, record format 2). For a file left by a
