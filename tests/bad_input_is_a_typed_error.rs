@@ -332,14 +332,7 @@ fn an_outbox_event_with_an_unknown_version_is_skipped_not_fatal() {
 fn a_file_that_is_not_a_store_is_a_corrupt_store_error() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut state: u64 = 0x2545_F491_4F6C_DD1D;
-    let random: Vec<u8> = (0..65_536)
-        .map(|_| {
-            state ^= state >> 12;
-            state ^= state << 25;
-            state ^= state >> 27;
-            (state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 56) as u8
-        })
-        .collect();
+    let random = random_bytes(&mut state, 65_536);
     let mut real = store_file_bytes(1);
     real[..9].copy_from_slice(b"not redb!");
     let cases: [(&str, Vec<u8>); 7] = [
