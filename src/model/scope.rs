@@ -33,9 +33,9 @@ impl Scope {
 
     /// A stored record key read back into its parts `(tenant, operation, key)`, as bytes: the
     /// inverse of the layout in docs/FORMAT.md, "Record key" (`0x01 ‖ u16be len ‖ tenant ‖
-    /// u16be len ‖ operation ‖ u16be len ‖ key`). For tools that walk the records
-    /// ([`crate::Store::for_each_record`] hands each record's key out as stored) and must not
-    /// re-parse the layout themselves.
+    /// u16be len ‖ operation ‖ u16be len ‖ key`). For tools that walk the records (the stores'
+    /// `for_each_record` hands each record's key out as stored) and must not re-parse the layout
+    /// themselves.
     ///
     /// Returns `None` for bytes that are not a record key of this layout: another version byte,
     /// a length that runs past the end, or bytes left over after the key. The tenant and
