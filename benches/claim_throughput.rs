@@ -1,8 +1,8 @@
 //! Multi-caller claim throughput: idem side by side with its baselines, in one run, on one
 //! machine, with the same keys — naive redb (one durable write transaction per claim, same
-//! key/value layout), SQLite (the article's `INSERT ... ON CONFLICT DO NOTHING` flow, WAL,
-//! `synchronous=FULL`), the disk's own `pwrite` + `fdatasync` rate, and an in-memory
-//! `Mutex<HashMap>` (not durable: the CPU ceiling).
+//! key/value layout), SQLite (the common SQL flow, `INSERT ... ON CONFLICT DO NOTHING` then
+//! `UPDATE`, WAL, `synchronous=FULL`), the disk's own `pwrite` + `fdatasync` rate, and an
+//! in-memory `Mutex<HashMap>` (not durable: the CPU ceiling).
 //!
 //! ```text
 //! cargo bench --bench claim_throughput                      # full: 1,000,000-record store, 5 runs
@@ -287,8 +287,9 @@ fn sqlite_conn(path: &Path) -> Connection {
     conn
 }
 
-/// The article's flow, one transaction per claim: claim the key (pending) unless present, load
-/// the row, check it, do the business write, store the result, commit (one WAL fsync).
+/// The common SQL flow (BENCHMARKS.md, "SQLite new keys"), one transaction per claim: claim
+/// the key (pending) unless present, load the row, check it, do the business write, store the
+/// result, commit (one WAL fsync).
 fn sqlite_claim(conn: &mut Connection, key: &str) {
     let hash = Fingerprint::of_bytes(&payload(key)).to_hex();
     let now = now_ms();
@@ -1523,7 +1524,7 @@ fn report(b: &Bench, display: &[Row]) {
         with_commas(SMALL as u64)
     );
 
-    // The issue's targets, on the pre-filled store.
+    // The throughput and latency targets (BENCHMARKS.md, "Targets"), on the pre-filled store.
     let fill = Fill::Prefilled;
     let at = |system, work, callers| Row {
         system,

@@ -2,9 +2,10 @@
 //! and bodies, a clock moving backwards, an unknown record format version, a file that is not a
 //! redb database, a truncated file, flipped bytes in a record value or in the file.
 //!
-//! One section per input. Where another test file already covers an input, the section names it
-//! instead of repeating it; the tests here cover the rest. The index of every bad-input case, with
-//! the test of each, is docs/RELIABILITY.md, "Bad-input index".
+//! One section per input, with the cases no other test file covers (empty and oversized names,
+//! unknown record versions and damaged records at the store are in `input_validation`; the
+//! decoder alone in `record_format`). Every bad-input case, here or elsewhere, with the test that
+//! pins it, is listed in docs/RELIABILITY.md, "Bad-input index".
 
 mod common;
 
@@ -69,9 +70,8 @@ fn others_replay(store: &Store, n: usize, except: Option<usize>, ctx: &str) {
 // ---------------------------------------------------------------------------------------------
 // Empty keys and bodies.
 //
-// Empty tenant, operation or key: `input_validation::empty_tenant_operation_or_key_is_refused_
-// before_anything_runs` (Error::Empty with the field, for execute, begin and get; nothing runs).
-// An empty body or payload is not bad input: it is stored and replayed like any other.
+// An empty body or payload is not bad input: it is stored and replayed like any other. (An empty
+// tenant, operation or key is `Error::Empty`, in `input_validation`.)
 
 #[test]
 fn empty_bodies_and_payloads_are_valid() {
@@ -102,11 +102,8 @@ fn empty_bodies_and_payloads_are_valid() {
 // ---------------------------------------------------------------------------------------------
 // Oversized keys and bodies.
 //
-// Names: `input_validation::oversized_names_are_refused_with_default_limits` (Error::TooLong
-// with field, length, limit), `custom_limits_raise_the_caps`, `impossible_limits_are_a_config_
-// error`. Responses: `input_validation::an_oversized_response_commits_nothing` (flow A, with
-// the resource pointer and a terminal failure), `an_oversized_completion_releases_the_lease`.
-// Not covered elsewhere: the request payload has no cap, because only its fingerprint is stored.
+// The request payload has no cap, because only its fingerprint is stored. (Oversized names and
+// responses are `Error::TooLong`, in `input_validation`.)
 
 #[test]
 fn a_large_request_payload_is_only_fingerprinted() {
@@ -142,16 +139,12 @@ fn a_large_request_payload_is_only_fingerprinted() {
 // ---------------------------------------------------------------------------------------------
 // Clock moving backwards.
 //
-// Already covered: a completed intent still replays after the clock jumps back to the epoch
-// (`expiry::a_clock_that_goes_backwards_does_not_free_a_key`, `decision` unit test). What
-// happens, pinned here:
+// What happens, pinned here:
 // - a completed intent replays; a live lease is not stolen (InFlight, with a retry hint capped
 //   by `retry_after_cap`); the holder can still heartbeat and complete;
 // - a heartbeat under a backward clock keeps the deadline already granted (a heartbeat never
 //   lowers a deadline: `heartbeat_deadline`), so no other attempt takes the key over before it
-//   (until an earlier release the deadline followed the clock back and a takeover came
-//   early: `lease_takeover_fencing::a_heartbeat_under_a_backward_clock_keeps_the_granted_
-//   deadline_and_nobody_takes_over_early`);
+//   (until an earlier release the deadline followed the clock back and a takeover came early);
 // - a sweep under a backward clock deletes and shrinks nothing;
 // - a record written under a backward clock takes its windows from that clock (created_at,
 //   expires_at are in the past once the clock is right again);
@@ -248,11 +241,8 @@ fn a_clock_moving_backwards_frees_nothing_and_steals_no_lease() {
 // ---------------------------------------------------------------------------------------------
 // An unknown record format version.
 //
-// A record: `input_validation::a_record_with_an_unknown_version_is_unsupported` (execute, begin
-// and get give UnsupportedFormat, nothing runs, other keys work), `record_format::unknown_
-// versions_are_unsupported_format` (every version byte). The store's marker: `input_validation::
-// an_unknown_format_marker_refuses_to_open`, `a_damaged_metadata_marker_is_a_typed_error_at_
-// open`. Not covered elsewhere: an outbox event.
+// An outbox event of an unknown version. (A record or the store's marker of an unknown version:
+// `input_validation` and `record_format`.)
 
 const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("idem.outbox.v1");
 
@@ -328,29 +318,21 @@ fn an_outbox_event_with_an_unknown_version_is_skipped_not_fatal() {
 // ---------------------------------------------------------------------------------------------
 // A file that is not a redb database.
 //
-// `input_validation::a_file_that_is_not_a_redb_database_is_an_error_not_a_panic` checks random
-// bytes and a text file give *an* error. Here: which one, for more shapes. Findings:
+// Which error, for several shapes (`input_validation` only checks that random bytes and a text
+// file give *an* error):
 // - every non-empty non-redb file is `Error::CorruptStore` ("the file is not a readable redb
 //   database: Not a redb database: magic number mismatch"): it says what is wrong and what to do,
 //   and it is not retryable (before e5dbaee it was a retryable `Error::Storage`);
 // - an empty file is not an error for `Store::open`: redb initialises it, and it becomes an empty
 //   store (a service may create the file first; documented on `StoreBuilder`). The opens that
 //   never create a store (`open_existing`, `open_read_only`) and the CLI refuse it as
-//   `CorruptStore`: `empty_file_is_not_a_store`. A damaged page under redb:
-//   `damaged_pages_never_panic`.
+//   `CorruptStore` (`empty_file_is_not_a_store`).
 
 #[test]
 fn a_file_that_is_not_a_store_is_a_corrupt_store_error() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut state: u64 = 0x2545_F491_4F6C_DD1D;
-    let random: Vec<u8> = (0..65_536)
-        .map(|_| {
-            state ^= state >> 12;
-            state ^= state << 25;
-            state ^= state >> 27;
-            (state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 56) as u8
-        })
-        .collect();
+    let random = random_bytes(&mut state, 65_536);
     let mut real = store_file_bytes(1);
     real[..9].copy_from_slice(b"not redb!");
     let cases: [(&str, Vec<u8>); 7] = [
@@ -439,12 +421,9 @@ fn a_truncated_store_file_is_a_typed_error() {
 // ---------------------------------------------------------------------------------------------
 // Flipped bytes in a record value.
 //
-// Through redb (the value is replaced, redb's page checksums stay right): `input_validation`
-// covers garbage, truncation, a byte cut off, trailing bytes, an empty value and an unknown
-// version at the store (execute, begin, get → CorruptRecord / UnsupportedFormat, nothing runs,
-// no fail-stop, other keys replay) and `purge_frees_a_corrupt_key_so_the_intent_can_run_again`;
-// `record_format::every_single_byte_substitution_is_ok_or_typed_error` covers the decoder alone.
-// Here: every single byte of a stored value flipped (xor 0xff), at the store.
+// Every single byte of a stored value flipped (xor 0xff), at the store. (Values replaced
+// through redb — garbage, truncated, empty — are in `input_validation`; the decoder alone in
+// `record_format`.)
 //
 // Every record value ends with a checksum of its own (docs/FORMAT.md, "Checksum"), so every
 // flip is a typed error: the version byte gives `UnsupportedFormat`, any other byte
@@ -630,8 +609,8 @@ fn a_flipped_byte_in_the_file_is_no_panic() {
     }
 }
 
-/// The requirement of issue 6, item 6, for a byte flipped on disk inside one record's value:
-/// the damaged key answers `CorruptRecord` (nothing runs, nothing is replayed) and every other
+/// What a byte flipped on disk inside one record's value must give (the requirement): the
+/// damaged key answers `CorruptRecord` (nothing runs, nothing is replayed) and every other
 /// key still replays.
 ///
 /// Holds for a cleanly closed file (the record checksum, record format 2). For a file left by a

@@ -1,4 +1,4 @@
-//! Crash-point enumeration (issue 6, item 2): for each operation, count the `sync_data` calls
+//! Crash-point enumeration: for each operation, count the `sync_data` calls
 //! S it makes, then for every k in 0..=S take the durable image as it was right after sync k
 //! (k = 0: before the operation), open a store on it and check the invariants:
 //!

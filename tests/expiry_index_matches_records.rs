@@ -14,22 +14,6 @@ use idem::{Abort, Begin, Response, Scope, Stats, Store};
 
 const SECOND: Duration = Duration::from_secs(1);
 
-/// A small deterministic generator (xorshift), so a failure reproduces.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 #[track_caller]
 fn check(store: &Store, step: &str) {
     if let Err(e) = store.check_expiry_index() {
@@ -53,7 +37,7 @@ fn every_record_has_exactly_one_entry_after_a_mixed_workload() {
             .sweep_batch(7)
     });
     let store = h.store();
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
     let ops = ["create", "short"];
     let mut leases = Vec::new();
     let (mut takeovers, mut tombstoned, mut deleted) = (0, 0, 0);
@@ -142,7 +126,7 @@ fn every_record_has_exactly_one_entry_after_a_mixed_workload() {
     assert_eq!(s.records, 0, "everything was forgotten and swept: {s:?}");
 }
 
-fn take<T>(v: &mut Vec<T>, rng: &mut Rng) -> Option<T> {
+fn take<T>(v: &mut Vec<T>, rng: &mut XorShift) -> Option<T> {
     if v.is_empty() {
         return None;
     }

@@ -2,7 +2,7 @@
 //! Field string (`"abc"`, RFC 9651) or a Stripe-style bare key (`abc`). Two field lines, a list
 //! (what an intermediary makes of two lines, RFC 9110 §5.3), parameters, an unbalanced quote,
 //! whitespace or control characters are refused with 400 before the handler runs; the same
-//! holds for two tenant header lines. The parser's full table is in `src/http.rs`'s unit tests.
+//! holds for two tenant header lines. The parser's full table is in the unit tests of `src/http/`.
 #![cfg(feature = "http")]
 
 use std::sync::Arc;

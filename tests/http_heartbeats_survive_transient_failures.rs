@@ -10,20 +10,18 @@
 #![cfg(feature = "http")]
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::Extension;
 use axum::http::StatusCode;
-use axum::routing::post;
-use idem::http::{Idempotency, IdempotencyLayer, Recorded};
+use idem::http::IdempotencyLayer;
 use idem::{Clock, ManualClock, Request, Response, Scope, State, Store, Timestamp};
 use tokio::sync::Notify;
 use tower::ServiceExt;
 
 mod http_fixtures;
-use http_fixtures::{body_of, post_req, send};
+use http_fixtures::{body_of, hold_route, post_req, send, slow_route};
 
 /// The stores' lease: the layer heartbeats every 100 ms of real time.
 const LEASE: Duration = Duration::from_millis(300);
@@ -64,41 +62,9 @@ fn app(store: Store) -> App {
         Arc::new(AtomicU32::new(0)),
         Arc::new(Notify::new()),
     );
-    let (release, wait) = mpsc::channel::<()>();
-    let wait = Arc::new(Mutex::new(wait));
-    let (e, f, c, h) = (
-        Arc::clone(&entered),
-        Arc::clone(&finish),
-        Arc::clone(&calls),
-        Arc::clone(&holding),
-    );
-    let router = Router::new()
-        .route(
-            "/slow",
-            post(move || {
-                let (e, f, c) = (Arc::clone(&e), Arc::clone(&f), Arc::clone(&c));
-                async move {
-                    c.fetch_add(1, Ordering::SeqCst);
-                    e.notify_one();
-                    f.notified().await;
-                    (StatusCode::CREATED, "done")
-                }
-            }),
-        )
-        .route(
-            "/hold",
-            post(move |Extension(idem): Extension<Idempotency>| {
-                let (h, wait) = (Arc::clone(&h), Arc::clone(&wait));
-                async move {
-                    idem.complete_with(move |_tx| {
-                        h.notify_one();
-                        let _ = wait.lock().unwrap().recv();
-                        Ok(Recorded::json(StatusCode::CREATED, &serde_json::json!({})))
-                    })
-                    .await
-                }
-            }),
-        )
+    let (hold, release) = hold_route("/hold", &holding);
+    let router = slow_route("/slow", &entered, &finish, &calls)
+        .merge(hold)
         .route_layer(layer.clone());
     App {
         router,

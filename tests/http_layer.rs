@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 use tower::ServiceExt;
 
 mod http_fixtures;
-use http_fixtures::{Chunks, body_of, post_req, store};
+use http_fixtures::{Chunks, body_of, post_req, slow_route, store};
 
 /// A route that counts its calls and answers with the status the test set.
 fn counting(store: Store, status: Arc<AtomicU32>, calls: Arc<AtomicU32>) -> Router {
@@ -47,24 +47,7 @@ async fn second_request_while_the_first_runs_gets_409_with_retry_after() {
     let entered = Arc::new(Notify::new());
     let release = Arc::new(Notify::new());
     let calls = Arc::new(AtomicU32::new(0));
-    let (e, r, c) = (
-        Arc::clone(&entered),
-        Arc::clone(&release),
-        Arc::clone(&calls),
-    );
-    let app = Router::new()
-        .route(
-            "/slow",
-            post(move || {
-                let (e, r, c) = (Arc::clone(&e), Arc::clone(&r), Arc::clone(&c));
-                async move {
-                    c.fetch_add(1, Ordering::SeqCst);
-                    e.notify_one();
-                    r.notified().await;
-                    (StatusCode::CREATED, "done")
-                }
-            }),
-        )
+    let app = slow_route("/slow", &entered, &release, &calls)
         .route_layer(IdempotencyLayer::tenant_header(store(&dir), "x-tenant-id"));
 
     let first = tokio::spawn(app.clone().oneshot(post_req("/slow", Some("k"), "x")));
@@ -335,24 +318,7 @@ async fn a_started_handler_is_recorded_even_if_the_client_goes_away() {
     let entered = Arc::new(Notify::new());
     let release = Arc::new(Notify::new());
     let calls = Arc::new(AtomicU32::new(0));
-    let (e, r, c) = (
-        Arc::clone(&entered),
-        Arc::clone(&release),
-        Arc::clone(&calls),
-    );
-    let app = Router::new()
-        .route(
-            "/slow",
-            post(move || {
-                let (e, r, c) = (Arc::clone(&e), Arc::clone(&r), Arc::clone(&c));
-                async move {
-                    c.fetch_add(1, Ordering::SeqCst);
-                    e.notify_one();
-                    r.notified().await;
-                    (StatusCode::CREATED, "done")
-                }
-            }),
-        )
+    let app = slow_route("/slow", &entered, &release, &calls)
         .route_layer(IdempotencyLayer::tenant_header(store(&dir), "x-tenant-id"));
     let client = tokio::spawn(app.clone().oneshot(post_req("/slow", Some("k"), "x")));
     entered.notified().await;

@@ -5,23 +5,20 @@
 #![cfg(feature = "http")]
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::Bytes;
-use axum::extract::Extension;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use axum::routing::post;
-use idem::http::{Idempotency, IdempotencyLayer, Recorded};
+use idem::http::IdempotencyLayer;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tower::ServiceExt;
 
 mod http_fixtures;
-use http_fixtures::{body_of, counted_route, post_req, problem, send, store};
+use http_fixtures::{body_of, counted_route, hold_route, post_req, problem, send, store};
 
 /// A guard against a hang on a broken implementation, not a performance bound.
 const HANG: Duration = Duration::from_secs(20);
@@ -50,25 +47,8 @@ async fn over_the_in_flight_limit_a_request_gets_503_at_once_and_parked_ones_fin
     // `/hold` records its answer in a transaction that waits for the test: while it waits it
     // holds the store's single writer, so every other claim waits inside the store.
     let entered = Arc::new(Notify::new());
-    let (release, wait) = mpsc::channel::<()>();
-    let wait = Arc::new(Mutex::new(wait));
-    let e = Arc::clone(&entered);
-    let hold = Router::new()
-        .route(
-            "/hold",
-            post(move |Extension(idem): Extension<Idempotency>| {
-                let (e, wait) = (Arc::clone(&e), Arc::clone(&wait));
-                async move {
-                    idem.complete_with(move |_tx| {
-                        e.notify_one();
-                        let _ = wait.lock().unwrap().recv();
-                        Ok(Recorded::json(StatusCode::CREATED, &serde_json::json!({})))
-                    })
-                    .await
-                }
-            }),
-        )
-        .route_layer(layer.clone());
+    let (hold, release) = hold_route("/hold", &entered);
+    let hold = hold.route_layer(layer.clone());
     let app = counted_route(layer.clone(), Arc::clone(&calls)).merge(hold);
 
     let holder = tokio::spawn(app.clone().oneshot(post_req("/hold", Some("h"), "")));

@@ -378,14 +378,7 @@ fn a_file_that_is_not_a_redb_database_is_an_error_not_a_panic() {
     // Deterministic pseudo-random bytes (xorshift64*), several sizes.
     let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
     for (i, size) in [1usize, 64, 4096, 65_536].into_iter().enumerate() {
-        let bytes: Vec<u8> = (0..size)
-            .map(|_| {
-                state ^= state >> 12;
-                state ^= state << 25;
-                state ^= state >> 27;
-                (state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 56) as u8
-            })
-            .collect();
+        let bytes = random_bytes(&mut state, size);
         let path = dir.path().join(format!("not-a-store-{i}.redb"));
         std::fs::write(&path, &bytes).expect("write junk");
         let r = Store::open(&path);

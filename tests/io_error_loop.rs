@@ -1,4 +1,4 @@
-//! I/O error loop (issue 6, item 3): a small workload (a flow-A claim, a lease begin and
+//! I/O error loop: a small workload (a flow-A claim, a lease begin and
 //! complete, an inbox message, an execute that pushes an outbox event, a sweep) runs on a
 //! backend that fails its n-th I/O operation (write, `set_len` or `sync_data`), for
 //! n = 0, 1, 2, … until the workload passes untouched — once failing a single time, once

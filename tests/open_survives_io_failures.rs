@@ -1,5 +1,5 @@
-//! Failures during open and recovery (issue 6, item 3, the part `io_error_loop` leaves out:
-//! it arms its countdown after `open`).
+//! Failures during open and recovery, which `io_error_loop` leaves out (it arms its countdown
+//! after `open`).
 //!
 //! A store image with committed state — five flow-A claims (each with a caller row), a live
 //! lease (a Pending record), an inbox mark, an outbox event — is taken in several shapes:

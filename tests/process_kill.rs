@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::EFFECTS;
+use common::{EFFECTS, XorShift};
 use idem::redb::ReadableTable;
 use idem::{Outcome, Request, Response, Scope, State, Store};
 
@@ -49,25 +49,6 @@ fn scope() -> Scope {
 
 fn key_of(i: u64) -> String {
     format!("k{i}")
-}
-
-/// A small xorshift64 generator: the delays only need to vary, and the seed is printed.
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-
-    /// Uniform-ish in `lo..=hi`.
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
 }
 
 /// Kills and reaps the child on every path out of a round, panics included: no zombies, no

@@ -1,4 +1,4 @@
-//! Real-thread stress (issue 6, item 5): 8 threads × 10,000 flow-A requests over 100 hot keys,
+//! Real-thread stress: 8 threads × 10,000 flow-A requests over 100 hot keys,
 //! through the group-commit path (`Store::execute` with a caller write via `bump`), on a real
 //! file with the default `Durability::Immediate`. Every answer is `Executed` or `Replayed`
 //! with the key's body, exactly one answer per key is `Executed`, and there is exactly one

@@ -750,18 +750,12 @@ fn print_dead_letter<W: Write>(
     Ok(())
 }
 
-/// The record key (docs/FORMAT.md, "Record key"): `0x01 ‖ u16be len ‖ tenant ‖ u16be len ‖
-/// operation ‖ u16be len ‖ key`.
+/// The tenant, operation and idempotency key a stored record key names (lossy UTF-8), or
+/// `None` for bytes that are not a record key.
 fn split_key(k: &[u8]) -> Option<(String, String, String)> {
-    let mut rest = k.strip_prefix(&[1u8])?;
-    let mut part = || -> Option<String> {
-        let len = usize::from(u16::from_be_bytes([*rest.first()?, *rest.get(1)?]));
-        let bytes = rest.get(2..2 + len)?;
-        rest = rest.get(2 + len..)?;
-        Some(String::from_utf8_lossy(bytes).into_owned())
-    };
-    let parts = (part()?, part()?, part()?);
-    rest.is_empty().then_some(parts)
+    let lossy = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let (tenant, operation, key) = Scope::split_record_key(k)?;
+    Some((lossy(tenant), lossy(operation), lossy(key)))
 }
 
 fn hex(b: &[u8]) -> String {

@@ -30,6 +30,30 @@ impl Scope {
     pub fn operation(&self) -> &str {
         &self.operation
     }
+
+    /// A stored record key read back into its parts `(tenant, operation, key)`, as bytes: the
+    /// inverse of the layout in docs/FORMAT.md, "Record key" (`0x01 ‖ u16be len ‖ tenant ‖
+    /// u16be len ‖ operation ‖ u16be len ‖ key`). For tools that walk the records (the stores'
+    /// `for_each_record` hands each record's key out as stored) and must not re-parse the layout
+    /// themselves.
+    ///
+    /// Returns `None` for bytes that are not a record key of this layout: another version byte,
+    /// a length that runs past the end, or bytes left over after the key. The tenant and
+    /// operation are UTF-8 in every key the store writes (they come from a `Scope`); a key read
+    /// from a damaged or foreign file may not be, so they are returned as bytes. A part may be
+    /// empty here, though the store never writes an empty one.
+    pub fn split_record_key(record_key: &[u8]) -> Option<(&[u8], &[u8], &[u8])> {
+        let mut rest = record_key.strip_prefix(&[RECORD_KEY_VERSION])?;
+        let mut part = || -> Option<&[u8]> {
+            let (len, tail) = rest.split_first_chunk::<2>()?;
+            let len = usize::from(u16::from_be_bytes(*len));
+            let (bytes, tail) = tail.split_at_checked(len)?;
+            rest = tail;
+            Some(bytes)
+        };
+        let parts = (part()?, part()?, part()?);
+        rest.is_empty().then_some(parts)
+    }
 }
 
 /// One request: a scope, an idempotency key naming a business intent, and the fingerprint of
@@ -218,6 +242,50 @@ mod tests {
             record_key(&req("t1", "op", "k")),
             vec![1, 0, 2, b't', b'1', 0, 2, b'o', b'p', 0, 1, b'k']
         );
+    }
+
+    #[test]
+    fn a_record_key_splits_back_into_its_parts() {
+        let parts: (&[u8], &[u8], &[u8]) = (b"t1", b"op", b"k");
+        assert_eq!(
+            Scope::split_record_key(&record_key(&req("t1", "op", "k"))),
+            Some(parts)
+        );
+        // The same bytes as `composite_key_golden_bytes`, and the parts that make the composite
+        // key unambiguous come back apart.
+        let golden = [1, 0, 2, b't', b'1', 0, 2, b'o', b'p', 0, 1, b'k'];
+        assert_eq!(Scope::split_record_key(&golden), Some(parts));
+        let parts: (&[u8], &[u8], &[u8]) = (b"a:b", b"c", b"k");
+        assert_eq!(
+            Scope::split_record_key(&record_key(&req("a:b", "c", "k"))),
+            Some(parts)
+        );
+        // Any bytes in the idempotency key, including a long one.
+        let long = "x".repeat(300);
+        let key = record_key(&req("t", "o", &long));
+        assert_eq!(
+            Scope::split_record_key(&key).map(|(_, _, k)| k),
+            Some(long.as_bytes())
+        );
+    }
+
+    #[test]
+    fn bytes_that_are_not_a_record_key_do_not_split() {
+        let good = record_key(&req("t1", "op", "k"));
+        assert!(Scope::split_record_key(&[]).is_none());
+        // Another version byte.
+        let mut other = good.clone();
+        other[0] = 2;
+        assert!(Scope::split_record_key(&other).is_none());
+        // Every truncation, and a byte too many.
+        for end in 0..good.len() {
+            assert!(Scope::split_record_key(&good[..end]).is_none(), "{end}");
+        }
+        let mut longer = good.clone();
+        longer.push(0);
+        assert!(Scope::split_record_key(&longer).is_none());
+        // A length that runs past the end.
+        assert!(Scope::split_record_key(&[1, 0xff, 0xff, b't']).is_none());
     }
 
     #[test]

@@ -183,6 +183,10 @@ mod effects;
 #[allow(unused_imports)] // Not every test uses every helper.
 pub use effects::{EFFECTS, all_effects, bump};
 
+mod rng;
+#[allow(unused_imports)] // Not every test draws random values.
+pub use rng::{XorShift, random_bytes};
+
 #[path = "../sim/backend.rs"]
 mod backend;
 #[allow(unused_imports)] // Not every test uses the fault backends.

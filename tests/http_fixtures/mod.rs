@@ -5,8 +5,8 @@
 #![allow(dead_code)]
 
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
 use std::task::{Context, Poll};
 
 use axum::Router;
@@ -16,7 +16,8 @@ use axum::response::IntoResponse;
 use axum::routing::post;
 use http_body_util::BodyExt;
 use idem::Store;
-use idem::http::IdempotencyLayer;
+use idem::http::{Idempotency, IdempotencyLayer, Recorded};
+use tokio::sync::Notify;
 use tower::ServiceExt;
 
 /// A store with default settings on a fresh file in `dir`.
@@ -97,6 +98,57 @@ pub fn counted_route(layer: IdempotencyLayer, calls: Arc<AtomicU32>) -> Router {
             }),
         )
         .route_layer(layer)
+}
+
+/// A router (no layer yet) with one POST `path` whose handler the test holds: it counts its
+/// calls in `calls`, notifies `entered` once it runs, waits until `release` is notified, and
+/// answers `201 done`.
+pub fn slow_route(
+    path: &str,
+    entered: &Arc<Notify>,
+    release: &Arc<Notify>,
+    calls: &Arc<AtomicU32>,
+) -> Router {
+    let (e, r, c) = (Arc::clone(entered), Arc::clone(release), Arc::clone(calls));
+    Router::new().route(
+        path,
+        post(move || {
+            let (e, r, c) = (Arc::clone(&e), Arc::clone(&r), Arc::clone(&c));
+            async move {
+                c.fetch_add(1, Ordering::SeqCst);
+                e.notify_one();
+                r.notified().await;
+                (StatusCode::CREATED, "done")
+            }
+        }),
+    )
+}
+
+/// A router (no layer yet) with one POST `path` that records its answer (`201 {}`) with
+/// `Idempotency::complete_with` in a transaction that waits for the test: it notifies `holding`
+/// once it runs, and holds the store's single writer until the test sends one message on the
+/// returned sender (one message ends one such transaction).
+pub fn hold_route(path: &str, holding: &Arc<Notify>) -> (Router, mpsc::Sender<()>) {
+    let (release, wait) = mpsc::channel::<()>();
+    let wait = Arc::new(Mutex::new(wait));
+    let h = Arc::clone(holding);
+    let router = Router::new().route(
+        path,
+        post(
+            move |axum::extract::Extension(idem): axum::extract::Extension<Idempotency>| {
+                let (h, wait) = (Arc::clone(&h), Arc::clone(&wait));
+                async move {
+                    idem.complete_with(move |_tx| {
+                        h.notify_one();
+                        let _ = wait.lock().unwrap().recv();
+                        Ok(Recorded::json(StatusCode::CREATED, &serde_json::json!({})))
+                    })
+                    .await
+                }
+            },
+        ),
+    );
+    (router, release)
 }
 
 /// A body that arrives in chunks with no declared length.
