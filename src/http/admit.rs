@@ -87,7 +87,7 @@ pub(super) async fn read_body<B>(
 ) -> Result<Bytes, http::Response<Body>>
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<crate::BoxError>,
+    B::Error: Into<crate::error::BoxError>,
 {
     let too_large = || {
         problem_response(

@@ -144,7 +144,6 @@ impl<'de> sfv::visitor::ParameterVisitor<'de> for NoParams {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::key::IDEMPOTENCY_KEY;
 
     #[test]
     fn key_grammar_table() {

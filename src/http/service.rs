@@ -58,9 +58,9 @@ where
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<crate::BoxError>,
+    B::Error: Into<crate::error::BoxError>,
     RB: http_body::Body<Data = Bytes> + Send + 'static,
-    RB::Error: Into<crate::BoxError>,
+    RB::Error: Into<crate::error::BoxError>,
 {
     type Response = http::Response<Body>;
     type Error = S::Error;
@@ -83,7 +83,7 @@ async fn call_inner<S, RB>(mut inner: S, req: http::Request<Body>) -> Result<Ans
 where
     S: Service<http::Request<Body>, Response = http::Response<RB>>,
     RB: http_body::Body<Data = Bytes> + Send + 'static,
-    RB::Error: Into<crate::BoxError>,
+    RB::Error: Into<crate::error::BoxError>,
 {
     let resp = inner.call(req).await?;
     Ok(Answer(resp.map(Body::new)))
@@ -102,9 +102,9 @@ where
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<crate::BoxError>,
+    B::Error: Into<crate::error::BoxError>,
     RB: http_body::Body<Data = Bytes> + Send + 'static,
-    RB::Error: Into<crate::BoxError>,
+    RB::Error: Into<crate::error::BoxError>,
 {
     let (parts, body) = req.into_parts();
     if !config.methods.contains(&parts.method) {
@@ -205,7 +205,7 @@ where
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     RB: http_body::Body<Data = Bytes> + Send + 'static,
-    RB::Error: Into<crate::BoxError>,
+    RB::Error: Into<crate::error::BoxError>,
 {
     // From here on the handler may cause an effect: the key is never released behind its back.
     // A lease that is dropped unfinished (a cancelled task, a failed recording) lapses at its
