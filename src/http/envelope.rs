@@ -242,6 +242,48 @@ mod tests {
     }
 
     #[test]
+    fn the_magics_the_flag_and_the_headers_that_go_with_the_body_are_pinned() {
+        // docs/FORMAT.md, "HTTP layer formats": a change to any of these is a new magic.
+        assert_eq!((ENVELOPE_V1, ENVELOPE_V2), (b"IDH1", b"IDH2"));
+        assert_eq!(FLAG_BODY_OMITTED, 0x01);
+        // The flags select the magic; IDH2 only when a flag is set.
+        let (ct, v) = (CONTENT_TYPE, HeaderValue::from_static("a/b"));
+        assert_eq!(
+            encode_envelope(&[(&ct, &v)], 0, b"hi"),
+            b"IDH1\x00\x01\x00\x0ccontent-type\x00\x00\x00\x03a/bhi"
+        );
+        assert_eq!(
+            encode_envelope(&[(&ct, &v)], FLAG_BODY_OMITTED, b""),
+            b"IDH2\x01\x00\x01\x00\x0ccontent-type\x00\x00\x00\x03a/b"
+        );
+        // IDH2 without a flag is never written; it reads like IDH1.
+        let env = decode_envelope(b"IDH2\x00\x00\x00hi").unwrap();
+        assert!(!env.body_omitted && env.headers.is_empty() && &env.body[..] == b"hi");
+        // The headers left out with an omitted body: they describe it.
+        for (name, with_body) in [
+            ("content-type", true),
+            ("content-length", true),
+            ("content-encoding", true),
+            ("content-language", true),
+            ("content-location", true),
+            ("content-range", true),
+            ("content-disposition", true),
+            ("etag", true),
+            ("last-modified", true),
+            ("digest", true),
+            ("repr-digest", true),
+            ("location", false),
+            ("link", false),
+            ("cache-control", false),
+            ("vary", false),
+            ("x-trace", false),
+        ] {
+            let n = HeaderName::from_static(name);
+            assert_eq!(describes_body(&n), with_body, "{name}");
+        }
+    }
+
+    #[test]
     fn an_answer_is_fitted_into_the_cap_dropping_body_then_headers_then_pointer() {
         let h = headers(&[
             ("content-type", "text/csv"),
