@@ -1,0 +1,291 @@
+//! The tower [`Layer`]: [`IdempotencyLayer`], its configuration and builder methods (with their
+//! documented defaults), and the one place a handler's status is judged ([`disposition`]).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use http::header::{CONTENT_TYPE, HeaderName, LOCATION};
+use http::request::Parts;
+use http::{Method, StatusCode};
+use tokio::sync::Semaphore;
+use tower::Layer;
+
+use super::key::IDEMPOTENCY_KEY;
+use super::metrics::{Counters, LayerMetrics};
+use super::service::IdempotencyService;
+use crate::Store;
+
+/// What to do with a covered request that carries no key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MissingKey {
+    /// Answer `400` with [`problem::MISSING_KEY`](super::problem::MISSING_KEY) (default).
+    #[default]
+    Reject,
+    /// Call the handler without any idempotency handling.
+    PassThrough,
+}
+
+type PartsFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
+
+type StatusFn = dyn Fn(StatusCode) -> bool + Send + Sync;
+
+/// Where the tenant comes from.
+#[derive(Clone)]
+pub(super) enum TenantSource {
+    /// One field line of this header ([`IdempotencyLayer::tenant_header`]).
+    Header(HeaderName),
+    /// The caller's extractor ([`IdempotencyLayer::new`]).
+    Extract(Arc<PartsFn>),
+    /// [`IdempotencyLayer::tenant_header`] was given this, which is not a header name: every
+    /// covered request is answered `500` ([`problem::MISCONFIGURED`](super::problem::MISCONFIGURED)) rather than a panic.
+    BadHeaderName(String),
+}
+
+#[derive(Clone)]
+pub(super) struct Config {
+    pub(super) store: Store,
+    pub(super) tenant: TenantSource,
+    pub(super) operation: Option<Arc<PartsFn>>,
+    pub(super) methods: Vec<Method>,
+    pub(super) key_header: HeaderName,
+    pub(super) fingerprint_headers: Vec<HeaderName>,
+    pub(super) replay_headers: Vec<HeaderName>,
+    pub(super) body_limit: usize,
+    pub(super) missing_key: MissingKey,
+    pub(super) record_status: Arc<StatusFn>,
+    /// One permit per store admission (`begin`) running; shared by the layer's clones.
+    pub(super) admissions: Arc<Semaphore>,
+    pub(super) max_in_flight: usize,
+    pub(super) counters: Arc<Counters>,
+}
+
+/// The tower [`Layer`]. Build it with [`IdempotencyLayer::new`] (any tenant extractor) or
+/// [`IdempotencyLayer::tenant_header`], adjust it with the builder methods, and add it with
+/// axum's `Router::route_layer` (so the route template is known) or `ServiceBuilder`.
+///
+/// Defaults: methods POST, PUT, PATCH, DELETE; key header `Idempotency-Key`; operation
+/// `"{METHOD} {route template}"` (the request path when no template is known); fingerprint of
+/// method, operation, path and query, and body (no headers); body limit 1 MiB; missing key →
+/// 400; replayed headers `Content-Type` and `Location`; every status recorded except 503 (4xx
+/// and other 5xx as a terminal failure); at most the store's `max_queue`, and at most 256, store
+/// admissions in flight.
+///
+/// Clones of a layer share its in-flight limit and its [`LayerMetrics`]; a builder method
+/// called on one clone changes only that clone's settings ([`IdempotencyLayer::max_in_flight`]
+/// gives it a limit of its own).
+#[derive(Clone)]
+pub struct IdempotencyLayer {
+    config: Arc<Config>,
+}
+
+impl std::fmt::Debug for IdempotencyLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyLayer")
+            .field("methods", &self.config.methods)
+            .field("key_header", &self.config.key_header)
+            .field("body_limit", &self.config.body_limit)
+            .field("missing_key", &self.config.missing_key)
+            .field("max_in_flight", &self.config.max_in_flight)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A semaphore size within tokio's bounds (at least one permit).
+fn permits(n: usize) -> usize {
+    n.clamp(1, Semaphore::MAX_PERMITS)
+}
+
+/// The default bound on store admissions: half of tokio's default blocking pool (512
+/// threads). Every admission occupies a blocking thread while it waits for the store; with
+/// more admissions than threads, the surplus would queue in tokio's blocking queue and the
+/// calls that finish started requests (recording, heartbeats), which queue behind them in
+/// FIFO order, would be delayed past their lease deadline. Half leaves them threads.
+const DEFAULT_MAX_IN_FLIGHT: usize = 256;
+
+impl IdempotencyLayer {
+    /// A layer on `store` whose tenant comes from `tenant` (e.g. the authenticated principal an
+    /// earlier layer put in the extensions). `None` answers `400` ([`problem::MISSING_TENANT`](super::problem::MISSING_TENANT))
+    /// on a covered request; an empty tenant or one over the store's tenant limit answers `400`
+    /// ([`problem::INVALID_TENANT`](super::problem::INVALID_TENANT)), before the body is read.
+    pub fn new(
+        store: Store,
+        tenant: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        Self::with_tenant(store, TenantSource::Extract(Arc::new(tenant)))
+    }
+
+    /// A layer whose tenant is the value of the request header `name` (in any case:
+    /// `X-Tenant-Id` is `x-tenant-id`): exactly one field line of visible ASCII without commas
+    /// (`A, B` is what an intermediary makes of two lines), at most the store's tenant limit
+    /// ([`tenant_from_header`](super::tenant_from_header), which a service's own extractor can share). No such header
+    /// answers `400` ([`problem::MISSING_TENANT`](super::problem::MISSING_TENANT)); two lines or a bad value answers `400`
+    /// ([`problem::INVALID_TENANT`](super::problem::INVALID_TENANT)).
+    ///
+    /// A `name` that is not a valid header name (empty, or with a character outside RFC 9110's
+    /// token characters, e.g. a space or `:`) does not panic: the layer answers every covered
+    /// request `500` ([`problem::MISCONFIGURED`](super::problem::MISCONFIGURED)) without running the handler, so the mistake
+    /// shows at the first request.
+    pub fn tenant_header(store: Store, name: &str) -> Self {
+        // `from_bytes` lowercases; it refuses only what is no header name in any case.
+        let source = match HeaderName::from_bytes(name.as_bytes()) {
+            Ok(header) => TenantSource::Header(header),
+            Err(_) => TenantSource::BadHeaderName(name.to_owned()),
+        };
+        Self::with_tenant(store, source)
+    }
+
+    fn with_tenant(store: Store, tenant: TenantSource) -> Self {
+        let max_in_flight = permits(store.max_queue().min(DEFAULT_MAX_IN_FLIGHT));
+        IdempotencyLayer {
+            config: Arc::new(Config {
+                store,
+                tenant,
+                operation: None,
+                methods: vec![Method::POST, Method::PUT, Method::PATCH, Method::DELETE],
+                key_header: HeaderName::from_static(IDEMPOTENCY_KEY),
+                fingerprint_headers: Vec::new(),
+                replay_headers: vec![CONTENT_TYPE, LOCATION],
+                body_limit: 1024 * 1024,
+                missing_key: MissingKey::Reject,
+                record_status: Arc::new(|s: StatusCode| s != StatusCode::SERVICE_UNAVAILABLE),
+                admissions: Arc::new(Semaphore::new(max_in_flight)),
+                max_in_flight,
+                counters: Arc::default(),
+            }),
+        }
+    }
+
+    fn edit(mut self, f: impl FnOnce(&mut Config)) -> Self {
+        // Copy-on-write: a layer already cloned keeps its own settings.
+        f(Arc::make_mut(&mut self.config));
+        self
+    }
+
+    /// The methods the layer covers; others pass through untouched.
+    pub fn methods(self, methods: impl IntoIterator<Item = Method>) -> Self {
+        let methods: Vec<Method> = methods.into_iter().collect();
+        self.edit(|c| c.methods = methods)
+    }
+
+    /// The header that carries the key (default `Idempotency-Key`).
+    pub fn key_header(self, name: HeaderName) -> Self {
+        self.edit(|c| c.key_header = name)
+    }
+
+    /// Overrides the operation half of the scope. `None` from `f` falls back to the default,
+    /// `"{METHOD} {route template}"`. An operation over the store's operation limit answers
+    /// `500` ([`problem::INVALID_OPERATION`](super::problem::INVALID_OPERATION)): a configuration error.
+    pub fn operation(self, f: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
+        self.edit(|c| c.operation = Some(Arc::new(f)))
+    }
+
+    /// Request headers that are part of the fingerprint (in this order; an absent header counts
+    /// as absent, not as empty).
+    pub fn fingerprint_headers(self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        let names: Vec<HeaderName> = names.into_iter().collect();
+        self.edit(|c| c.fingerprint_headers = names)
+    }
+
+    /// Response headers recorded with the answer and sent again on replays (default
+    /// `Content-Type`, `Location`).
+    pub fn replay_headers(self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        let names: Vec<HeaderName> = names.into_iter().collect();
+        self.edit(|c| c.replay_headers = names)
+    }
+
+    /// The largest request body the layer buffers (default 1 MiB); above it, `413`.
+    pub fn body_limit(self, bytes: usize) -> Self {
+        self.edit(|c| c.body_limit = bytes)
+    }
+
+    /// What a covered request without a key gets (default [`MissingKey::Reject`]).
+    pub fn missing_key(self, policy: MissingKey) -> Self {
+        self.edit(|c| c.missing_key = policy)
+    }
+
+    /// Which handler statuses are recorded and replayed. The default records every status
+    /// except `503 Service Unavailable`; a status for which `f` returns false releases the key
+    /// (nothing stored, the next retry runs the handler again).
+    ///
+    /// So a status excluded here must mean **"no effect happened"** (the handler refused, or
+    /// undid its work): it is how a key whose handler ran is given up. The default excludes
+    /// only 503, the conventional "not processed, retry later"; a `500` is recorded (as a
+    /// terminal failure, like a 4xx), because handlers commonly answer 500 for "failed after a
+    /// partial write", and a retry must not cause a second effect (Stripe likewise stores a 500
+    /// once execution began). A handler that fails *after* causing an effect must answer a
+    /// recorded status (or panic, which the layer records as a terminal 500).
+    pub fn record_status(self, f: impl Fn(StatusCode) -> bool + Send + Sync + 'static) -> Self {
+        self.edit(|c| c.record_status = Arc::new(f))
+    }
+
+    /// The most store admissions (the claim of a key, [`Store::begin`]) this layer and its
+    /// clones run at once (at least 1). The default is the store's `max_queue`, at most 256:
+    /// half of tokio's default blocking pool (512 threads), because each admission occupies a
+    /// blocking thread while it waits for the store, and the calls that finish started requests
+    /// (recording their answers, heartbeats) must still find threads — queued behind surplus
+    /// admissions they could be delayed past their lease deadline. A larger limit wants a
+    /// blocking pool (`max_blocking_threads`) of at least twice its size. A covered
+    /// request that finds them all busy is answered `503` + `Retry-After: 1`
+    /// ([`problem::RETRY`](super::problem::RETRY)) at once, without waiting and without running the handler, and
+    /// counted in [`LayerMetrics::overloaded`]. Store calls after the handler ran (recording
+    /// its answer, heartbeats) are not counted against the limit and are never refused, so a
+    /// started request always records.
+    pub fn max_in_flight(self, n: usize) -> Self {
+        let n = permits(n);
+        self.edit(|c| {
+            c.max_in_flight = n;
+            c.admissions = Arc::new(Semaphore::new(n));
+        })
+    }
+
+    /// A snapshot of this layer's counters (shared with its clones and the services they
+    /// built).
+    pub fn metrics(&self) -> LayerMetrics {
+        let c = &self.config.counters;
+        let max = self.config.max_in_flight;
+        LayerMetrics {
+            bodies_not_kept: c.bodies_not_kept.load(Ordering::Relaxed),
+            overloaded: c.overloaded.load(Ordering::Relaxed),
+            handler_failures: c.handler_failures.load(Ordering::Relaxed),
+            not_recorded: c.not_recorded.load(Ordering::Relaxed),
+            heartbeat_failures: c.heartbeat_failures.load(Ordering::Relaxed),
+            in_flight: max.saturating_sub(self.config.admissions.available_permits()),
+            max_in_flight: max,
+        }
+    }
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = IdempotencyService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdempotencyService {
+            inner,
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+/// What the layer does with a handler's answer, decided by its status alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Disposition {
+    /// Record it: as a terminal failure (`failure`: 4xx, 5xx) or as completed (the rest).
+    Record {
+        /// Stored with [`Lease::fail`] rather than [`Lease::complete`].
+        failure: bool,
+    },
+    /// Record nothing and release the key: a status `record_status` excludes (503 by
+    /// default), which says no effect happened.
+    Release,
+}
+
+/// The one place a status is judged: the user's `record_status` policy, then failure or not.
+pub(super) fn disposition(config: &Config, status: StatusCode) -> Disposition {
+    if !(config.record_status)(status) {
+        Disposition::Release
+    } else {
+        Disposition::Record {
+            failure: status.is_client_error() || status.is_server_error(),
+        }
+    }
+}

@@ -1,0 +1,337 @@
+//! The tower [`Service`] and the flow of one covered request: admit (key, tenant, operation,
+//! body: [`super::admit`]) → the read path of the store ([`Store::begin`](crate::Store::begin):
+//! replay, tombstone, in flight, or a claim) → lease → the handler, in its own task, with
+//! heartbeats → record its answer.
+
+use std::future::Future;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderMap, StatusCode};
+use http_body_util::BodyExt;
+use parking_lot::Mutex;
+use tower::Service;
+
+use super::admit::{default_operation, key_of, read_body, tenant_of};
+use super::answers::{
+    error_response, handler_failed, in_flight, invalid_key, invalid_operation, misconfigured,
+    overloaded, plain_response, problem_response,
+};
+use super::envelope::fit_response;
+use super::fingerprint::fingerprint;
+use super::handle::Idempotency;
+use super::layer::{Config, Disposition, MissingKey, TenantSource, disposition};
+use super::lease::{Slot, blocking, finish_lease, spawn_heartbeat, take_lease};
+use super::metrics::bump;
+use super::problem;
+use super::replay::{expired, replay};
+use crate::{Begin, Lease, Request, Scope};
+
+/// The service [`IdempotencyLayer`](super::IdempotencyLayer) wraps around an inner service.
+#[derive(Clone)]
+pub struct IdempotencyService<S> {
+    pub(super) inner: S,
+    pub(super) config: Arc<Config>,
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for IdempotencyService<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyService")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The boxed future of [`IdempotencyService`].
+pub type ResponseFuture<E> =
+    Pin<Box<dyn Future<Output = Result<http::Response<Body>, E>> + Send + 'static>>;
+
+impl<S, B, RB> Service<http::Request<B>> for IdempotencyService<S>
+where
+    S: Service<http::Request<Body>, Response = http::Response<RB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<crate::error::BoxError>,
+    RB: http_body::Body<Data = Bytes> + Send + 'static,
+    RB::Error: Into<crate::error::BoxError>,
+{
+    type Response = http::Response<Body>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        // The clone that was driven to readiness serves this call.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let config = Arc::clone(&self.config);
+        Box::pin(handle(config, inner, req))
+    }
+}
+
+async fn call_inner<S, RB>(mut inner: S, req: http::Request<Body>) -> Result<Answer, S::Error>
+where
+    S: Service<http::Request<Body>, Response = http::Response<RB>>,
+    RB: http_body::Body<Data = Bytes> + Send + 'static,
+    RB::Error: Into<crate::error::BoxError>,
+{
+    let resp = inner.call(req).await?;
+    Ok(Answer(resp.map(Body::new)))
+}
+
+/// What the inner service answered, with its body boxed.
+struct Answer(http::Response<Body>);
+
+async fn handle<S, B, RB>(
+    config: Arc<Config>,
+    inner: S,
+    req: http::Request<B>,
+) -> Result<http::Response<Body>, S::Error>
+where
+    S: Service<http::Request<Body>, Response = http::Response<RB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<crate::error::BoxError>,
+    RB: http_body::Body<Data = Bytes> + Send + 'static,
+    RB::Error: Into<crate::error::BoxError>,
+{
+    let (parts, body) = req.into_parts();
+    if !config.methods.contains(&parts.method) {
+        let req = http::Request::from_parts(parts, Body::new(body));
+        return Ok(call_inner(inner, req).await?.0);
+    }
+    // A configuration the layer cannot use answers every covered request, key or not.
+    if let TenantSource::BadHeaderName(name) = &config.tenant {
+        return Ok(misconfigured(name));
+    }
+    // Key, tenant and operation are checked before the body is read: a request refused for
+    // its names never costs a body buffer.
+    let key = match key_of(&config, &parts) {
+        Ok(Some(key)) => key,
+        Ok(None) => match config.missing_key {
+            MissingKey::PassThrough => {
+                let req = http::Request::from_parts(parts, Body::new(body));
+                return Ok(call_inner(inner, req).await?.0);
+            }
+            MissingKey::Reject => {
+                return Ok(problem_response(
+                    StatusCode::BAD_REQUEST,
+                    problem::MISSING_KEY,
+                    "Idempotency-Key required",
+                    &format!(
+                        "{} {} needs an {} header; send a new unique key per intent and \
+                         the same key on every retry of it",
+                        parts.method,
+                        parts.uri.path(),
+                        config.key_header
+                    ),
+                ));
+            }
+        },
+        Err(e) => return Ok(invalid_key(&e.detail(&config.key_header))),
+    };
+    let tenant = match tenant_of(&config, &parts) {
+        Ok(t) => t,
+        Err(e) => return Ok(e.response()),
+    };
+    let (operation, from_path) = match config.operation.as_ref().and_then(|f| f(&parts)) {
+        Some(op) => (op, false),
+        None => default_operation(&parts),
+    };
+    let max = config.store.limits().max_operation_len;
+    if operation.is_empty() || operation.len() > max {
+        return Ok(invalid_operation(
+            from_path,
+            &format!(
+                "the operation this request maps to is {} bytes; the store takes 1 to {max} \
+                 (Limits::max_operation_len): shorten the route template or the \
+                 `.operation(...)` name, add the layer with `route_layer`, or raise the limit",
+                operation.len()
+            ),
+        ));
+    }
+    let body = match read_body(&parts, body, config.body_limit).await {
+        Ok(b) => b,
+        Err(resp) => return Ok(resp),
+    };
+    let fingerprint = fingerprint(&parts, &operation, &config.fingerprint_headers, &body);
+    let request = Request::with_fingerprint(Scope::new(tenant, operation), key, fingerprint);
+
+    // Admission: a permit or an immediate 503, never a queue. The permit is held for the claim
+    // only, and dropped on the blocking pool when it ends, even if this future is dropped.
+    let Ok(permit) = Arc::clone(&config.admissions).try_acquire_owned() else {
+        bump(&config.counters.overloaded);
+        return Ok(overloaded(config.max_in_flight));
+    };
+    let store = config.store.clone();
+    let begun = blocking(move || {
+        let begun = store.begin(request);
+        drop(permit);
+        begun
+    })
+    .await;
+    let lease = match begun {
+        Ok(Ok(Begin::Acquired(lease))) => lease,
+        Ok(Ok(Begin::Replayed(stored))) => return Ok(replay(&stored)),
+        Ok(Ok(Begin::Expired(tombstone))) => return Ok(expired(&tombstone)),
+        Ok(Ok(Begin::InFlight { retry_after })) => return Ok(in_flight(retry_after)),
+        Ok(Err(e)) => return Ok(error_response(&e)),
+        Err(resp) => return Ok(resp),
+    };
+    run(config, inner, parts, body, lease).await
+}
+
+/// Runs the handler under `lease` and records its answer.
+async fn run<S, RB>(
+    config: Arc<Config>,
+    inner: S,
+    mut parts: Parts,
+    body: Bytes,
+    mut lease: Lease,
+) -> Result<http::Response<Body>, S::Error>
+where
+    S: Service<http::Request<Body>, Response = http::Response<RB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    RB: http_body::Body<Data = Bytes> + Send + 'static,
+    RB::Error: Into<crate::error::BoxError>,
+{
+    // From here on the handler may cause an effect: the key is never released behind its back.
+    // A lease that is dropped unfinished (a cancelled task, a failed recording) lapses at its
+    // deadline; only the user's `record_status` policy releases it, explicitly.
+    lease.lapse_on_drop(true);
+    let every =
+        (lease.deadline().saturating_since(config.store.now()) / 3).max(Duration::from_millis(10));
+    let request = Arc::new(lease.request().clone());
+    let downstream = lease.downstream_key();
+    let slot = Arc::new(Slot(Mutex::new(Some(lease))));
+    let heartbeat = spawn_heartbeat(&slot, every, Arc::clone(&config.counters));
+    parts.extensions.insert(Idempotency {
+        slot: Arc::clone(&slot),
+        request,
+        downstream,
+        config: Arc::clone(&config),
+    });
+    let req = http::Request::from_parts(parts, Body::from(body));
+    // The handler runs in its own task: once started it finishes, and its answer is recorded,
+    // even if this future is dropped (the client went away). A panic is caught there, so the
+    // slot is still at hand to record the failure.
+    let task = tokio::spawn(async move {
+        match CatchUnwind(Box::pin(call_inner(inner, req))).await {
+            Ok(Ok(answer)) => Ok(record(&config, &slot, answer.0).await),
+            Ok(Err(e)) => {
+                record_failure(&config, &slot).await;
+                Err(e)
+            }
+            Err(_panic) => Ok(record_failure(&config, &slot).await),
+        }
+    });
+    let done = task.await;
+    heartbeat.abort();
+    match done {
+        Ok(result) => result,
+        // The task was cancelled (the runtime is shutting down), or the layer's own recording
+        // code panicked: a lease still unfinished went with the task, and lapses.
+        Err(_) => Ok(problem_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            problem::HANDLER_FAILED,
+            "Handler cancelled",
+            "the handler was cancelled before its answer was recorded; the key stays claimed \
+             until its lease lapses",
+        )),
+    }
+}
+
+/// Finishes the lease with the handler's answer (or passes through an answer the handler
+/// recorded itself through [`Idempotency::complete_with`]).
+async fn record(
+    config: &Config,
+    slot: &Arc<Slot>,
+    resp: http::Response<Body>,
+) -> http::Response<Body> {
+    let status = resp.status();
+    let Disposition::Record { failure } = disposition(config, status) else {
+        // The user's policy: this status means no effect happened, so the key is given up.
+        if let Some(lease) = take_lease(slot).await {
+            let _ = blocking(move || lease.release()).await;
+        }
+        return resp;
+    };
+    // The body is collected while the lease is still in its slot (heartbeated).
+    let (parts, body) = resp.into_parts();
+    let bytes = match body.collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(_) => return record_failure(config, slot).await,
+    };
+    if let Some(lease) = take_lease(slot).await {
+        finish(config, lease, failure, status, &parts.headers, &bytes).await;
+    }
+    // If recording failed, the handler's answer still goes out: the effect happened.
+    http::Response::from_parts(parts, Body::from(bytes))
+}
+
+/// The handler failed after it started: records a terminal `500` (its effect is unknown, so
+/// it must not run again) and returns that answer.
+async fn record_failure(config: &Config, slot: &Arc<Slot>) -> http::Response<Body> {
+    let (status, headers, body) = handler_failed();
+    // No lease in the slot: the handler recorded its own answer before failing.
+    if let Some(lease) = take_lease(slot).await
+        && finish(config, lease, true, status, &headers, &body).await
+    {
+        bump(&config.counters.handler_failures);
+    }
+    plain_response(status, headers, body)
+}
+
+/// Records an answer with the lease (as a terminal failure if `failure`), fitted into the
+/// store's response cap; true if it was recorded. If recording fails the lease is dropped
+/// unfinished and lapses (it was marked so before the handler ran): never released.
+async fn finish(
+    config: &Config,
+    lease: Lease,
+    failure: bool,
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> bool {
+    let max = config.store.max_response_bytes();
+    let (stored, body_kept) = fit_response(status, headers, &config.replay_headers, body, max);
+    let done = blocking(move || finish_lease(lease, failure, stored)).await;
+    let recorded = matches!(done, Ok(Ok(_)));
+    if !recorded {
+        bump(&config.counters.not_recorded);
+    } else if !body_kept {
+        bump(&config.counters.bodies_not_kept);
+    }
+    recorded
+}
+
+/// A future that turns a panic while polling `F` into `Err` (the payload), so the layer can
+/// record the failure instead of losing the lease with the unwinding task.
+struct CatchUnwind<F>(Pin<Box<F>>);
+
+impl<F: Future> Future for CatchUnwind<F> {
+    type Output = Result<F::Output, Box<dyn std::any::Any + Send>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let fut = self.get_mut().0.as_mut();
+        // AssertUnwindSafe: after a panic the inner future is never polled again (it is
+        // dropped with this one), so no broken state of it is observed.
+        match catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
+            Err(panic) => Poll::Ready(Err(panic)),
+        }
+    }
+}
