@@ -754,24 +754,33 @@ impl Args {
 /// Exit status when the grace period ran out with requests in flight.
 pub const EXIT_GRACE_EXPIRED: u8 = 3;
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Registers the SIGTERM and ctrl-c (SIGINT) handlers now and returns the future that resolves
+/// on the first of them. Called before the service prints that it listens, so a signal sent right
+/// after that line always reaches the graceful shutdown (never the default "die at once").
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let term = signal(SignalKind::terminate());
+        let interrupt = signal(SignalKind::interrupt());
+        async move {
+            match (term, interrupt) {
+                (Ok(mut term), Ok(mut interrupt)) => {
+                    tokio::select! {
+                        _ = term.recv() => {},
+                        _ = interrupt.recv() => {},
+                    }
+                }
+                (Ok(mut only), Err(_)) | (Err(_), Ok(mut only)) => {
+                    only.recv().await;
+                }
+                (Err(_), Err(_)) => std::future::pending::<()>().await,
             }
-            Err(_) => std::future::pending::<()>().await,
         }
-    };
+    }
     #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
+    async {
+        let _ = tokio::signal::ctrl_c().await;
     }
 }
 
@@ -827,6 +836,7 @@ async fn run(args: Args) -> Result<Stopped, String> {
     let addr = listener
         .local_addr()
         .map_err(|e| format!("cannot read the listening address: {e}"))?;
+    let signal = shutdown_signal();
     eprintln!(
         "edge_service: listening on http://{addr} (store {})",
         args.data.join("idem.redb").display()
@@ -834,7 +844,7 @@ async fn run(args: Args) -> Result<Stopped, String> {
     let timeouts = args.timeouts();
     let router = with_timeouts(app(store.clone(), delivered), &timeouts);
     let stopped = serve(listener, router, &timeouts, async {
-        shutdown_signal().await;
+        signal.await;
         eprintln!(
             "edge_service: shutting down (finishing requests in flight, at most {} ms)",
             timeouts.grace.as_millis()
