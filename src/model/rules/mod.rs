@@ -1,0 +1,25 @@
+//! The rules an engine applies and never re-derives, as pure functions of stored values and
+//! time, each with its exhaustive decision table:
+//!
+//! - `decide`: what a request may do given the stored record ([`decide()`], [`holds_lease`],
+//!   [`heartbeat_deadline`], [`is_expired`], [`is_forgotten`]);
+//! - `sweep`: where a record sits in the expiry index and what the sweep does with it
+//!   ([`sweep_due`], [`sweep_action`]);
+//! - `inbox`: whether a delivered message runs, given its mark ([`inbox_decide`]);
+//! - `versions`: whether an event applies, given the entity's high-water mark
+//!   ([`version_check`]).
+//!
+//! The fuzzer's reference model, the tests and every engine use the same functions, so each
+//! rule lives in exactly one place.
+
+mod decide;
+pub(crate) mod inbox;
+mod sweep;
+#[cfg(test)]
+mod table;
+pub(crate) mod versions;
+
+pub use decide::{Decision, decide, heartbeat_deadline, holds_lease, is_expired, is_forgotten};
+pub use inbox::{InboxDecision, inbox_decide};
+pub use sweep::{SweepAction, sweep_action, sweep_due};
+pub use versions::{VersionCheck, version_check};
