@@ -157,6 +157,19 @@ pub(crate) struct Windows {
     pub forget: Duration,
 }
 
+impl Windows {
+    /// The windows of `retention`, whose tombstone horizon is `default_horizon` unless it sets
+    /// its own. The forget horizon is never shorter than the response window: a horizon not
+    /// longer than it means no tombstone tier.
+    pub(crate) fn of(retention: &Retention, default_horizon: Duration) -> Windows {
+        let horizon = retention.horizon.unwrap_or(default_horizon);
+        Windows {
+            response: retention.response,
+            forget: horizon.max(retention.response),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,5 +200,40 @@ mod tests {
         assert_eq!(r.response, H);
         assert_eq!(r.horizon, Some(9 * H));
         assert_eq!(r.window, Some("settlement"));
+    }
+
+    /// Every retention (with its own horizon shorter, equal, longer, or none) against a store
+    /// horizon shorter and longer than it: the response window is the retention, the forget
+    /// horizon the policy's or else the store's, never shorter than the response window.
+    #[test]
+    fn exhaustive_windows_table() {
+        for response in [Duration::ZERO, H, 3 * H] {
+            for own in [
+                None,
+                Some(Duration::ZERO),
+                Some(H),
+                Some(2 * H),
+                Some(9 * H),
+            ] {
+                for default in [Duration::ZERO, 2 * H, 7 * 24 * H] {
+                    let r = Retention {
+                        response,
+                        horizon: own,
+                        window: None,
+                    };
+                    let w = Windows::of(&r, default);
+                    let case = format!("response={response:?} own={own:?} default={default:?}");
+                    assert_eq!(w.response, response, "{case}");
+                    let horizon = own.unwrap_or(default);
+                    let want = if horizon > response {
+                        horizon
+                    } else {
+                        response
+                    };
+                    assert_eq!(w.forget, want, "{case}");
+                    assert!(w.forget >= w.response, "{case}");
+                }
+            }
+        }
     }
 }

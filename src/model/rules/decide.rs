@@ -1,8 +1,6 @@
 //! What a request may do, as pure functions of (stored record, request fingerprint, time): the
 //! store reads the record inside its write transaction, asks [`decide`], and acts; a lease asks
-//! [`holds_lease`] before every write; a heartbeat asks [`heartbeat_deadline`].
-
-use std::time::Duration;
+//! [`holds_lease`] before every write. What each write then stores is in `instants`.
 
 use crate::model::clock::Timestamp;
 use crate::model::keys::Fingerprint;
@@ -131,16 +129,6 @@ pub fn holds_lease(stored: Option<&Record>, holder: &HolderToken, now: Timestamp
         }
         _ => false,
     }
-}
-
-/// The lease deadline a heartbeat at `now` grants, given the deadline `current` already
-/// granted: `now + lease`, but never earlier than `current`. A heartbeat only ever extends a
-/// lease: under a clock that moved backwards, `now + lease` is earlier than the deadline the
-/// holder was promised, and lowering it would let another attempt take the key over while the
-/// holder still counts on its lease (the holder's clock-free promise is "until the deadline I
-/// was given").
-pub fn heartbeat_deadline(current: Timestamp, now: Timestamp, lease: Duration) -> Timestamp {
-    current.max(now.saturating_add(lease))
 }
 
 #[cfg(test)]
@@ -274,35 +262,6 @@ mod tests {
             decide(rec.as_ref(), &FP, Timestamp(0)),
             Decision::Replay(_)
         ));
-    }
-
-    #[test]
-    fn a_heartbeat_never_lowers_a_deadline() {
-        let lease = Duration::from_millis(30);
-        // The clock moves forwards: the deadline follows it.
-        assert_eq!(
-            heartbeat_deadline(Timestamp(130), Timestamp(120), lease),
-            Timestamp(150)
-        );
-        // At the same instant, or with the clock moved back (by a little, by a lot, to the
-        // epoch), the deadline already granted stays.
-        for now in [100, 99, 50, 0] {
-            assert_eq!(
-                heartbeat_deadline(Timestamp(130), Timestamp(now), lease),
-                Timestamp(130),
-                "now = {now}"
-            );
-        }
-        // A lapsed lease nobody took over is extended from now.
-        assert_eq!(
-            heartbeat_deadline(Timestamp(130), Timestamp(500), lease),
-            Timestamp(530)
-        );
-        // Saturates at the end of time instead of wrapping.
-        assert_eq!(
-            heartbeat_deadline(Timestamp(5), Timestamp(u64::MAX - 1), lease),
-            Timestamp(u64::MAX)
-        );
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! time, each with its exhaustive decision table:
 //!
 //! - `decide`: what a request may do given the stored record ([`decide()`], [`holds_lease`],
-//!   [`heartbeat_deadline`], [`is_expired`], [`is_forgotten`]);
+//!   [`is_expired`], [`is_forgotten`]);
+//! - `instants`: what each write of a record stores — a claim, a takeover, a heartbeat
+//!   ([`heartbeat_deadline`]), a finish, the sweep's shrink;
 //! - `sweep`: where a record sits in the expiry index and what the sweep does with it
 //!   ([`sweep_due`], [`sweep_action`]);
 //! - `inbox`: whether a delivered message runs, given its mark ([`inbox_decide`]);
@@ -14,12 +16,14 @@
 
 mod decide;
 pub(crate) mod inbox;
+pub(crate) mod instants;
 mod sweep;
 #[cfg(test)]
 mod table;
 pub(crate) mod versions;
 
-pub use decide::{Decision, decide, heartbeat_deadline, holds_lease, is_expired, is_forgotten};
+pub use decide::{Decision, decide, holds_lease, is_expired, is_forgotten};
 pub use inbox::{InboxDecision, inbox_decide};
+pub use instants::heartbeat_deadline;
 pub use sweep::{SweepAction, sweep_action, sweep_due};
 pub use versions::{VersionCheck, version_check};

@@ -4,8 +4,8 @@
 
 use crate::model::clock::Timestamp;
 use crate::model::record::{Record, State};
-use crate::model::response::Tombstone;
 use crate::model::rules::decide::{is_expired, is_forgotten};
+use crate::model::rules::instants::shrink;
 
 /// The instant from which the sweep has work on `record`, i.e. its place in the expiry index:
 /// `expires_at` for a Completed or Failed record (it then shrinks to a tombstone), `forget_at`
@@ -24,7 +24,8 @@ pub enum SweepAction {
     /// Not due yet: leave it (its index entry is at [`sweep_due`], after `now`).
     Keep,
     /// Past its response window: replace it with this tombstone record (same fingerprint and
-    /// instants, the response reduced to a [`Tombstone`]), indexed at its `forget_at`.
+    /// instants, the response reduced to a
+    /// [`Tombstone`](crate::model::response::Tombstone)), indexed at its `forget_at`.
     Shrink(Record),
     /// Past `forget_at`: delete it and its index entry; the key is free.
     Delete,
@@ -37,19 +38,11 @@ pub fn sweep_action(record: &Record, now: Timestamp) -> SweepAction {
     if is_forgotten(record, now) {
         return SweepAction::Delete;
     }
-    match &record.state {
-        State::Completed(r) | State::Failed(r) if is_expired(record, now) => {
-            let failed = matches!(record.state, State::Failed(_));
-            SweepAction::Shrink(Record {
-                fingerprint: record.fingerprint,
-                created_at: record.created_at,
-                expires_at: record.expires_at,
-                forget_at: record.forget_at,
-                state: State::Tombstone(Tombstone::new(r.status(), r.resource().cloned(), failed)),
-            })
-        }
-        _ => SweepAction::Keep,
+    if !is_expired(record, now) {
+        return SweepAction::Keep;
     }
+    // Only a finished record shrinks; a Pending one or a tombstone waits for `forget_at`.
+    shrink(record).map_or(SweepAction::Keep, SweepAction::Shrink)
 }
 
 #[cfg(test)]
