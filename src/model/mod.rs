@@ -1,5 +1,5 @@
 //! The pure model: what a request, a record and an answer are, and the rules that decide what to
-//! do with them. No storage, no threads, no I/O: every engine (the redb one is `crate::engine`)
+//! do with them. No storage, no threads, no I/O: every engine (today the one in src/engine)
 //! stores and loads these values and applies these rules, it never re-derives one.
 //!
 //! - `clock`: [`Timestamp`](clock::Timestamp) and the clocks that give it;

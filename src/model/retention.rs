@@ -23,9 +23,9 @@ use std::time::Duration;
 /// assert_eq!(payments.longest_window(), ("settlement", 7 * 24 * HOUR));
 /// ```
 ///
-/// Give it to [`crate::StoreBuilder::retention_policy`] (the store's default) or
-/// [`crate::StoreBuilder::retention_policy_for`] (one operation). The store refuses to open if
-/// the retention is shorter than the lease duration.
+/// Give it to `StoreBuilder::retention_policy` (the store's default) or
+/// `StoreBuilder::retention_policy_for` (one operation). The store refuses to open if the
+/// retention is shorter than the lease duration.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RetentionPolicy {
     client_retry: Duration,
@@ -75,10 +75,9 @@ impl RetentionPolicy {
     }
 
     /// How long, counted from when the intent finished, its tombstone keeps the key bound after
-    /// the response window (overrides the store's
-    /// [`tombstone_horizon`](crate::StoreBuilder::tombstone_horizon) for this policy). A
-    /// horizon not longer than the retention means no tombstone: the key is free when the
-    /// response window ends.
+    /// the response window (overrides the store's `StoreBuilder::tombstone_horizon` for this
+    /// policy). A horizon not longer than the retention means no tombstone: the key is free
+    /// when the response window ends.
     pub fn tombstone_horizon(mut self, horizon: Duration) -> Self {
         self.tombstone_horizon = Some(horizon);
         self
