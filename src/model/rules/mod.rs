@@ -7,9 +7,10 @@
 //!   ([`heartbeat_deadline`]), a finish, the sweep's shrink;
 //! - `sweep`: where a record sits in the expiry index and what the sweep does with it
 //!   ([`sweep_due`], [`sweep_action`]);
-//! - `inbox`: whether a delivered message runs, given its mark ([`inbox_decide`]);
+//! - `inbox`: whether a delivered message runs, given its mark ([`inbox_decide`]), when a mark
+//!   is forgotten, and what a handled delivery writes;
 //! - `versions`: whether an event applies, given the entity's high-water mark
-//!   ([`version_check`]).
+//!   ([`version_check`]), and what the mark becomes.
 //!
 //! The fuzzer's reference model, the tests and every engine use the same functions, so each
 //! rule lives in exactly one place.
