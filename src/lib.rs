@@ -64,20 +64,21 @@ pub use engine::tables::RESERVED_PREFIX;
 pub use engine::tx::Tx;
 pub use error::{Abort, BoxError, Error, Field};
 pub use messaging::dispatch::{DispatcherHandle, DispatcherOptions, Publisher};
-pub use messaging::inbox::{InboxDecision, Mark, Processed, Receipt, inbox_decide};
-pub use messaging::order::{HighWaterMark, VersionCheck, Versions, version_check};
+pub use messaging::inbox::{Processed, Receipt};
+pub use messaging::order::Versions;
 pub use messaging::outbox::{DeadLetter, Event, EventId, Outbox, OutboxEvent, OutboxStats};
 #[cfg(feature = "webhooks")]
 pub use messaging::webhook;
 pub use model::clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use model::keys::{DownstreamKey, Fingerprint};
 pub use model::keys::{activity_key, compensation_key, derive_key};
+pub use model::marks::{HighWaterMark, Mark};
 pub use model::record::{FORMAT_VERSION, HolderToken, Record, State};
 pub use model::response::{Outcome, Resource, Response, Tombstone};
 pub use model::retention::RetentionPolicy;
 pub use model::rules::{
-    Decision, SweepAction, decide, heartbeat_deadline, holds_lease, is_expired, is_forgotten,
-    sweep_action, sweep_due,
+    Decision, InboxDecision, SweepAction, VersionCheck, decide, heartbeat_deadline, holds_lease,
+    inbox_decide, is_expired, is_forgotten, sweep_action, sweep_due, version_check,
 };
 pub use model::scope::{Limits, Request, Scope};
 

@@ -9,9 +9,10 @@ use crate::error::{Abort, Error};
 use crate::messaging::outbox::Origin;
 use crate::model::clock::Timestamp;
 use crate::model::keys::DownstreamKey;
-use crate::model::record::{HolderToken, Record, State};
+use crate::model::record::{HolderToken, Record};
 use crate::model::response::{Response, Tombstone};
-use crate::model::rules::{heartbeat_deadline, holds_lease};
+use crate::model::rules::holds_lease;
+use crate::model::rules::instants;
 use crate::model::scope::Request;
 
 /// The answer to [`crate::Store::begin`].
@@ -131,22 +132,16 @@ impl Lease {
         let store = &self.store;
         let lease = store.inner.config.lease_duration;
         let deadline = store.write(false, |txn, now| {
-            let mut record = match self.held(txn, now) {
+            let record = match self.held(txn, now) {
                 Ok(r) => r,
                 Err(e) => return Step::Clean(Err(e)),
             };
             // `held` only returns a Pending record; the stored deadline is the one in force.
-            let State::Pending { lease_deadline, .. } = &mut record.state else {
+            let Some((record, deadline)) = instants::heartbeat(&record, now, lease) else {
                 return Step::Clean(Err(Error::LeaseLost {
                     key: self.request.key_display(),
                 }));
             };
-            let deadline = heartbeat_deadline(*lease_deadline, now, lease);
-            *lease_deadline = deadline;
-            // A Pending record stays until at least its lease deadline (and is never due for
-            // a sweep before it); it leaves no tombstone, so forget_at follows expires_at.
-            record.expires_at = record.expires_at.max(deadline);
-            record.forget_at = record.forget_at.max(record.expires_at);
             match store.put(txn, &self.key, &record) {
                 Ok(()) => Step::Done(Ok(deadline)),
                 Err(e) => Step::Abort(e),
@@ -226,13 +221,8 @@ impl Lease {
                 Ok(settled) => settled,
                 Err(e) => return Step::Abort(e),
             };
-            let finished = Record {
-                fingerprint: record.fingerprint,
-                created_at: record.created_at,
-                expires_at: now.saturating_add(windows.response),
-                forget_at: now.saturating_add(windows.forget),
-                state,
-            };
+            let finished =
+                instants::finish(record.fingerprint, record.created_at, state, now, &windows);
             match store.put(txn, &self.key, &finished) {
                 Ok(()) => Step::Done(Ok(response)),
                 Err(e) => Step::Abort(e),

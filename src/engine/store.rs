@@ -27,6 +27,7 @@ use crate::model::clock::{Clock, SystemClock, Timestamp};
 use crate::model::record::{FORMAT_VERSION, HolderToken, Record, State};
 use crate::model::response::{Outcome, Response, Tombstone};
 use crate::model::retention::{Retention, RetentionPolicy, Windows};
+use crate::model::rules::instants::{self, Attempt};
 use crate::model::rules::{Decision, decide};
 use crate::model::scope::{Limits, Request, Scope, record_key};
 
@@ -53,11 +54,7 @@ impl Config {
             .retention_overrides
             .get(operation)
             .unwrap_or(&self.retention);
-        let horizon = r.horizon.unwrap_or(self.tombstone_horizon);
-        Windows {
-            response: r.response,
-            forget: horizon.max(r.response),
-        }
+        Windows::of(r, self.tombstone_horizon)
     }
 }
 
@@ -1082,30 +1079,27 @@ impl Store {
         let windows = self.inner.config.windows_for(request.scope().operation());
         let mut took_over = false;
         let outcome = self.write(false, |txn, now| {
-            let created_at = match self.decide_in(txn, &request, &key, now) {
-                Ok(Claimed::Free {
-                    created_at,
-                    attempt,
-                }) => {
-                    took_over = attempt > 1;
-                    created_at
+            let attempt = match self.decide_in(txn, &request, &key, now) {
+                Ok(Claimed::Free(attempt)) => {
+                    took_over = attempt.number > 1;
+                    attempt
                 }
                 Ok(Claimed::Early(early)) => return Step::Clean(early.into_outcome()),
                 Err(e) => return Step::Clean(Err(e)),
             };
-            let origin = Origin::record(&key, created_at);
+            let origin = Origin::record(&key, attempt.created_at);
             let result = self.run_closure(|| f(&Tx::new(txn, now, origin)));
             let (state, response) = match self.settle(result) {
                 Ok(settled) => settled,
                 Err(e) => return Step::Abort(e),
             };
-            let record = Record {
-                fingerprint: *request.fingerprint(),
-                created_at,
-                expires_at: now.saturating_add(windows.response),
-                forget_at: now.saturating_add(windows.forget),
+            let record = instants::finish(
+                *request.fingerprint(),
+                attempt.created_at,
                 state,
-            };
+                now,
+                &windows,
+            );
             match self.put(txn, &key, &record) {
                 Ok(()) => Step::Done(Ok(Outcome::Executed(response))),
                 Err(e) => Step::Abort(e),
@@ -1131,34 +1125,24 @@ impl Store {
             return early.into_begin();
         }
         let config = &self.inner.config;
-        let retention = config.windows_for(request.scope().operation()).response;
+        let windows = config.windows_for(request.scope().operation());
         let claimed = self.write(false, |txn, now| {
-            let (created_at, attempt) = match self.decide_in(txn, &request, &key, now) {
-                Ok(Claimed::Free {
-                    created_at,
-                    attempt,
-                }) => (created_at, attempt),
+            let attempt = match self.decide_in(txn, &request, &key, now) {
+                Ok(Claimed::Free(attempt)) => attempt,
                 Ok(Claimed::Early(early)) => return Step::Clean(Err(early)),
                 Err(e) => return Step::Clean(Err(Early::Error(e))),
             };
             let holder = self.new_token();
-            let lease_deadline = now.saturating_add(config.lease_duration);
-            // A lease that never finishes leaves no tombstone: forget_at = expires_at, never
-            // before the lease deadline (so a live lease is never absent, nor swept).
-            let expires_at = now.saturating_add(retention).max(lease_deadline);
-            let record = Record {
-                fingerprint: *request.fingerprint(),
-                created_at,
-                expires_at,
-                forget_at: expires_at,
-                state: State::Pending {
-                    holder,
-                    lease_deadline,
-                    attempt,
-                },
-            };
+            let (record, lease_deadline) = instants::claim(
+                *request.fingerprint(),
+                attempt,
+                holder,
+                now,
+                config.lease_duration,
+                &windows,
+            );
             match self.put(txn, &key, &record) {
-                Ok(()) => Step::Done(Ok((holder, lease_deadline, attempt))),
+                Ok(()) => Step::Done(Ok((holder, lease_deadline, attempt.number))),
                 Err(e) => Step::Abort(e),
             }
         })?;
@@ -1333,17 +1317,11 @@ impl Store {
         if let Some(early) = self.early(decision.clone(), request, now) {
             return Ok(Claimed::Early(early));
         }
-        Ok(match (decision, &stored) {
-            // A takeover keeps the intent's original creation time.
-            (Decision::Takeover { attempt }, Some(r)) => Claimed::Free {
-                created_at: r.created_at,
-                attempt,
-            },
-            _ => Claimed::Free {
-                created_at: now,
-                attempt: 1,
-            },
-        })
+        Ok(Claimed::Free(instants::attempt(
+            &decision,
+            stored.as_ref(),
+            now,
+        )))
     }
 
     /// The answer that needs no claim, if any; `now` is the time the decision was made at.
@@ -1681,7 +1659,7 @@ impl Early {
 
 enum Claimed {
     Early(Early),
-    Free { created_at: Timestamp, attempt: u32 },
+    Free(Attempt),
 }
 
 #[cfg(test)]

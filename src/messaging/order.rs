@@ -8,73 +8,9 @@ use crate::engine::tables::VERSIONS;
 use crate::engine::tx::Tx;
 use crate::error::Error;
 use crate::messaging::outbox::open_optional;
-
-/// What [`Versions::advance`] decided.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum VersionCheck {
-    /// The version is newer than the high-water mark (or the entity is new): apply the event.
-    /// The mark now holds the new version, in this transaction.
-    Apply {
-        /// The version applied before, if any.
-        previous: Option<u64>,
-    },
-    /// The version is not newer than the mark: do not apply the event. The skip is counted
-    /// in this transaction.
-    Stale {
-        /// The version already applied.
-        current: u64,
-    },
-}
-
-impl VersionCheck {
-    /// True for [`VersionCheck::Apply`].
-    pub fn should_apply(&self) -> bool {
-        matches!(self, VersionCheck::Apply { .. })
-    }
-}
-
-/// The pure rule: an event applies only if its version is strictly newer than the last
-/// applied one (an equal version is a duplicate, hence stale).
-pub fn version_check(current: Option<u64>, incoming: u64) -> VersionCheck {
-    match current {
-        Some(c) if incoming <= c => VersionCheck::Stale { current: c },
-        previous => VersionCheck::Apply { previous },
-    }
-}
-
-/// A stored high-water mark.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct HighWaterMark {
-    /// The newest version applied.
-    pub version: u64,
-    /// Stale events skipped for this entity.
-    pub skipped: u64,
-}
-
-impl HighWaterMark {
-    fn encode(&self) -> [u8; 16] {
-        let mut out = [0u8; 16];
-        out[..8].copy_from_slice(&self.version.to_be_bytes());
-        out[8..].copy_from_slice(&self.skipped.to_be_bytes());
-        out
-    }
-
-    fn decode(bytes: &[u8]) -> Result<Self, Error> {
-        let corrupt = || Error::CorruptRecord {
-            reason: format!(
-                "a version high-water mark is {} bytes, expected 16",
-                bytes.len()
-            ),
-        };
-        let (a, b) = bytes.split_first_chunk::<8>().ok_or_else(corrupt)?;
-        let b: &[u8; 8] = b.try_into().map_err(|_| corrupt())?;
-        Ok(HighWaterMark {
-            version: u64::from_be_bytes(*a),
-            skipped: u64::from_be_bytes(*b),
-        })
-    }
-}
+use crate::model::marks::HighWaterMark;
+use crate::model::rules::VersionCheck;
+use crate::model::rules::versions::advance;
 
 /// The version high-water marks of one transaction; see [`Tx::versions`]. Marks are kept
 /// until removed (they are tiny: one row per entity).
@@ -98,21 +34,7 @@ impl<'a, 't> Versions<'a, 't> {
             Some(v) => Some(HighWaterMark::decode(v.value())?),
             None => None,
         };
-        let check = version_check(stored.map(|m| m.version), version);
-        let next = match (check, stored) {
-            (VersionCheck::Apply { .. }, m) => HighWaterMark {
-                version,
-                skipped: m.map_or(0, |m| m.skipped),
-            },
-            (VersionCheck::Stale { .. }, Some(m)) => HighWaterMark {
-                version: m.version,
-                skipped: m.skipped.saturating_add(1),
-            },
-            (VersionCheck::Stale { current }, None) => HighWaterMark {
-                version: current,
-                skipped: 1,
-            },
-        };
+        let (check, next) = advance(stored, version);
         table.insert(entity, next.encode().as_slice())?;
         Ok(check)
     }
@@ -132,30 +54,5 @@ impl Store {
             let value = table.get(entity.as_ref()).map_err(|e| self.storage(e))?;
             value.map(|v| HighWaterMark::decode(v.value())).transpose()
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_strictly_newer_versions_apply() {
-        assert_eq!(
-            version_check(None, 0),
-            VersionCheck::Apply { previous: None }
-        );
-        assert_eq!(
-            version_check(Some(3), 4),
-            VersionCheck::Apply { previous: Some(3) }
-        );
-        assert_eq!(
-            version_check(Some(3), 3),
-            VersionCheck::Stale { current: 3 }
-        );
-        assert_eq!(
-            version_check(Some(3), 1),
-            VersionCheck::Stale { current: 3 }
-        );
     }
 }

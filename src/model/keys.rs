@@ -58,9 +58,9 @@ impl DownstreamKey {
     }
 
     /// The lease's key is the root of the step-key tree: `derive_key(record key, "")`, the same
-    /// derivation as every step, activity and compensation key ([`crate::derive_key`]).
+    /// derivation as every step, activity and compensation key ([`derive_key`]).
     pub(crate) fn derive(record_key: &[u8]) -> Self {
-        crate::model::keys::derive_key(record_key, b"")
+        derive_key(record_key, b"")
     }
 
     /// The raw 32 bytes.
@@ -102,7 +102,7 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 /// blake3 `derive_key` context of step keys.
 const CTX_STEP_KEY: &str = "idem 2026-11-30 downstream step key v1";
 
-/// The key of step `step` under `parent` (a [`crate::Lease::downstream_key`], a workflow id,
+/// The key of step `step` under `parent` (a lease's `Lease::downstream_key`, a workflow id,
 /// an outbox event id, …): the same inputs always give the same key, different steps of one
 /// parent get unrelated keys. The encoding is unambiguous (the parent's length is part of
 /// the input), so `("ab", "c")` and `("a", "bc")` differ.

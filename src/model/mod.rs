@@ -1,9 +1,22 @@
 //! The pure model: what a request, a record and an answer are, and the rules that decide what to
-//! do with them. No storage, no threads, no I/O: every engine (the redb one in [`crate::engine`])
+//! do with them. No storage, no threads, no I/O: every engine (today the one in src/engine)
 //! stores and loads these values and applies these rules, it never re-derives one.
+//!
+//! - `clock`: [`Timestamp`](clock::Timestamp) and the clocks that give it;
+//! - `keys`: the request fingerprint and every key derived from a record key (downstream,
+//!   activity, compensation keys);
+//! - `marks`: the messaging layer's stored values (inbox marks, version high-water marks) and
+//!   their encodings;
+//! - `record`: the stored record, its states and its versioned encoding;
+//! - `response`: the stored response, its tombstone, and the outcome a caller gets;
+//! - `retention`: retention policies and the windows a finished intent is kept for;
+//! - `rules`: every decision, sweep, inbox and version rule, and the instant rules (what a
+//!   claim, a takeover, a heartbeat and a finish write), each with its exhaustive table;
+//! - `scope`: scopes, requests and their limits, and the record key.
 
 pub(crate) mod clock;
 pub(crate) mod keys;
+pub(crate) mod marks;
 pub(crate) mod record;
 pub(crate) mod response;
 pub(crate) mod retention;

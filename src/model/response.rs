@@ -58,8 +58,9 @@ impl Response {
         self.resource.as_ref()
     }
 
-    /// True when this response records a terminal failure ([`crate::Abort::Terminal`] or
-    /// [`crate::Lease::fail`]): the intent is finished and will not run again.
+    /// True when this response records a terminal failure
+    /// ([`Abort::Terminal`](crate::error::Abort::Terminal) or `Lease::fail`): the intent is
+    /// finished and will not run again.
     pub fn is_failure(&self) -> bool {
         self.failed
     }
@@ -116,8 +117,8 @@ impl Response {
 
 /// What is kept of a finished intent after its response window: the status, the resource
 /// pointer and whether it was a terminal failure — not the body. A late retry that finds one
-/// gets [`Outcome::Expired`] / [`crate::Begin::Expired`]: the intent already happened and does not
-/// run again.
+/// gets [`Outcome::Expired`] / `Begin::Expired`: the intent already happened and does not run
+/// again.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Tombstone {
     status: u16,
@@ -145,25 +146,26 @@ impl Tombstone {
         self.resource.as_ref()
     }
 
-    /// True when the intent ended in a terminal failure ([`crate::Abort::Terminal`],
-    /// [`crate::Lease::fail`]).
+    /// True when the intent ended in a terminal failure
+    /// ([`Abort::Terminal`](crate::error::Abort::Terminal), `Lease::fail`).
     pub fn is_failure(&self) -> bool {
         self.failed
     }
 }
 
-/// The answer to [`crate::Store::execute`].
+/// The answer to `Store::execute`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use]
 pub enum Outcome {
     /// The closure ran now and its result was committed with its writes. A terminal failure
-    /// ([`crate::Abort::Terminal`]) also ends here, with [`Response::is_failure`] true.
+    /// ([`Abort::Terminal`](crate::error::Abort::Terminal)) also ends here, with
+    /// [`Response::is_failure`] true.
     Executed(Response),
     /// The intent had already finished: the stored response, byte for byte. The closure did
     /// not run and nothing was written.
     Replayed(Response),
     /// Another attempt holds a live lease on this key (flow B). Retry after the hint, or use
-    /// [`crate::Store::begin_wait`] to wait for its result.
+    /// `Store::begin_wait` to wait for its result.
     InFlight {
         /// Suggested wait before retrying.
         retry_after: Duration,

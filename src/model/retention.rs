@@ -23,9 +23,9 @@ use std::time::Duration;
 /// assert_eq!(payments.longest_window(), ("settlement", 7 * 24 * HOUR));
 /// ```
 ///
-/// Give it to [`crate::StoreBuilder::retention_policy`] (the store's default) or
-/// [`crate::StoreBuilder::retention_policy_for`] (one operation). The store refuses to open if
-/// the retention is shorter than the lease duration.
+/// Give it to `StoreBuilder::retention_policy` (the store's default) or
+/// `StoreBuilder::retention_policy_for` (one operation). The store refuses to open if the
+/// retention is shorter than the lease duration.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RetentionPolicy {
     client_retry: Duration,
@@ -75,10 +75,9 @@ impl RetentionPolicy {
     }
 
     /// How long, counted from when the intent finished, its tombstone keeps the key bound after
-    /// the response window (overrides the store's
-    /// [`tombstone_horizon`](crate::StoreBuilder::tombstone_horizon) for this policy). A
-    /// horizon not longer than the retention means no tombstone: the key is free when the
-    /// response window ends.
+    /// the response window (overrides the store's `StoreBuilder::tombstone_horizon` for this
+    /// policy). A horizon not longer than the retention means no tombstone: the key is free
+    /// when the response window ends.
     pub fn tombstone_horizon(mut self, horizon: Duration) -> Self {
         self.tombstone_horizon = Some(horizon);
         self
@@ -157,6 +156,19 @@ pub(crate) struct Windows {
     pub forget: Duration,
 }
 
+impl Windows {
+    /// The windows of `retention`, whose tombstone horizon is `default_horizon` unless it sets
+    /// its own. The forget horizon is never shorter than the response window: a horizon not
+    /// longer than it means no tombstone tier.
+    pub(crate) fn of(retention: &Retention, default_horizon: Duration) -> Windows {
+        let horizon = retention.horizon.unwrap_or(default_horizon);
+        Windows {
+            response: retention.response,
+            forget: horizon.max(retention.response),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,5 +199,40 @@ mod tests {
         assert_eq!(r.response, H);
         assert_eq!(r.horizon, Some(9 * H));
         assert_eq!(r.window, Some("settlement"));
+    }
+
+    /// Every retention (with its own horizon shorter, equal, longer, or none) against a store
+    /// horizon shorter and longer than it: the response window is the retention, the forget
+    /// horizon the policy's or else the store's, never shorter than the response window.
+    #[test]
+    fn exhaustive_windows_table() {
+        for response in [Duration::ZERO, H, 3 * H] {
+            for own in [
+                None,
+                Some(Duration::ZERO),
+                Some(H),
+                Some(2 * H),
+                Some(9 * H),
+            ] {
+                for default in [Duration::ZERO, 2 * H, 7 * 24 * H] {
+                    let r = Retention {
+                        response,
+                        horizon: own,
+                        window: None,
+                    };
+                    let w = Windows::of(&r, default);
+                    let case = format!("response={response:?} own={own:?} default={default:?}");
+                    assert_eq!(w.response, response, "{case}");
+                    let horizon = own.unwrap_or(default);
+                    let want = if horizon > response {
+                        horizon
+                    } else {
+                        response
+                    };
+                    assert_eq!(w.forget, want, "{case}");
+                    assert!(w.forget >= w.response, "{case}");
+                }
+            }
+        }
     }
 }

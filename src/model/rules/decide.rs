@@ -1,12 +1,6 @@
-//! The decision logic, as pure functions of (stored record, request fingerprint, time).
-//!
-//! No I/O happens here: the store reads the record inside its write transaction, asks
-//! [`decide`], and acts; a heartbeat asks [`heartbeat_deadline`]; the sweep asks [`sweep_due`]
-//! where a record belongs in the expiry index and [`sweep_action`] what to do with it once due.
-//! The fuzzer's reference model, the tests and any future backend use the same functions, so
-//! the rules live in exactly one place.
-
-use std::time::Duration;
+//! What a request may do, as pure functions of (stored record, request fingerprint, time): the
+//! store reads the record inside its write transaction, asks [`decide`], and acts; a lease asks
+//! [`holds_lease`] before every write. What each write then stores is in `instants`.
 
 use crate::model::clock::Timestamp;
 use crate::model::keys::Fingerprint;
@@ -137,147 +131,12 @@ pub fn holds_lease(stored: Option<&Record>, holder: &HolderToken, now: Timestamp
     }
 }
 
-/// The lease deadline a heartbeat at `now` grants, given the deadline `current` already
-/// granted: `now + lease`, but never earlier than `current`. A heartbeat only ever extends a
-/// lease: under a clock that moved backwards, `now + lease` is earlier than the deadline the
-/// holder was promised, and lowering it would let another attempt take the key over while the
-/// holder still counts on its lease (the holder's clock-free promise is "until the deadline I
-/// was given").
-pub fn heartbeat_deadline(current: Timestamp, now: Timestamp, lease: Duration) -> Timestamp {
-    current.max(now.saturating_add(lease))
-}
-
-/// The instant from which the sweep has work on `record`, i.e. its place in the expiry index:
-/// `expires_at` for a Completed or Failed record (it then shrinks to a tombstone), `forget_at`
-/// for everything else (it is then deleted). A Pending record's `forget_at` is never before its
-/// lease deadline, so a live lease is never due.
-pub fn sweep_due(record: &Record) -> Timestamp {
-    match record.state {
-        State::Completed(_) | State::Failed(_) => record.expires_at.min(record.forget_at),
-        State::Pending { .. } | State::Tombstone(_) => record.forget_at,
-    }
-}
-
-/// What a sweep does with a record at `now`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SweepAction {
-    /// Not due yet: leave it (its index entry is at [`sweep_due`], after `now`).
-    Keep,
-    /// Past its response window: replace it with this tombstone record (same fingerprint and
-    /// instants, the response reduced to a [`Tombstone`]), indexed at its `forget_at`.
-    Shrink(Record),
-    /// Past `forget_at`: delete it and its index entry; the key is free.
-    Delete,
-}
-
-/// Decides what the sweep does with `record` at `now`. Agrees with [`decide`]: it deletes only
-/// what `decide` treats as absent, and shrinks only what `decide` answers as `Expired`, so a
-/// sweep never changes an answer.
-pub fn sweep_action(record: &Record, now: Timestamp) -> SweepAction {
-    if is_forgotten(record, now) {
-        return SweepAction::Delete;
-    }
-    match &record.state {
-        State::Completed(r) | State::Failed(r) if is_expired(record, now) => {
-            let failed = matches!(record.state, State::Failed(_));
-            SweepAction::Shrink(Record {
-                fingerprint: record.fingerprint,
-                created_at: record.created_at,
-                expires_at: record.expires_at,
-                forget_at: record.forget_at,
-                state: State::Tombstone(Tombstone::new(r.status(), r.resource().cloned(), failed)),
-            })
-        }
-        _ => SweepAction::Keep,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const FP: Fingerprint = Fingerprint([1; 32]);
-    const OTHER: Fingerprint = Fingerprint([2; 32]);
-    const ME: HolderToken = HolderToken([7; 16]);
-    const YOU: HolderToken = HolderToken([8; 16]);
-
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    enum Kind {
-        Absent,
-        Pending,
-        Completed,
-        Failed,
-        Tombstone,
-    }
-
-    const KINDS: [Kind; 5] = [
-        Kind::Absent,
-        Kind::Pending,
-        Kind::Completed,
-        Kind::Failed,
-        Kind::Tombstone,
-    ];
-
-    /// Where `now` falls in the record's life.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    enum Phase {
-        /// `now < expires_at`: the response window is open.
-        Window,
-        /// `expires_at ≤ now < forget_at`: the tombstone tier.
-        Horizon,
-        /// `forget_at ≤ now`: the record counts as absent.
-        Forgotten,
-    }
-
-    const PHASES: [Phase; 3] = [Phase::Window, Phase::Horizon, Phase::Forgotten];
-
-    fn record(kind: Kind, lease_alive: bool, phase: Phase, now: u64) -> Option<Record> {
-        // Boundaries sit exactly at `now` so the inclusive ends are exercised.
-        let (expires_at, forget_at) = match phase {
-            Phase::Window => (now + 1_000, now + 2_000),
-            Phase::Horizon => (now, now + 1_000),
-            Phase::Forgotten => (now - 1_000, now),
-        };
-        let lease_deadline = if lease_alive { now + 10 } else { now };
-        let state = match kind {
-            Kind::Absent => return None,
-            Kind::Pending => State::Pending {
-                holder: ME,
-                lease_deadline: Timestamp(lease_deadline),
-                attempt: 3,
-            },
-            Kind::Completed => {
-                State::Completed(Response::new(201, "ok").with_resource("order", "o1"))
-            }
-            Kind::Failed => State::Failed(Response::new(402, "declined").mark_failed()),
-            Kind::Tombstone => State::Tombstone(Tombstone::new(
-                409,
-                Some(Resource {
-                    kind: "order".into(),
-                    id: "o2".into(),
-                }),
-                true,
-            )),
-        };
-        Some(Record {
-            fingerprint: FP,
-            created_at: Timestamp(now.saturating_sub(5_000)),
-            expires_at: Timestamp(expires_at),
-            forget_at: Timestamp(forget_at),
-            state,
-        })
-    }
-
-    fn name(d: &Decision<'_>) -> &'static str {
-        match d {
-            Decision::Claim => "claim",
-            Decision::Takeover { .. } => "takeover",
-            Decision::Replay(_) => "replay",
-            Decision::Expired { .. } => "expired",
-            Decision::InFlight { .. } => "inflight",
-            Decision::Mismatch => "mismatch",
-        }
-    }
+    use crate::model::rules::table::{
+        FP, KINDS, Kind, ME, OTHER, PHASES, Phase, YOU, name, record,
+    };
 
     /// Every combination of state × fingerprint match × lease alive/lapsed × phase of the
     /// record's life (response window, tombstone horizon, forgotten), with the expected decision
@@ -406,35 +265,6 @@ mod tests {
     }
 
     #[test]
-    fn a_heartbeat_never_lowers_a_deadline() {
-        let lease = Duration::from_millis(30);
-        // The clock moves forwards: the deadline follows it.
-        assert_eq!(
-            heartbeat_deadline(Timestamp(130), Timestamp(120), lease),
-            Timestamp(150)
-        );
-        // At the same instant, or with the clock moved back (by a little, by a lot, to the
-        // epoch), the deadline already granted stays.
-        for now in [100, 99, 50, 0] {
-            assert_eq!(
-                heartbeat_deadline(Timestamp(130), Timestamp(now), lease),
-                Timestamp(130),
-                "now = {now}"
-            );
-        }
-        // A lapsed lease nobody took over is extended from now.
-        assert_eq!(
-            heartbeat_deadline(Timestamp(130), Timestamp(500), lease),
-            Timestamp(530)
-        );
-        // Saturates at the end of time instead of wrapping.
-        assert_eq!(
-            heartbeat_deadline(Timestamp(5), Timestamp(u64::MAX - 1), lease),
-            Timestamp(u64::MAX)
-        );
-    }
-
-    #[test]
     fn holder_check_over_all_states() {
         let now = Timestamp(5_000);
         for kind in KINDS {
@@ -447,86 +277,5 @@ mod tests {
                 }
             }
         }
-    }
-
-    /// The sweep over every state × phase: what it does, where the record sits in the index,
-    /// and that no sweep action changes the answer `decide` gives, for either fingerprint.
-    #[test]
-    fn exhaustive_sweep_table() {
-        let now = 1_000_000;
-        for kind in KINDS {
-            for lease_alive in [true, false] {
-                for phase in PHASES {
-                    let Some(rec) = record(kind, lease_alive, phase, now) else {
-                        continue;
-                    };
-                    let case = format!("kind={kind:?} lease_alive={lease_alive} phase={phase:?}");
-                    let action = sweep_action(&rec, Timestamp(now));
-                    let expected = match (kind, phase) {
-                        (_, Phase::Forgotten) => "delete",
-                        (Kind::Completed | Kind::Failed, Phase::Horizon) => "shrink",
-                        _ => "keep",
-                    };
-                    let after = match &action {
-                        SweepAction::Keep => {
-                            assert_eq!(expected, "keep", "{case}");
-                            assert!(sweep_due(&rec).0 > now, "{case}: kept but due");
-                            Some(rec.clone())
-                        }
-                        SweepAction::Shrink(t) => {
-                            assert_eq!(expected, "shrink", "{case}");
-                            assert!(sweep_due(&rec).0 <= now, "{case}: shrunk but not due");
-                            assert!(matches!(t.state, State::Tombstone(_)), "{case}");
-                            assert_eq!(
-                                (t.fingerprint, t.created_at, t.expires_at, t.forget_at),
-                                (
-                                    rec.fingerprint,
-                                    rec.created_at,
-                                    rec.expires_at,
-                                    rec.forget_at
-                                ),
-                                "{case}: a tombstone keeps the fingerprint and the instants"
-                            );
-                            assert!(sweep_due(t).0 > now, "{case}: a tombstone is due later");
-                            Some(t.clone())
-                        }
-                        SweepAction::Delete => {
-                            assert_eq!(expected, "delete", "{case}");
-                            assert!(sweep_due(&rec).0 <= now, "{case}: deleted but not due");
-                            None
-                        }
-                    };
-                    for fp in [FP, OTHER] {
-                        let before = decide(Some(&rec), &fp, Timestamp(now));
-                        let then = decide(after.as_ref(), &fp, Timestamp(now));
-                        assert_eq!(
-                            (name(&before), before.tombstone()),
-                            (name(&then), then.tombstone()),
-                            "{case}: the sweep changed an answer"
-                        );
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn a_live_lease_is_never_due() {
-        // As the store writes it: forget_at = expires_at ≥ lease_deadline.
-        let rec = Record {
-            fingerprint: FP,
-            created_at: Timestamp(0),
-            expires_at: Timestamp(30),
-            forget_at: Timestamp(30),
-            state: State::Pending {
-                holder: ME,
-                lease_deadline: Timestamp(30),
-                attempt: 1,
-            },
-        };
-        for now in 0..30 {
-            assert_eq!(sweep_action(&rec, Timestamp(now)), SweepAction::Keep);
-        }
-        assert_eq!(sweep_action(&rec, Timestamp(30)), SweepAction::Delete);
     }
 }
