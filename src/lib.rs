@@ -57,6 +57,7 @@ pub(crate) mod model;
 pub use engine::expiry::Stats;
 
 pub use engine::lease::{Begin, Lease};
+pub use engine::marks::Mark;
 pub use engine::read_only::ReadOnlyStore;
 pub use engine::store::{Durability, Metrics, Store, StoreBuilder};
 pub use engine::sweep::SweepReport;
@@ -64,7 +65,7 @@ pub use engine::tables::RESERVED_PREFIX;
 pub use engine::tx::Tx;
 pub use error::{Abort, BoxError, Error, Field};
 pub use messaging::dispatch::{DispatcherHandle, DispatcherOptions, Publisher};
-pub use messaging::inbox::{InboxDecision, Mark, Processed, Receipt, inbox_decide};
+pub use messaging::inbox::{InboxDecision, Processed, Receipt, inbox_decide};
 pub use messaging::order::{HighWaterMark, VersionCheck, Versions, version_check};
 pub use messaging::outbox::{DeadLetter, Event, EventId, Outbox, OutboxEvent, OutboxStats};
 #[cfg(feature = "webhooks")]

@@ -13,6 +13,7 @@ use std::collections::{HashMap, HashSet};
 
 use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, StorageError, Table};
 
+use crate::engine::marks::{KIND_MARK, expected_mark_entries};
 use crate::engine::store::{Store, contained};
 use crate::engine::tables::{EXPIRY, RECORDS};
 use crate::error::Error;
@@ -142,7 +143,8 @@ impl Store {
 
     /// Checks that the expiry index matches the records exactly: every record that decodes has
     /// exactly one entry, at [`crate::model::rules::sweep_due`] with its state tag, and every entry
-    /// belongs to a record (entries of records and inbox marks that no longer decode are tolerated). Returns a
+    /// belongs to a record or a mark (entries of records and marks that no longer decode are
+    /// tolerated). Returns a
     /// description of the first mismatches. O(records) time and memory: for tests and fuzzers.
     #[doc(hidden)]
     pub fn check_expiry_index(&self) -> Result<(), String> {
@@ -176,12 +178,12 @@ impl Store {
                 }
             }
         }
-        let (inbox_entries, inbox_undecodable) =
-            crate::messaging::inbox::expected_inbox_entries(&read).map_err(|e| self.storage(e))?;
-        for (entry, tag) in inbox_entries {
+        let (mark_entries, marks_undecodable) =
+            expected_mark_entries(&read).map_err(|e| self.storage(e))?;
+        for (entry, tag) in mark_entries {
             expected.insert(entry, tag);
         }
-        let inbox_undecodable: HashSet<Vec<u8>> = inbox_undecodable.into_iter().collect();
+        let marks_undecodable: HashSet<Vec<u8>> = marks_undecodable.into_iter().collect();
         let mut problems = Vec::new();
         for row in expiry.iter().map_err(|e| self.storage(e))? {
             let (key, tag) = row.map_err(|e| self.storage(e))?;
@@ -195,9 +197,7 @@ impl Store {
                 )),
                 None => match parse_entry(entry) {
                     Some(e) if e.kind == KIND_RECORD && undecodable.contains(e.key) => {}
-                    Some(e)
-                        if e.kind == crate::messaging::inbox::KIND_INBOX
-                            && inbox_undecodable.contains(e.key) => {}
+                    Some(e) if e.kind == KIND_MARK && marks_undecodable.contains(e.key) => {}
                     _ => problems.push(format!(
                         "orphan entry {} (no record has this due instant)",
                         hex(entry)

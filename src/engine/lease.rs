@@ -4,9 +4,8 @@ use std::time::Duration;
 
 use crate::engine::commit::Step;
 use crate::engine::store::Store;
-use crate::engine::tx::Tx;
+use crate::engine::tx::{Origin, Tx};
 use crate::error::{Abort, Error};
-use crate::messaging::outbox::Origin;
 use crate::model::clock::Timestamp;
 use crate::model::keys::DownstreamKey;
 use crate::model::record::{HolderToken, Record, State};
@@ -214,6 +213,7 @@ impl Lease {
             .inner
             .config
             .windows_for(self.request.scope().operation());
+        let mut announced = false;
         let result = store.write(false, |txn, now| {
             let record = match self.held(txn, now) {
                 Ok(r) => r,
@@ -221,7 +221,8 @@ impl Lease {
             };
             // The intent's creation time, kept by takeovers: every attempt pushes the same ids.
             let origin = Origin::record(&self.key, record.created_at);
-            let result = store.run_closure(|| f(&Tx::new(txn, now, origin)));
+            let (result, pushed) = store.run_on_tx(txn, now, origin, &mut f);
+            announced = pushed;
             let (state, response) = match store.settle(result) {
                 Ok(settled) => settled,
                 Err(e) => return Step::Abort(e),
@@ -238,7 +239,9 @@ impl Lease {
                 Err(e) => Step::Abort(e),
             }
         });
-        store.wake_dispatcher_if_pushed();
+        if announced && result.is_ok() {
+            store.announce_work();
+        }
         match result {
             Ok(Ok(response)) => {
                 self.finished = true;

@@ -5,7 +5,9 @@
 pub(crate) mod commit;
 pub(crate) mod expiry;
 pub(crate) mod lease;
+pub(crate) mod marks;
 pub(crate) mod read_only;
+pub(crate) mod signal;
 pub(crate) mod store;
 pub(crate) mod sweep;
 pub(crate) mod tables;

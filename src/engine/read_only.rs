@@ -18,9 +18,6 @@ use crate::engine::store::{
     StoreBuilder, admit_key, contained, for_each_record_in, read_record_in,
 };
 use crate::error::Error;
-use crate::messaging::outbox::{
-    DeadLetter, OutboxEvent, OutboxStats, dead_letters_in, outbox_stats_in, pending_events_in,
-};
 use crate::model::clock::{Clock, Timestamp};
 use crate::model::record::Record;
 use crate::model::scope::{Limits, Scope};
@@ -80,27 +77,6 @@ impl ReadOnlyStore {
         contained("counting the records", || stats_in(&self.read()?, now))
     }
 
-    /// Undelivered outbox events and dead letters (like [`crate::Store::outbox_stats`]).
-    pub fn outbox_stats(&self) -> Result<OutboxStats, Error> {
-        contained("counting the outbox", || outbox_stats_in(&self.read()?))
-    }
-
-    /// The first `limit` undelivered events, in commit order (like
-    /// [`crate::Store::pending_events`]).
-    pub fn pending_events(&self, limit: usize) -> Result<Vec<OutboxEvent>, Error> {
-        contained("reading the outbox", || {
-            pending_events_in(&self.read()?, limit)
-        })
-    }
-
-    /// The first `limit` dead letters, oldest event first (like
-    /// [`crate::Store::dead_letters`]).
-    pub fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, Error> {
-        contained("reading the dead letters", || {
-            dead_letters_in(&self.read()?, limit)
-        })
-    }
-
     /// A read transaction on the file, for reading your own tables. What you read through it
     /// is outside idem's storage boundary: on a damaged page, redb may panic in your code.
     pub fn begin_read(&self) -> Result<redb::ReadTransaction, Error> {
@@ -117,7 +93,7 @@ impl ReadOnlyStore {
         self.limits
     }
 
-    fn read(&self) -> Result<redb::ReadTransaction, Error> {
+    pub(crate) fn read(&self) -> Result<redb::ReadTransaction, Error> {
         Ok(self.db.begin_read()?)
     }
 }

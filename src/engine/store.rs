@@ -1,6 +1,6 @@
 //! The store: opening, configuration, flow A (`execute`) and the claim half of flow B (`begin`).
 
-use std::any::Any;
+use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::ops::ControlFlow;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -18,11 +18,11 @@ use crate::engine::expiry::{put_in, remove_in};
 use crate::engine::lease::Begin;
 use crate::engine::lease::Lease;
 use crate::engine::read_only::ReadOnlyStore;
+use crate::engine::signal::Signal;
 use crate::engine::sweep::{SweepReport, SweepTotals, sweeper};
 use crate::engine::tables::{EXPIRY, META, META_FORMAT, RECORDS};
-use crate::engine::tx::Tx;
+use crate::engine::tx::{Origin, Tx};
 use crate::error::{Abort, Error};
-use crate::messaging::outbox::Origin;
 use crate::model::clock::{Clock, SystemClock, Timestamp};
 use crate::model::record::{FORMAT_VERSION, HolderToken, Record, State};
 use crate::model::response::{Outcome, Response, Tombstone};
@@ -556,8 +556,11 @@ pub(crate) struct Inner {
     pub(crate) sweep_lock: Mutex<()>,
     /// Sweep figures for [`Metrics`].
     pub(crate) sweeps: Mutex<SweepTotals>,
-    /// Outbox dispatcher wake-ups, counters and the one-dispatcher guard.
-    pub(crate) outbox: crate::messaging::outbox::OutboxShared,
+    /// Notified after a commit whose closure announced work ([`Tx::announce`]): the hook the
+    /// layers above wait on (the outbox dispatcher).
+    work: Arc<Signal>,
+    /// The layers' own state, one value per type ([`Store::extension`]).
+    extensions: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
 }
 
 /// The background threads of one store (the relaxed-durability flusher, the sweeper).
@@ -619,7 +622,8 @@ impl Inner {
             background: Mutex::new(Background::default()),
             sweep_lock: Mutex::new(()),
             sweeps: Mutex::new(SweepTotals::default()),
-            outbox: crate::messaging::outbox::OutboxShared::default(),
+            work: Arc::new(Signal::default()),
+            extensions: Mutex::new(HashMap::new()),
         }
     }
 
@@ -774,12 +778,6 @@ pub struct Metrics {
     pub sweep_failures: u64,
     /// The last pass: records swept by it, its batches and its duration.
     pub last_sweep: SweepReport,
-    /// Outbox events published and marked delivered by the dispatcher.
-    pub outbox_delivered: u64,
-    /// Publish attempts that failed (the event was retried later or dead-lettered).
-    pub outbox_publish_failures: u64,
-    /// Events moved to the dead-letter table after their last attempt failed.
-    pub outbox_dead_lettered: u64,
 }
 
 impl Metrics {
@@ -798,6 +796,18 @@ impl Metrics {
 #[derive(Clone)]
 pub struct Store {
     pub(crate) inner: Arc<Inner>,
+}
+
+/// A handle that does not keep the store open: a background thread holds one between ticks,
+/// so dropping the last [`Store`] clone closes the file.
+#[derive(Clone)]
+pub(crate) struct WeakStore(Weak<Inner>);
+
+impl WeakStore {
+    /// The store, if a [`Store`] clone still keeps it open.
+    pub(crate) fn upgrade(&self) -> Option<Store> {
+        self.0.upgrade().map(|inner| Store { inner })
+    }
 }
 
 impl std::fmt::Debug for Store {
@@ -868,7 +878,7 @@ impl Store {
         };
         if let Durability::Periodic(interval) = self.inner.durability {
             let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
-            let weak = Arc::downgrade(&self.inner);
+            let weak = self.downgrade();
             let t = spawn(
                 "idem-flusher",
                 Box::new(move || flusher(weak, interval, stopped)),
@@ -878,7 +888,7 @@ impl Store {
         }
         if let Some(interval) = self.inner.config.sweep_interval {
             let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
-            let weak = Arc::downgrade(&self.inner);
+            let weak = self.downgrade();
             let alive = Arc::new(());
             bg.sweeper_alive = Some(Arc::downgrade(&alive));
             let t = spawn(
@@ -915,9 +925,6 @@ impl Store {
             swept_records: sweeps.swept,
             sweep_failures: sweeps.failures,
             last_sweep: sweeps.last,
-            outbox_delivered: self.inner.outbox.delivered.load(Ordering::Relaxed),
-            outbox_publish_failures: self.inner.outbox.failures.load(Ordering::Relaxed),
-            outbox_dead_lettered: self.inner.outbox.dead_lettered.load(Ordering::Relaxed),
         }
     }
 
@@ -1081,6 +1088,7 @@ impl Store {
         }
         let windows = self.inner.config.windows_for(request.scope().operation());
         let mut took_over = false;
+        let mut announced = false;
         let outcome = self.write(false, |txn, now| {
             let created_at = match self.decide_in(txn, &request, &key, now) {
                 Ok(Claimed::Free {
@@ -1094,7 +1102,8 @@ impl Store {
                 Err(e) => return Step::Clean(Err(e)),
             };
             let origin = Origin::record(&key, created_at);
-            let result = self.run_closure(|| f(&Tx::new(txn, now, origin)));
+            let (result, pushed) = self.run_on_tx(txn, now, origin, &mut f);
+            announced = pushed;
             let (state, response) = match self.settle(result) {
                 Ok(settled) => settled,
                 Err(e) => return Step::Abort(e),
@@ -1111,7 +1120,9 @@ impl Store {
                 Err(e) => Step::Abort(e),
             }
         });
-        self.wake_dispatcher_if_pushed();
+        if announced && outcome.is_ok() {
+            self.announce_work();
+        }
         let outcome = outcome?;
         if took_over && outcome.is_ok() {
             // This finished a lapsed flow-B lease: wake its waiters.
@@ -1492,6 +1503,54 @@ impl Store {
         caller_code(f)
     }
 
+    /// Runs the caller's closure (see `run_closure`) on a [`Tx`] over `txn`, and says whether
+    /// it announced work: the write call that ran it calls [`Store::announce_work`] once it
+    /// committed.
+    pub(crate) fn run_on_tx<R>(
+        &self,
+        txn: &WriteTransaction,
+        now: Timestamp,
+        origin: Origin<'_>,
+        f: impl FnOnce(&Tx<'_>) -> R,
+    ) -> (R, bool) {
+        let tx = Tx::new(txn, now, origin);
+        let result = self.run_closure(|| f(&tx));
+        (result, tx.announced())
+    }
+
+    /// Wakes whoever waits for announced work (the outbox dispatcher): called after a commit
+    /// whose closure announced work, and by the layers above when they make work available
+    /// outside a closure (a requeued dead letter). A wake-up with nothing to do is harmless.
+    pub(crate) fn announce_work(&self) {
+        self.inner.work.notify();
+    }
+
+    /// The work-announced signal, for a worker to wait on ([`crate::engine::signal`]).
+    pub(crate) fn work_signal(&self) -> Arc<Signal> {
+        self.inner.work.clone()
+    }
+
+    /// The store's value of type `T`, created with `T::default()` on first use: a typed slot for
+    /// the state the layers above keep per store (the outbox's counters and its one-dispatcher
+    /// guard), so the engine needs to know nothing of it. Every clone of the store sees the same
+    /// value; it lives as long as the store.
+    pub(crate) fn extension<T: Default + Send + Sync + 'static>(&self) -> Arc<T> {
+        let mut slots = self.inner.extensions.lock();
+        let slot = slots
+            .entry(TypeId::of::<T>())
+            .or_insert_with(|| Arc::new(T::default()));
+        match Arc::clone(slot).downcast::<T>() {
+            Ok(value) => value,
+            // Unreachable: the slot of `TypeId::of::<T>()` only ever holds a `T`. Should it not,
+            // a fresh value replaces it rather than a panic.
+            Err(_) => {
+                let value = Arc::new(T::default());
+                *slot = value.clone();
+                value
+            }
+        }
+    }
+
     pub(crate) fn in_closure(&self) -> bool {
         let id = self.id();
         IN_CLOSURE
@@ -1505,6 +1564,11 @@ impl Store {
         let mut events = self.inner.commits.lock();
         *events = events.wrapping_add(1);
         self.inner.committed.notify_all();
+    }
+
+    /// A handle that does not keep the store open.
+    pub(crate) fn downgrade(&self) -> WeakStore {
+        WeakStore(Arc::downgrade(&self.inner))
     }
 
     /// Identity of the shared store state (clones of a Store share it).
@@ -1574,14 +1638,13 @@ impl Store {
 
 /// The relaxed-durability flusher: every `interval`, one durable (fsync) commit if anything
 /// was committed without one. Ends when the store is dropped (the stop channel disconnects).
-fn flusher(weak: Weak<Inner>, interval: Duration, stop: crossbeam_channel::Receiver<()>) {
+fn flusher(weak: WeakStore, interval: Duration, stop: crossbeam_channel::Receiver<()>) {
     loop {
         match stop.recv_timeout(interval) {
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
             _ => return,
         }
-        let Some(inner) = weak.upgrade() else { return };
-        let store = Store { inner };
+        let Some(store) = weak.upgrade() else { return };
         // The durable commit clears the flag (in commit_batch) only if it succeeds; a failure
         // latches the store and later ticks find it fail-stopped.
         if store.inner.unflushed.load(Ordering::Acquire) {

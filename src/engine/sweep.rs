@@ -7,17 +7,17 @@
 //! and only shrinks what it answers as `Expired`. Sweeps free space; correctness never waits
 //! for them.
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
 
 use crate::engine::commit::Step;
 use crate::engine::expiry::{KIND_RECORD, parse_entry, put_in, record_entry, remove_in};
-use crate::engine::store::{Inner, Store, contained};
+use crate::engine::marks::{KIND_MARK, MarkSweep, sweep_mark_entry};
+use crate::engine::store::{Store, WeakStore, contained};
 use crate::engine::tables::{EXPIRY, RECORDS};
 use crate::error::Error;
-use crate::messaging::inbox::{InboxSweep, KIND_INBOX, sweep_inbox_entry};
 use crate::model::clock::Timestamp;
 use crate::model::record::Record;
 use crate::model::rules::{SweepAction, sweep_action, sweep_due};
@@ -191,13 +191,13 @@ impl Store {
         for raw in due.iter().take(limit) {
             let entry = match parse_entry(raw) {
                 Some(e) if e.kind == KIND_RECORD => e,
-                Some(e) if e.kind == KIND_INBOX => {
-                    match sweep_inbox_entry(txn, &mut expiry, raw, e.key, now)
+                Some(e) if e.kind == KIND_MARK => {
+                    match sweep_mark_entry(txn, &mut expiry, raw, e.key, now)
                         .map_err(|e| self.storage(e))?
                     {
-                        InboxSweep::Deleted => batch.deleted += 1,
-                        InboxSweep::Repaired => batch.repaired += 1,
-                        InboxSweep::Keep => {
+                        MarkSweep::Deleted => batch.deleted += 1,
+                        MarkSweep::Repaired => batch.repaired += 1,
+                        MarkSweep::Keep => {
                             batch.more = false;
                             break;
                         }
@@ -260,7 +260,7 @@ impl Store {
 /// The background sweeper: one pass every `interval`. Ends when the store is dropped (the stop
 /// channel disconnects) or cannot be upgraded; `_alive` lets tests see that it ended.
 pub(crate) fn sweeper(
-    weak: Weak<Inner>,
+    weak: WeakStore,
     interval: Duration,
     stop: crossbeam_channel::Receiver<()>,
     _alive: Arc<()>,
@@ -270,8 +270,7 @@ pub(crate) fn sweeper(
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
             _ => return,
         }
-        let Some(inner) = weak.upgrade() else { return };
-        let store = Store { inner };
+        let Some(store) = weak.upgrade() else { return };
         // A failure is counted in the metrics; a fail-stopped store fails every pass until it
         // is reopened.
         let _ = store.sweep();

@@ -9,20 +9,19 @@
 
 use std::collections::HashSet;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use redb::{ReadableDatabase, ReadableTable};
 
 use crate::engine::commit::Step;
-use crate::engine::store::{Inner, Store, contained};
-use crate::engine::tables::{OUTBOX, OUTBOX_DEAD};
+use crate::engine::signal::Signal;
+use crate::engine::store::{Store, WeakStore, contained};
+use crate::engine::tables::{OUTBOX, OUTBOX_DEAD, open_optional};
 use crate::error::{BoxError, Error};
-use crate::messaging::outbox::{
-    AfterFailure, OutboxEvent, Signal, Stored, after_failure, open_optional,
-};
+use crate::messaging::outbox::{AfterFailure, OutboxEvent, OutboxShared, Stored, after_failure};
 use crate::model::clock::Timestamp;
 
 /// Publishes outbox events to a broker (Kafka, NATS, an HTTP endpoint…). Return `Ok` only once
@@ -177,7 +176,7 @@ impl Store {
     /// retries. An event is deleted (delivered) only after `publish` returned Ok. A failed
     /// attempt is retried with exponential backoff and jitter; after
     /// [`DispatcherOptions::max_attempts`] failures the event moves to the dead-letter table
-    /// ([`Store::dead_letters`]), counted in [`crate::Metrics::outbox_dead_lettered`], and holds
+    /// ([`Store::dead_letters`]), counted in [`Store::outbox_metrics`], and holds
     /// back later events of its ordering key until requeued or discarded; other keys go on.
     ///
     /// One dispatcher per store at a time ([`Error::InUse`] otherwise); with
@@ -193,7 +192,7 @@ impl Store {
         options: DispatcherOptions,
     ) -> Result<DispatcherHandle, Error> {
         options.validate()?;
-        let shared = &self.inner.outbox;
+        let shared = self.extension::<OutboxShared>();
         if shared.running.swap(true, Ordering::AcqRel) {
             return Err(Error::InUse {
                 reason:
@@ -202,9 +201,9 @@ impl Store {
             });
         }
         let stop = Arc::new(AtomicBool::new(false));
-        let signal = shared.signal.clone();
+        let signal = self.work_signal();
         let running = shared.running.clone();
-        let weak = Arc::downgrade(&self.inner);
+        let weak = self.downgrade();
         let thread_stop = stop.clone();
         let thread_signal = signal.clone();
         let mut seed = [0u8; 8];
@@ -251,7 +250,7 @@ impl Drop for Running {
 }
 
 struct Dispatcher<P> {
-    weak: Weak<Inner>,
+    weak: WeakStore,
     publisher: P,
     options: DispatcherOptions,
     stop: Arc<AtomicBool>,
@@ -273,11 +272,10 @@ impl<P: Publisher> Dispatcher<P> {
 
     fn run(&mut self) {
         while !self.stopping() {
-            let seen = *self.signal.count.lock();
-            let Some(inner) = self.weak.upgrade() else {
+            let seen = self.signal.seen();
+            let Some(store) = self.weak.upgrade() else {
                 return;
             };
-            let store = Store { inner };
             // A failed round (storage trouble, a fail-stopped store) is retried after the
             // idle period; the events stay in the table.
             let round = self.round(&store);
@@ -294,10 +292,8 @@ impl<P: Publisher> Dispatcher<P> {
                     .max(Duration::from_millis(1)),
                 _ => self.options.idle_recheck,
             };
-            let mut count = self.signal.count.lock();
-            if *count == seen && !self.stopping() {
-                let _ = self.signal.cv.wait_for(&mut count, wait);
-            }
+            self.signal
+                .wait_unless_changed(seen, wait, || self.stopping());
         }
     }
 
@@ -364,7 +360,7 @@ impl<P: Publisher> Dispatcher<P> {
             });
         }
         self.record(store, &delivered, &failed)?;
-        let shared = &store.inner.outbox;
+        let shared = store.extension::<OutboxShared>();
         shared
             .delivered
             .fetch_add(delivered.len() as u64, Ordering::Relaxed);

@@ -4,10 +4,9 @@
 use redb::{ReadableDatabase, ReadableTable};
 
 use crate::engine::store::{Store, contained};
-use crate::engine::tables::VERSIONS;
+use crate::engine::tables::{VERSIONS, open_optional};
 use crate::engine::tx::Tx;
 use crate::error::Error;
-use crate::messaging::outbox::open_optional;
 
 /// What [`Versions::advance`] decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,11 +81,14 @@ pub struct Versions<'a, 't> {
     tx: &'a Tx<'t>,
 }
 
-impl<'a, 't> Versions<'a, 't> {
-    pub(crate) fn new(tx: &'a Tx<'t>) -> Self {
-        Versions { tx }
+impl<'t> Tx<'t> {
+    /// Per-entity version high-water marks, updated in this transaction. See [`Versions`].
+    pub fn versions(&self) -> Versions<'_, 't> {
+        Versions { tx: self }
     }
+}
 
+impl<'a, 't> Versions<'a, 't> {
     /// Checks `version` against `entity`'s high-water mark in this transaction: a newer version
     /// moves the mark and answers [`VersionCheck::Apply`] (apply the event in the same
     /// closure); an older or equal one answers [`VersionCheck::Stale`] and counts the skip.

@@ -7,19 +7,17 @@
 //! holds dead letters under their original sequence number, so a requeued event goes back to
 //! its original place in its ordering key's stream.
 
-use std::cell::Cell;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex};
 use redb::{ReadableTable, ReadableTableMetadata, WriteTransaction};
 use serde::{Deserialize, Serialize};
 
 use crate::engine::commit::Step;
+use crate::engine::read_only::ReadOnlyStore;
 use crate::engine::store::{Store, contained};
-use crate::engine::tables::{META, META_OUTBOX_SEQ, OUTBOX, OUTBOX_DEAD};
-use crate::engine::tx::Tx;
+use crate::engine::tables::{META, META_OUTBOX_SEQ, OUTBOX, OUTBOX_DEAD, open_optional};
+use crate::engine::tx::{Origin, OriginKind, Tx};
 use crate::error::Error;
 use crate::model::clock::Timestamp;
 use crate::model::keys::hex;
@@ -33,47 +31,6 @@ const CTX_EVENT_ID_RECORD: &str = "idem 2026-11-30 outbox event id from an idemp
 const CTX_EVENT_ID_MARK: &str = "idem 2026-11-30 outbox event id from an inbox mark v2";
 /// blake3 `derive_key` context of event ids derived from a caller-supplied identity.
 const CTX_EVENT_ID_CALLER: &str = "idem 2026-11-30 outbox event id from caller identity v1";
-
-/// What a transaction commits, as the root of the ids of the events it pushes: the kind of
-/// row, its key, and the instant that names this generation of the row. The generation is
-/// fixed for the life of one intent (a record's `created_at`, kept by takeovers and by
-/// finishing; a mark's `processed_at`) and differs for a new intent that re-uses a key after the
-/// old one was forgotten or purged, so a consumer that still remembers the old intent's event
-/// ids does not drop the new intent's events.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Origin<'a> {
-    kind: OriginKind,
-    key: &'a [u8],
-    generation: Timestamp,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum OriginKind {
-    /// An idempotency record (`execute`, `Lease::complete_with`).
-    Record,
-    /// An inbox mark or a webhook receipt (`process`, `receive`).
-    Mark,
-}
-
-impl<'a> Origin<'a> {
-    /// The record under `key`, of the intent created at `created_at`.
-    pub(crate) fn record(key: &'a [u8], created_at: Timestamp) -> Self {
-        Origin {
-            kind: OriginKind::Record,
-            key,
-            generation: created_at,
-        }
-    }
-
-    /// The inbox mark (or webhook receipt) under `key`, processed at `processed_at`.
-    pub(crate) fn mark(key: &'a [u8], processed_at: Timestamp) -> Self {
-        Origin {
-            kind: OriginKind::Mark,
-            key,
-            generation: processed_at,
-        }
-    }
-}
 
 /// Version byte in front of every stored event.
 const EVENT_FORMAT: u8 = 1;
@@ -262,15 +219,20 @@ pub struct Outbox<'a, 't> {
     tx: &'a Tx<'t>,
 }
 
-impl<'a, 't> Outbox<'a, 't> {
-    pub(crate) fn new(tx: &'a Tx<'t>) -> Self {
-        Outbox { tx }
+impl<'t> Tx<'t> {
+    /// The transactional outbox: events pushed here commit with this transaction's writes, or
+    /// not at all. See [`Outbox`].
+    pub fn outbox(&self) -> Outbox<'_, 't> {
+        Outbox { tx: self }
     }
+}
 
+impl<'a, 't> Outbox<'a, 't> {
     /// Appends `event`; it commits with this transaction's other writes or not at all, and
     /// the dispatcher is woken as soon as the transaction commits. Returns its stable id.
     pub fn push(&self, event: Event) -> Result<EventId, Error> {
-        let n = self.tx.next_push();
+        // Each push is work announced to the dispatcher, numbered within this closure's run.
+        let n = self.tx.announce();
         let id = match &event.identity {
             Some(identity) => event_id_from_identity(identity),
             None => event_id_from_origin(self.tx.origin(), n),
@@ -291,7 +253,6 @@ impl<'a, 't> Outbox<'a, 't> {
         };
         let mut outbox = txn.open_table(OUTBOX)?;
         outbox.insert(seq, stored.encode()?.as_slice())?;
-        let _ = PUSHED.try_with(|p| p.set(true));
         Ok(id)
     }
 }
@@ -301,14 +262,15 @@ impl<'a, 't> Outbox<'a, 't> {
 /// (docs/FORMAT.md, "Outbox event ids"). The context separates the kinds; the length prefix
 /// and the fixed widths make the input unambiguous within a kind.
 pub(crate) fn event_id_from_origin(origin: Origin<'_>, n: u32) -> EventId {
-    let context = match origin.kind {
+    let context = match origin.kind() {
         OriginKind::Record => CTX_EVENT_ID_RECORD,
         OriginKind::Mark => CTX_EVENT_ID_MARK,
     };
+    let key = origin.key();
     let mut h = blake3::Hasher::new_derive_key(context);
-    h.update(&(origin.key.len() as u64).to_be_bytes());
-    h.update(origin.key);
-    h.update(&origin.generation.0.to_be_bytes());
+    h.update(&(key.len() as u64).to_be_bytes());
+    h.update(key);
+    h.update(&origin.generation().0.to_be_bytes());
     h.update(&n.to_be_bytes());
     EventId(*h.finalize().as_bytes())
 }
@@ -391,57 +353,40 @@ pub(crate) fn dead_letters_in(
     Ok(out)
 }
 
-/// Opens a table in a read transaction; `None` if it was never created. The inbox, outbox
-/// and version tables are created by the first write that uses them, so a store that never
-/// uses them keeps exactly the core tables.
-pub(crate) fn open_optional<K: redb::Key + 'static, V: redb::Value + 'static>(
-    read: &redb::ReadTransaction,
-    definition: redb::TableDefinition<K, V>,
-) -> Result<Option<redb::ReadOnlyTable<K, V>>, redb::TableError> {
-    match read.open_table(definition) {
-        Ok(t) => Ok(Some(t)),
-        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
-thread_local! {
-    /// Set by a push on this thread; read and cleared by the write call that ran the closure.
-    static PUSHED: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Shared between the store, its dispatcher thread and the dispatcher handle.
+/// The outbox's state in memory, one per store ([`Store::extension`]): the dispatcher's counters
+/// and the one-dispatcher guard.
 #[derive(Default)]
 pub(crate) struct OutboxShared {
-    pub signal: Arc<Signal>,
     pub delivered: AtomicU64,
     pub failures: AtomicU64,
     pub dead_lettered: AtomicU64,
-    /// True while a dispatcher runs for this store (at most one may).
-    pub running: Arc<AtomicBool>,
+    /// True while a dispatcher runs for this store (at most one may). Shared with the
+    /// dispatcher thread, which clears it when it ends.
+    pub running: std::sync::Arc<AtomicBool>,
 }
 
-/// A wake-up counter and its condition variable.
-#[derive(Default, Debug)]
-pub(crate) struct Signal {
-    pub count: Mutex<u64>,
-    pub cv: Condvar,
-}
-
-impl Signal {
-    pub(crate) fn notify(&self) {
-        let mut c = self.count.lock();
-        *c = c.wrapping_add(1);
-        self.cv.notify_all();
-    }
+/// The outbox dispatcher's counters since the store was opened ([`Store::outbox_metrics`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct OutboxMetrics {
+    /// Outbox events published and marked delivered by the dispatcher.
+    pub delivered: u64,
+    /// Publish attempts that failed (the event was retried later or dead-lettered).
+    pub publish_failures: u64,
+    /// Events moved to the dead-letter table after their last attempt failed.
+    pub dead_lettered: u64,
 }
 
 impl Store {
-    /// After a write call: wakes the dispatcher if the closure this thread just ran pushed
-    /// outbox events (a push that was rolled back only causes a spurious, harmless wake-up).
-    pub(crate) fn wake_dispatcher_if_pushed(&self) {
-        if PUSHED.try_with(|p| p.replace(false)).unwrap_or(false) {
-            self.inner.outbox.signal.notify();
+    /// The outbox dispatcher's counters since open: events delivered, publish attempts that
+    /// failed, events dead-lettered. In-memory counters only, no I/O. For the rows waiting in
+    /// the tables see [`Store::outbox_stats`].
+    pub fn outbox_metrics(&self) -> OutboxMetrics {
+        let shared = self.extension::<OutboxShared>();
+        OutboxMetrics {
+            delivered: shared.delivered.load(Ordering::Relaxed),
+            publish_failures: shared.failures.load(Ordering::Relaxed),
+            dead_lettered: shared.dead_lettered.load(Ordering::Relaxed),
         }
     }
 
@@ -478,7 +423,7 @@ impl Store {
             Err(e) => Step::Abort(e),
         })?;
         if moved {
-            self.inner.outbox.signal.notify();
+            self.announce_work();
         }
         Ok(moved)
     }
@@ -497,9 +442,30 @@ impl Store {
             }
         })?;
         if removed {
-            self.inner.outbox.signal.notify();
+            self.announce_work();
         }
         Ok(removed)
+    }
+}
+
+impl ReadOnlyStore {
+    /// Undelivered outbox events and dead letters (like [`Store::outbox_stats`]).
+    pub fn outbox_stats(&self) -> Result<OutboxStats, Error> {
+        contained("counting the outbox", || outbox_stats_in(&self.read()?))
+    }
+
+    /// The first `limit` undelivered events, in commit order (like [`Store::pending_events`]).
+    pub fn pending_events(&self, limit: usize) -> Result<Vec<OutboxEvent>, Error> {
+        contained("reading the outbox", || {
+            pending_events_in(&self.read()?, limit)
+        })
+    }
+
+    /// The first `limit` dead letters, oldest event first (like [`Store::dead_letters`]).
+    pub fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, Error> {
+        contained("reading the dead letters", || {
+            dead_letters_in(&self.read()?, limit)
+        })
     }
 }
 

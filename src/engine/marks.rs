@@ -1,0 +1,443 @@
+//! Marks: the engine's second kind of expiring row, next to records. A mark says that a message
+//! (an inbox message, a webhook delivery) was processed, when, until when it is remembered, and
+//! the response of a first handling that was a terminal rejection. It is a row of
+//! `idem.inbox.v2` ([`INBOX`]) under a key the layer above chooses (`messaging/inbox.rs` builds
+//! it from a namespace, a subscriber or source, and a message or delivery id), written in the
+//! same write transaction as the consumer's own writes.
+//!
+//! Each mark has an entry of kind [`KIND_MARK`] in the expiry index at its `forget_at`, so
+//! [`crate::Store::sweep`] removes it after the inbox retention like any expired record, and
+//! `check_expiry_index` checks it like a record's. This file owns the mark's byte layout, its
+//! checksum and its index entry; the inbox and webhook-receipt API is built on it in
+//! `messaging/inbox.rs`.
+
+use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
+
+use crate::engine::expiry::{ExpiryTable, entry_key};
+use crate::engine::store::{Store, contained};
+use crate::engine::tables::{EXPIRY, INBOX, open_optional};
+use crate::error::Error;
+use crate::model::clock::Timestamp;
+use crate::model::record::checksum8;
+use crate::model::response::{Resource, Response};
+
+/// Expiry-index entry kind of a mark (its key is in `idem.inbox.v2`).
+pub(crate) const KIND_MARK: u8 = 0x02;
+
+/// The state tag stored with a mark's entry in the expiry index.
+const MARK_TAG: u8 = 0;
+
+/// A stored mark: when the message was processed, when the mark is forgotten, and the
+/// response of a first handling that was a terminal rejection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Mark {
+    /// When the message was processed (the store clock's time of the transaction).
+    pub processed_at: Timestamp,
+    /// From this instant the mark is treated as absent (and swept).
+    pub forget_at: Timestamp,
+    /// The response of [`crate::Abort::Terminal`] when the first handling rejected the message (an
+    /// inbox's `Processed::Rejected`, a webhook's `Receipt::Rejected`), answered again to every
+    /// redelivery; `None` when it was processed (and for marks written before rejections were
+    /// kept).
+    pub rejection: Option<Response>,
+}
+
+/// The blake3 key-derivation context of a plain mark's checksum (docs/FORMAT.md).
+const MARK_CHECKSUM_CONTEXT: &str = "idem 2026-11-30 inbox mark checksum";
+
+/// The blake3 key-derivation context of the checksum of a mark that keeps a rejection.
+const REJECTION_MARK_CHECKSUM_CONTEXT: &str = "idem 2026-11-30 inbox mark with rejection checksum";
+
+/// A plain mark's length: two big-endian u64 instants and an 8-byte checksum of them. Every
+/// mark without a rejection is written this way (as before rejections were kept), so a build
+/// that predates them reads it.
+const MARK_LEN: usize = 24;
+
+/// The first byte of a mark that keeps a rejection (docs/FORMAT.md, "Inbox marks"). Such a
+/// value is never 24 bytes long, so it is never mistaken for a plain mark, and no plain mark
+/// is ever read as one.
+const REJECTION_MARK_TAG: u8 = 0x03;
+
+/// The shortest mark with a rejection: tag, two instants, status, body length, resource flag,
+/// checksum.
+const REJECTION_MARK_MIN_LEN: usize = 1 + 8 + 8 + 2 + 4 + 1 + 8;
+
+impl Mark {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let Some(r) = &self.rejection else {
+            let mut out = Vec::with_capacity(MARK_LEN);
+            out.extend_from_slice(&self.processed_at.0.to_be_bytes());
+            out.extend_from_slice(&self.forget_at.0.to_be_bytes());
+            let sum = checksum8(MARK_CHECKSUM_CONTEXT, &out);
+            out.extend_from_slice(&sum);
+            return out;
+        };
+        let mut out = Vec::with_capacity(REJECTION_MARK_MIN_LEN + r.stored_len() + 8);
+        out.push(REJECTION_MARK_TAG);
+        out.extend_from_slice(&self.processed_at.0.to_be_bytes());
+        out.extend_from_slice(&self.forget_at.0.to_be_bytes());
+        out.extend_from_slice(&r.status().to_be_bytes());
+        put_bytes(&mut out, r.body());
+        match r.resource() {
+            None => out.push(0),
+            Some(res) => {
+                out.push(1);
+                put_bytes(&mut out, res.kind.as_bytes());
+                put_bytes(&mut out, res.id.as_bytes());
+            }
+        }
+        let sum = checksum8(REJECTION_MARK_CHECKSUM_CONTEXT, &out);
+        out.extend_from_slice(&sum);
+        out
+    }
+
+    /// A mark that does not decode is an error, never "no mark": treating it as absent would
+    /// process the message a second time.
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Mark, Error> {
+        let corrupt = |what: String| Error::CorruptRecord {
+            reason: format!("inbox mark: {what}"),
+        };
+        const DAMAGED: &str = "checksum mismatch: its bytes changed after idem wrote them (Store::purge_inbox_mark or Store::purge_webhook_receipt removes it, and the message is then processed again)";
+        if bytes.len() != MARK_LEN {
+            return match bytes.first() {
+                Some(&REJECTION_MARK_TAG) if bytes.len() >= REJECTION_MARK_MIN_LEN => {
+                    let (covered, sum) = bytes.split_at(bytes.len() - 8);
+                    if checksum8(REJECTION_MARK_CHECKSUM_CONTEXT, covered) != sum {
+                        return Err(corrupt(DAMAGED.into()));
+                    }
+                    decode_rejection_mark(&covered[1..]).map_err(corrupt)
+                }
+                // Only a later release writes other first bytes in a value of this length.
+                Some(&found) if found > REJECTION_MARK_TAG => Err(Error::UnsupportedFormat {
+                    found,
+                    supported: REJECTION_MARK_TAG,
+                }),
+                _ => Err(corrupt(format!(
+                    "{} bytes, neither a {MARK_LEN}-byte mark nor a mark with a rejection",
+                    bytes.len()
+                ))),
+            };
+        }
+        let (covered, sum) = bytes.split_at(16);
+        if checksum8(MARK_CHECKSUM_CONTEXT, covered) != sum {
+            return Err(corrupt(DAMAGED.into()));
+        }
+        let mut r = Reader(covered);
+        Ok(Mark {
+            processed_at: Timestamp(r.u64().map_err(corrupt)?),
+            forget_at: Timestamp(r.u64().map_err(corrupt)?),
+            rejection: None,
+        })
+    }
+}
+
+/// Appends `u32be(len bytes) ‖ bytes`. Lengths fit: a kept response is at most the store's
+/// `max_response_bytes`, which is capped far below `u32::MAX` at open.
+fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.extend_from_slice(&u32::try_from(bytes.len()).unwrap_or(u32::MAX).to_be_bytes());
+    out.extend_from_slice(bytes);
+}
+
+/// Decodes the checksummed fields of a mark with a rejection (after the tag), bounds-checking
+/// every length and refusing trailing bytes.
+fn decode_rejection_mark(fields: &[u8]) -> Result<Mark, String> {
+    let mut r = Reader(fields);
+    let processed_at = Timestamp(r.u64()?);
+    let forget_at = Timestamp(r.u64()?);
+    let status = u16::from_be_bytes(r.array::<2>("status")?);
+    let body = r.bytes("body")?.to_vec();
+    let resource = match r.array::<1>("resource flag")? {
+        [0] => None,
+        [1] => Some(Resource {
+            kind: r.text("resource kind")?,
+            id: r.text("resource id")?,
+        }),
+        [other] => return Err(format!("resource flag {other}, expected 0 or 1")),
+    };
+    if !r.0.is_empty() {
+        return Err(format!("{} trailing bytes after the rejection", r.0.len()));
+    }
+    Ok(Mark {
+        processed_at,
+        forget_at,
+        rejection: Some(Response::from_parts(status, body, resource, true)),
+    })
+}
+
+/// A cursor over a mark's fields; every read is bounds-checked.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N], String> {
+        let (head, rest) = self
+            .0
+            .split_first_chunk::<N>()
+            .ok_or_else(|| format!("the value ends inside the {what}"))?;
+        self.0 = rest;
+        Ok(*head)
+    }
+
+    fn u64(&mut self) -> Result<u64, String> {
+        self.array::<8>("instants").map(u64::from_be_bytes)
+    }
+
+    fn bytes(&mut self, what: &str) -> Result<&'a [u8], String> {
+        let len = u32::from_be_bytes(self.array::<4>(what)?) as usize;
+        let (head, rest) = self
+            .0
+            .split_at_checked(len)
+            .ok_or_else(|| format!("the {what} claims {len} bytes, more than the value holds"))?;
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn text(&mut self, what: &str) -> Result<String, String> {
+        let bytes = self.bytes(what)?;
+        String::from_utf8(bytes.to_vec()).map_err(|_| format!("the {what} is not UTF-8"))
+    }
+}
+
+impl Store {
+    /// The mark stored under `key`, from a read transaction.
+    pub(crate) fn read_mark(&self, key: &[u8]) -> Result<Option<Mark>, Error> {
+        contained("reading an inbox mark", || {
+            let read = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
+            let Some(table) = open_optional(&read, INBOX).map_err(|e| self.storage(e))? else {
+                return Ok(None);
+            };
+            let value = table.get(key).map_err(|e| self.storage(e))?;
+            value.map(|v| Mark::decode(v.value())).transpose()
+        })
+    }
+
+    /// The mark stored under `key`, inside `txn`.
+    pub(crate) fn load_mark(
+        &self,
+        txn: &WriteTransaction,
+        key: &[u8],
+    ) -> Result<Option<Mark>, Error> {
+        let table = txn.open_table(INBOX).map_err(|e| self.storage(e))?;
+        let value = table.get(key).map_err(|e| self.storage(e))?;
+        value.map(|v| Mark::decode(v.value())).transpose()
+    }
+
+    /// Writes a mark and moves its expiry-index entry, in `txn`.
+    pub(crate) fn put_mark(
+        &self,
+        txn: &WriteTransaction,
+        key: &[u8],
+        mark: &Mark,
+    ) -> Result<(), Error> {
+        let mut inbox = txn.open_table(INBOX).map_err(|e| self.storage(e))?;
+        let mut expiry = txn.open_table(EXPIRY).map_err(|e| self.storage(e))?;
+        let old = inbox
+            .insert(key, mark.encode().as_slice())
+            .map_err(|e| self.storage(e))?
+            // Only reached after `load_mark` decoded the old mark (or found none).
+            .and_then(|v| Mark::decode(v.value()).ok());
+        if let Some(old) = old {
+            expiry
+                .remove(entry_key(old.forget_at, KIND_MARK, key).as_slice())
+                .map_err(|e| self.storage(e))?;
+        }
+        expiry
+            .insert(
+                entry_key(mark.forget_at, KIND_MARK, key).as_slice(),
+                MARK_TAG,
+            )
+            .map_err(|e| self.storage(e))?;
+        Ok(())
+    }
+
+    /// Removes the mark under `key`, whatever it holds, and its expiry-index entry if the mark
+    /// decodes (an undecodable mark's entry is dropped by the sweep); returns whether one
+    /// existed.
+    pub(crate) fn remove_mark(&self, txn: &WriteTransaction, key: &[u8]) -> Result<bool, Error> {
+        let removed = (|| -> Result<bool, redb::Error> {
+            let mut inbox = txn.open_table(INBOX)?;
+            let old = inbox.remove(key)?.map(|v| v.value().to_vec());
+            let Some(old) = old else { return Ok(false) };
+            if let Ok(mark) = Mark::decode(&old) {
+                let mut expiry = txn.open_table(EXPIRY)?;
+                expiry.remove(entry_key(mark.forget_at, KIND_MARK, key).as_slice())?;
+            }
+            Ok(true)
+        })();
+        removed.map_err(|e| self.storage(e))
+    }
+}
+
+/// What the sweep did with one due mark entry.
+pub(crate) enum MarkSweep {
+    /// The mark was past `forget_at`: mark and entry deleted.
+    Deleted,
+    /// The entry did not match its mark (none, undecodable, or another instant): fixed.
+    Repaired,
+    /// Not due at `now` (the clock went back): stop the batch.
+    Keep,
+}
+
+/// Handles one due expiry-index entry of kind [`KIND_MARK`] at `now`.
+pub(crate) fn sweep_mark_entry(
+    txn: &WriteTransaction,
+    expiry: &mut ExpiryTable<'_>,
+    raw: &[u8],
+    key: &[u8],
+    now: Timestamp,
+) -> Result<MarkSweep, redb::Error> {
+    let mut inbox = txn.open_table(INBOX)?;
+    // An undecodable mark is left in place (reading it is an error, never "absent"); only its
+    // index entry is dropped, so the sweep does not revisit it.
+    let mark = inbox.get(key)?.and_then(|v| Mark::decode(v.value()).ok());
+    let Some(mark) = mark else {
+        expiry.remove(raw)?;
+        return Ok(MarkSweep::Repaired);
+    };
+    let expected = entry_key(mark.forget_at, KIND_MARK, key);
+    if expected != raw {
+        expiry.remove(raw)?;
+        expiry.insert(expected.as_slice(), MARK_TAG)?;
+        return Ok(MarkSweep::Repaired);
+    }
+    if now < mark.forget_at {
+        return Ok(MarkSweep::Keep);
+    }
+    inbox.remove(key)?;
+    expiry.remove(raw)?;
+    Ok(MarkSweep::Deleted)
+}
+
+/// The expiry-index entries every stored mark must have (for `check_expiry_index`), and
+/// the keys of marks that do not decode (their entries are tolerated, like a corrupt record's).
+pub(crate) type ExpectedMarks = (Vec<(Vec<u8>, u8)>, Vec<Vec<u8>>);
+
+pub(crate) fn expected_mark_entries(
+    read: &redb::ReadTransaction,
+) -> Result<ExpectedMarks, redb::Error> {
+    let (mut out, mut undecodable) = (Vec::new(), Vec::new());
+    let Some(inbox) = open_optional(read, INBOX)? else {
+        return Ok((out, undecodable));
+    };
+    for row in inbox.iter()? {
+        let (k, v) = row?;
+        match Mark::decode(v.value()) {
+            Ok(mark) => out.push((entry_key(mark.forget_at, KIND_MARK, k.value()), MARK_TAG)),
+            Err(_) => undecodable.push(k.value().to_vec()),
+        }
+    }
+    Ok((out, undecodable))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marks_round_trip() {
+        let m = Mark {
+            processed_at: Timestamp(1),
+            forget_at: Timestamp(u64::MAX),
+            rejection: None,
+        };
+        assert_eq!(
+            m.encode().len(),
+            MARK_LEN,
+            "a plain mark keeps its 24 bytes"
+        );
+        assert_eq!(Mark::decode(&m.encode()).ok(), Some(m.clone()));
+        for len in [0, 15, 16, 23, 25] {
+            assert!(matches!(
+                Mark::decode(&vec![0; len]),
+                Err(Error::CorruptRecord { .. })
+            ));
+        }
+        // Every single-byte flip is caught.
+        for i in 0..MARK_LEN {
+            let mut bytes = m.encode();
+            bytes[i] ^= 0x01;
+            assert!(
+                matches!(Mark::decode(&bytes), Err(Error::CorruptRecord { .. })),
+                "flip at {i}"
+            );
+        }
+    }
+
+    fn rejected(resource: bool) -> Mark {
+        let r = Response::new(422, "bad order");
+        let r = if resource {
+            r.with_resource("order", "o-1")
+        } else {
+            r
+        };
+        Mark {
+            processed_at: Timestamp(10),
+            forget_at: Timestamp(20),
+            rejection: Some(r.mark_failed()),
+        }
+    }
+
+    #[test]
+    fn marks_with_a_rejection_round_trip_and_every_damage_is_a_typed_error() {
+        for m in [rejected(false), rejected(true)] {
+            let bytes = m.encode();
+            assert_ne!(bytes.len(), MARK_LEN);
+            assert_eq!(bytes[0], REJECTION_MARK_TAG);
+            let back = Mark::decode(&bytes).expect("decodes");
+            assert_eq!(back, m);
+            assert!(back.rejection.as_ref().is_some_and(|r| r.is_failure()));
+            for i in 0..bytes.len() {
+                let mut flipped = bytes.clone();
+                flipped[i] ^= 0x01;
+                assert!(
+                    matches!(Mark::decode(&flipped), Err(Error::CorruptRecord { .. })),
+                    "flip at {i}"
+                );
+            }
+            for len in 0..bytes.len() {
+                assert!(Mark::decode(&bytes[..len]).is_err(), "truncated to {len}");
+            }
+        }
+        // An empty body and no resource: the shortest value.
+        let short = Mark {
+            rejection: Some(Response::new(400, "").mark_failed()),
+            ..rejected(false)
+        };
+        assert_eq!(short.encode().len(), REJECTION_MARK_MIN_LEN);
+        assert_eq!(Mark::decode(&short.encode()).ok(), Some(short));
+        // A value from a later layout.
+        let mut later = rejected(false).encode();
+        later[0] = REJECTION_MARK_TAG + 1;
+        assert!(matches!(
+            Mark::decode(&later),
+            Err(Error::UnsupportedFormat { found: 4, .. })
+        ));
+    }
+
+    /// Bytes with a right checksum but wrong fields (lengths past the end, a bad resource
+    /// flag, text that is not UTF-8, trailing bytes) are typed errors, never a panic.
+    #[test]
+    fn resealed_garbage_in_a_rejection_mark_is_a_typed_error() {
+        let seal = |fields: &[u8]| {
+            let mut v = vec![REJECTION_MARK_TAG];
+            v.extend_from_slice(fields);
+            let sum = checksum8(REJECTION_MARK_CHECKSUM_CONTEXT, &v);
+            v.extend_from_slice(&sum);
+            v
+        };
+        let head = [&[0u8; 16][..], &[0x01, 0x90]].concat();
+        let cases: [&[u8]; 4] = [
+            &[0xff, 0xff, 0xff, 0xff, 0],
+            &[0, 0, 0, 0, 7],
+            &[0, 0, 0, 0, 1, 0, 0, 0, 1, 0xff, 0, 0, 0, 0],
+            &[0, 0, 0, 0, 0, 9],
+        ];
+        for case in cases {
+            let bytes = seal(&[head.as_slice(), case].concat());
+            assert!(
+                matches!(Mark::decode(&bytes), Err(Error::CorruptRecord { .. })),
+                "{case:?}"
+            );
+        }
+    }
+}
