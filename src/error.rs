@@ -314,26 +314,3 @@ impl From<Error> for Abort {
         Abort::Store(e)
     }
 }
-
-macro_rules! redb_into {
-    ($($t:ty),*) => {$(
-        impl From<$t> for Abort {
-            fn from(e: $t) -> Self {
-                Abort::Store(Error::Storage { source: e.into() })
-            }
-        }
-        impl From<$t> for Error {
-            fn from(e: $t) -> Self {
-                Error::Storage { source: e.into() }
-            }
-        }
-    )*};
-}
-redb_into!(
-    redb::StorageError,
-    redb::TableError,
-    redb::TransactionError,
-    redb::DatabaseError,
-    redb::CompactionError,
-    redb::SetDurabilityError
-);

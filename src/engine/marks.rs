@@ -11,10 +11,10 @@
 //! checksum and its index entry; the inbox and webhook-receipt API is built on it in
 //! `messaging/inbox.rs`.
 
-use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
+use redb::{ReadableTable, WriteTransaction};
 
 use crate::engine::expiry::{ExpiryTable, entry_key};
-use crate::engine::store::{Store, contained};
+use crate::engine::store::{Store, unlatched};
 use crate::engine::tables::{EXPIRY, INBOX, open_optional};
 use crate::error::Error;
 use crate::model::clock::Timestamp;
@@ -201,12 +201,11 @@ impl<'a> Reader<'a> {
 impl Store {
     /// The mark stored under `key`, from a read transaction.
     pub(crate) fn read_mark(&self, key: &[u8]) -> Result<Option<Mark>, Error> {
-        contained("reading an inbox mark", || {
-            let read = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
-            let Some(table) = open_optional(&read, INBOX).map_err(|e| self.storage(e))? else {
+        self.read("reading an inbox mark", |read| {
+            let Some(table) = open_optional(read, INBOX).map_err(unlatched)? else {
                 return Ok(None);
             };
-            let value = table.get(key).map_err(|e| self.storage(e))?;
+            let value = table.get(key).map_err(unlatched)?;
             value.map(|v| Mark::decode(v.value())).transpose()
         })
     }
@@ -229,32 +228,29 @@ impl Store {
         key: &[u8],
         mark: &Mark,
     ) -> Result<(), Error> {
-        let mut inbox = txn.open_table(INBOX).map_err(|e| self.storage(e))?;
-        let mut expiry = txn.open_table(EXPIRY).map_err(|e| self.storage(e))?;
-        let old = inbox
-            .insert(key, mark.encode().as_slice())
-            .map_err(|e| self.storage(e))?
-            // Only reached after `load_mark` decoded the old mark (or found none).
-            .and_then(|v| Mark::decode(v.value()).ok());
-        if let Some(old) = old {
-            expiry
-                .remove(entry_key(old.forget_at, KIND_MARK, key).as_slice())
-                .map_err(|e| self.storage(e))?;
-        }
-        expiry
-            .insert(
+        self.with_latch(|| {
+            let mut inbox = txn.open_table(INBOX)?;
+            let mut expiry = txn.open_table(EXPIRY)?;
+            let old = inbox
+                .insert(key, mark.encode().as_slice())?
+                // Only reached after `load_mark` decoded the old mark (or found none).
+                .and_then(|v| Mark::decode(v.value()).ok());
+            if let Some(old) = old {
+                expiry.remove(entry_key(old.forget_at, KIND_MARK, key).as_slice())?;
+            }
+            expiry.insert(
                 entry_key(mark.forget_at, KIND_MARK, key).as_slice(),
                 MARK_TAG,
-            )
-            .map_err(|e| self.storage(e))?;
-        Ok(())
+            )?;
+            Ok(())
+        })
     }
 
     /// Removes the mark under `key`, whatever it holds, and its expiry-index entry if the mark
     /// decodes (an undecodable mark's entry is dropped by the sweep); returns whether one
     /// existed.
     pub(crate) fn remove_mark(&self, txn: &WriteTransaction, key: &[u8]) -> Result<bool, Error> {
-        let removed = (|| -> Result<bool, redb::Error> {
+        self.with_latch(|| {
             let mut inbox = txn.open_table(INBOX)?;
             let old = inbox.remove(key)?.map(|v| v.value().to_vec());
             let Some(old) = old else { return Ok(false) };
@@ -263,8 +259,7 @@ impl Store {
                 expiry.remove(entry_key(mark.forget_at, KIND_MARK, key).as_slice())?;
             }
             Ok(true)
-        })();
-        removed.map_err(|e| self.storage(e))
+        })
     }
 }
 

@@ -421,7 +421,7 @@ impl StoreBuilder {
             // Any failure of the read-only open (a crashed file, another process holding it) is
             // left to the open for writing to handle or report, as before.
             if let Ok(db) = self.redb_builder().open_read_only(path) {
-                check_marker(&db.begin_read()?)?;
+                check_marker(&db.begin_read().map_err(unlatched)?)?;
             }
             let db = self.redb_builder().open(path).map_err(open_error)?;
             Store::init(db, self, Create::No)
@@ -453,7 +453,7 @@ impl StoreBuilder {
                 .redb_builder()
                 .open_read_only(path)
                 .map_err(open_error)?;
-            check_marker(&db.begin_read()?)?;
+            check_marker(&db.begin_read().map_err(unlatched)?)?;
             Ok(ReadOnlyStore::new(db, self.clock, self.config.limits))
         })
     }
@@ -522,7 +522,7 @@ fn open_error(e: redb::DatabaseError) -> Error {
                 "the file is in redb's file format {version}, which this redb (4.x) does not read; upgrade it with the redb release that wrote it"
             ),
         },
-        other => other.into(),
+        other => unlatched(other),
     }
 }
 
@@ -583,9 +583,9 @@ pub(crate) fn check_marker(read: &redb::ReadTransaction) -> Result<(), Error> {
     let meta = match read.open_table(META) {
         Ok(meta) => meta,
         Err(redb::TableError::TableDoesNotExist(_)) => return Err(not_a_store()),
-        Err(e) => return Err(e.into()),
+        Err(e) => return Err(unlatched(e)),
     };
-    match meta.get(META_FORMAT)? {
+    match meta.get(META_FORMAT).map_err(unlatched)? {
         Some(marker) => format_marker(marker.value()),
         None => Err(not_a_store()),
     }
@@ -838,25 +838,29 @@ impl Store {
         })?;
         if create == Create::No {
             // Before any write: a redb file without idem's tables is not turned into a store.
-            check_marker(&db.begin_read()?)?;
+            check_marker(&db.begin_read().map_err(unlatched)?)?;
         }
-        // Create the tables and check (or write) the format marker.
-        let txn = db.begin_write()?;
+        // Create the tables and check (or write) the format marker. Nothing was acknowledged
+        // yet and no store exists to latch: a failure here is a plain storage error (open
+        // again).
+        let txn = db.begin_write().map_err(unlatched)?;
         {
-            let mut meta = txn.open_table(META)?;
-            let found = meta.get(META_FORMAT)?.map(|v| v.value().to_vec());
+            let mut meta = txn.open_table(META).map_err(unlatched)?;
+            let found = meta
+                .get(META_FORMAT)
+                .map_err(unlatched)?
+                .map(|v| v.value().to_vec());
             match found.as_deref() {
                 None => {
-                    meta.insert(META_FORMAT, [FORMAT_VERSION].as_slice())?;
+                    meta.insert(META_FORMAT, [FORMAT_VERSION].as_slice())
+                        .map_err(unlatched)?;
                 }
                 Some(marker) => format_marker(marker)?,
             }
-            txn.open_table(RECORDS)?;
-            txn.open_table(EXPIRY)?;
+            txn.open_table(RECORDS).map_err(unlatched)?;
+            txn.open_table(EXPIRY).map_err(unlatched)?;
         }
-        // Nothing was acknowledged yet: a failure here is a plain storage error (open again).
-        txn.commit()
-            .map_err(|e| Error::Storage { source: e.into() })?;
+        txn.commit().map_err(unlatched)?;
         let store = Store {
             inner: Arc::new(Inner::new(db, b, instance)),
         };
@@ -1241,10 +1245,7 @@ impl Store {
         &self,
         f: impl FnMut(&[u8], Result<Record, Error>) -> ControlFlow<()>,
     ) -> Result<(), Error> {
-        contained("reading the records", || {
-            let read = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
-            for_each_record_in(&read, f).map_err(|e| self.observe(e))
-        })
+        self.read("reading the records", |read| for_each_record_in(read, f))
     }
 
     /// A read transaction on the store's file, for reading your own tables (e.g. to serve a
@@ -1377,11 +1378,26 @@ impl Store {
         }
     }
 
-    pub(crate) fn read_record(&self, key: &[u8]) -> Result<Option<Record>, Error> {
-        contained("reading a record", || {
+    /// The read path, mirroring [`Store::write`]: runs `f` on a fresh read transaction at the
+    /// storage boundary. Every error `f` returns is observed (an I/O failure latches
+    /// fail-stop), so no read of stored data can skip the latch; a panic redb raises on a
+    /// damaged page while `f` runs is [`Error::CorruptStore`] (`while_` says what idem was
+    /// doing; reads change nothing, so no fail-stop), and a panic in caller code inside `f` (run
+    /// through [`caller_code`]) continues unwinding. Inside `f`, convert redb errors with
+    /// [`unlatched`]: this function latches them.
+    pub(crate) fn read<T>(
+        &self,
+        while_: &str,
+        f: impl FnOnce(&redb::ReadTransaction) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        contained(while_, || {
             let read = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
-            read_record_in(&read, key).map_err(|e| self.observe(e))
+            f(&read).map_err(|e| self.observe(e))
         })
+    }
+
+    pub(crate) fn read_record(&self, key: &[u8]) -> Result<Option<Record>, Error> {
+        self.read("reading a record", |read| read_record_in(read, key))
     }
 
     pub(crate) fn load(&self, txn: &WriteTransaction, key: &[u8]) -> Result<Option<Record>, Error> {
@@ -1397,16 +1413,20 @@ impl Store {
         key: &[u8],
         record: &Record,
     ) -> Result<(), Error> {
-        let mut records = txn.open_table(RECORDS).map_err(|e| self.storage(e))?;
-        let mut expiry = txn.open_table(EXPIRY).map_err(|e| self.storage(e))?;
-        put_in(&mut records, &mut expiry, key, record).map_err(|e| self.storage(e))
+        self.with_latch(|| {
+            let mut records = txn.open_table(RECORDS)?;
+            let mut expiry = txn.open_table(EXPIRY)?;
+            Ok(put_in(&mut records, &mut expiry, key, record)?)
+        })
     }
 
     /// Removes a record and its expiry-index entry; returns whether one existed.
     pub(crate) fn remove(&self, txn: &WriteTransaction, key: &[u8]) -> Result<bool, Error> {
-        let mut records = txn.open_table(RECORDS).map_err(|e| self.storage(e))?;
-        let mut expiry = txn.open_table(EXPIRY).map_err(|e| self.storage(e))?;
-        remove_in(&mut records, &mut expiry, key).map_err(|e| self.storage(e))
+        self.with_latch(|| {
+            let mut records = txn.open_table(RECORDS)?;
+            let mut expiry = txn.open_table(EXPIRY)?;
+            Ok(remove_in(&mut records, &mut expiry, key)?)
+        })
     }
 
     /// What a closure's result records (flow A and lease completion share the rule): `Ok` →
@@ -1513,7 +1533,7 @@ impl Store {
         origin: Origin<'_>,
         f: impl FnOnce(&Tx<'_>) -> R,
     ) -> (R, bool) {
-        let tx = Tx::new(txn, now, origin);
+        let tx = Tx::new(self, txn, now, origin);
         let result = self.run_closure(|| f(&tx));
         (result, tx.announced())
     }
@@ -1595,6 +1615,15 @@ impl Store {
         }
     }
 
+    /// Runs redb calls whose every error goes through the latch ([`Store::storage`]): for a
+    /// write's work, where `?` gives a `redb::Error`.
+    pub(crate) fn with_latch<T>(
+        &self,
+        f: impl FnOnce() -> Result<T, redb::Error>,
+    ) -> Result<T, Error> {
+        f().map_err(|e| self.storage(e))
+    }
+
     /// Wraps a redb error, latching fail-stop when it is an I/O-level failure.
     pub(crate) fn storage(&self, e: impl Into<redb::Error>) -> Error {
         self.observe(Error::Storage { source: e.into() })
@@ -1658,6 +1687,16 @@ thread_local! {
     static IN_CLOSURE: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// A redb error as [`Error::Storage`], **without** latching fail-stop here. For the three
+/// places where nothing latches at the conversion: opening a file (no store exists yet, nothing
+/// was acknowledged), the [`ReadOnlyStore`] (it never writes), and the read functions run by
+/// [`Store::read`] (shared with the read-only store), whose every error `Store::read` observes.
+/// Anywhere else — a write's work above all, whose errors may be answered without reaching
+/// the write's own `observe` — use [`Store::storage`].
+pub(crate) fn unlatched(e: impl Into<redb::Error>) -> Error {
+    Error::Storage { source: e.into() }
+}
+
 /// redb errors that mean the file or the disk misbehaved (as opposed to misuse).
 fn is_io_failure(e: &redb::Error) -> bool {
     matches!(
@@ -1676,8 +1715,8 @@ pub(crate) fn read_record_in(
     read: &redb::ReadTransaction,
     key: &[u8],
 ) -> Result<Option<Record>, Error> {
-    let table = read.open_table(RECORDS)?;
-    let value = table.get(key)?;
+    let table = read.open_table(RECORDS).map_err(unlatched)?;
+    let value = table.get(key).map_err(unlatched)?;
     value.map(|v| Record::decode(v.value())).transpose()
 }
 
@@ -1690,10 +1729,10 @@ pub(crate) fn for_each_record_in(
     let table = match read.open_table(RECORDS) {
         Ok(table) => table,
         Err(redb::TableError::TableDoesNotExist(_)) => return Ok(()),
-        Err(e) => return Err(e.into()),
+        Err(e) => return Err(unlatched(e)),
     };
-    for row in table.iter()? {
-        let (key, value) = row?;
+    for row in table.iter().map_err(unlatched)? {
+        let (key, value) = row.map_err(unlatched)?;
         let record = Record::decode(value.value());
         if caller_code(|| f(key.value(), record)).is_break() {
             break;

@@ -10,12 +10,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
+use redb::{ReadableTable, WriteTransaction};
 
 use crate::engine::commit::Step;
 use crate::engine::expiry::{KIND_RECORD, parse_entry, put_in, record_entry, remove_in};
 use crate::engine::marks::{KIND_MARK, MarkSweep, sweep_mark_entry};
-use crate::engine::store::{Store, WeakStore, contained};
+use crate::engine::store::{Store, WeakStore, unlatched};
 use crate::engine::tables::{EXPIRY, RECORDS};
 use crate::error::Error;
 use crate::model::clock::Timestamp;
@@ -152,10 +152,9 @@ impl Store {
     /// Whether any index entry is due at `cutoff`, from a read transaction: an idle pass costs
     /// no write transaction and no fsync.
     fn anything_due(&self, cutoff: Timestamp) -> Result<bool, Error> {
-        contained("looking for records due for a sweep", || {
-            let read = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
-            let expiry = read.open_table(EXPIRY).map_err(|e| self.storage(e))?;
-            let first = expiry.first().map_err(|e| self.storage(e))?;
+        self.read("looking for records due for a sweep", |read| {
+            let expiry = read.open_table(EXPIRY).map_err(unlatched)?;
+            let first = expiry.first().map_err(unlatched)?;
             Ok(first.is_some_and(|(k, _)| parse_entry(k.value()).is_none_or(|e| e.due <= cutoff)))
         })
     }

@@ -8,8 +8,9 @@ use redb::{
     TableHandle, Value, WriteTransaction,
 };
 
+use crate::engine::store::Store;
 use crate::engine::tables::RESERVED_PREFIX;
-use crate::error::Error;
+use crate::error::{Abort, Error};
 use crate::model::clock::Timestamp;
 
 /// The write transaction that will also commit the idempotency record. Open your own tables
@@ -17,6 +18,9 @@ use crate::model::clock::Timestamp;
 ///
 /// idem's own tables (names starting with [`RESERVED_PREFIX`]) cannot be opened here.
 pub struct Tx<'t> {
+    /// The store whose write runs this closure: an I/O failure met through this handle latches
+    /// its fail-stop at once, whatever the closure then makes of the error.
+    store: &'t Store,
     txn: &'t WriteTransaction,
     now: Timestamp,
     /// What this transaction commits (a record, an inbox mark, and which generation of it):
@@ -28,8 +32,14 @@ pub struct Tx<'t> {
 }
 
 impl<'t> Tx<'t> {
-    pub(crate) fn new(txn: &'t WriteTransaction, now: Timestamp, origin: Origin<'t>) -> Self {
+    pub(crate) fn new(
+        store: &'t Store,
+        txn: &'t WriteTransaction,
+        now: Timestamp,
+        origin: Origin<'t>,
+    ) -> Self {
         Tx {
+            store,
             txn,
             now,
             origin,
@@ -40,6 +50,12 @@ impl<'t> Tx<'t> {
     /// The redb transaction, for the layers built on the engine (the outbox, version marks).
     pub(crate) fn raw(&self) -> &'t WriteTransaction {
         self.txn
+    }
+
+    /// A redb error met in this transaction, through the store's latch (see
+    /// [`Store::storage`]).
+    pub(crate) fn storage(&self, e: impl Into<redb::Error>) -> Error {
+        self.store.storage(e)
     }
 
     pub(crate) fn origin(&self) -> Origin<'t> {
@@ -65,7 +81,7 @@ impl<'t> Tx<'t> {
         definition: TableDefinition<K, V>,
     ) -> Result<Table<'t, K, V>, Error> {
         check_name(definition.name())?;
-        Ok(self.txn.open_table(definition)?)
+        self.txn.open_table(definition).map_err(|e| self.storage(e))
     }
 
     /// Opens (creating if needed) one of the caller's multimap tables in this transaction.
@@ -74,7 +90,9 @@ impl<'t> Tx<'t> {
         definition: MultimapTableDefinition<K, V>,
     ) -> Result<MultimapTable<'t, K, V>, Error> {
         check_name(definition.name())?;
-        Ok(self.txn.open_multimap_table(definition)?)
+        self.txn
+            .open_multimap_table(definition)
+            .map_err(|e| self.storage(e))
     }
 
     /// The store clock's time at which this transaction decided to run.
@@ -92,6 +110,29 @@ fn check_name(name: &str) -> Result<(), Error> {
     }
     Ok(())
 }
+
+// `?` on a redb error in a caller's closure gives `Abort::Store`; the write that runs the closure
+// observes it (latching fail-stop for an I/O failure). There is deliberately no
+// `From<redb::…> for Error`: inside idem every redb error goes through the latch
+// (`Store::storage`, `Store::observe`, `Store::read`) or, where nothing can be latched, through
+// `unlatched` (engine/store.rs).
+macro_rules! redb_into_abort {
+    ($($t:ty),*) => {$(
+        impl From<$t> for Abort {
+            fn from(e: $t) -> Self {
+                Abort::Store(Error::Storage { source: e.into() })
+            }
+        }
+    )*};
+}
+redb_into_abort!(
+    redb::StorageError,
+    redb::TableError,
+    redb::TransactionError,
+    redb::DatabaseError,
+    redb::CompactionError,
+    redb::SetDurabilityError
+);
 
 /// What a transaction commits, as the root of the ids of the events it pushes: the kind of
 /// row, its key, and the instant that names this generation of the row. The generation is

@@ -14,11 +14,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use redb::{ReadableDatabase, ReadableTable};
+use redb::ReadableTable;
 
 use crate::engine::commit::Step;
 use crate::engine::signal::Signal;
-use crate::engine::store::{Store, WeakStore, contained};
+use crate::engine::store::{Store, WeakStore, unlatched};
 use crate::engine::tables::{OUTBOX, OUTBOX_DEAD, open_optional};
 use crate::error::{BoxError, Error};
 use crate::messaging::outbox::{AfterFailure, OutboxEvent, OutboxShared, Stored, after_failure};
@@ -411,24 +411,23 @@ impl<P: Publisher> Dispatcher<P> {
     fn load(&self, store: &Store, now: Timestamp) -> Result<Loaded, Error> {
         // Behind the storage boundary: a damaged page is `CorruptStore` for this round, never
         // a panic that ends the dispatcher thread.
-        contained("reading the outbox", || self.load_rows(store, now))
+        store.read("reading the outbox", |read| self.load_rows(read, now))
     }
 
-    fn load_rows(&self, store: &Store, now: Timestamp) -> Result<Loaded, Error> {
-        let read = store.inner.db.begin_read().map_err(|e| store.storage(e))?;
+    fn load_rows(&self, read: &redb::ReadTransaction, now: Timestamp) -> Result<Loaded, Error> {
         let mut loaded = Loaded {
             rows: Vec::new(),
             held: HashSet::new(),
             next_due: None,
             more: false,
         };
-        let Some(outbox) = open_optional(&read, OUTBOX).map_err(|e| store.storage(e))? else {
+        let Some(outbox) = open_optional(read, OUTBOX).map_err(unlatched)? else {
             return Ok(loaded);
         };
         let dead_keys = &mut loaded.held;
-        if let Some(dead) = open_optional(&read, OUTBOX_DEAD).map_err(|e| store.storage(e))? {
-            for row in dead.iter().map_err(|e| store.storage(e))? {
-                let (_, v) = row.map_err(|e| store.storage(e))?;
+        if let Some(dead) = open_optional(read, OUTBOX_DEAD).map_err(unlatched)? {
+            for row in dead.iter().map_err(unlatched)? {
+                let (_, v) = row.map_err(unlatched)?;
                 if let Ok(s) = Stored::decode(v.value())
                     && let Some(k) = s.ordering_key
                 {
@@ -436,8 +435,8 @@ impl<P: Publisher> Dispatcher<P> {
                 }
             }
         }
-        for row in outbox.iter().map_err(|e| store.storage(e))? {
-            let (seq, v) = row.map_err(|e| store.storage(e))?;
+        for row in outbox.iter().map_err(unlatched)? {
+            let (seq, v) = row.map_err(unlatched)?;
             // A row that does not decode is left in place (inspect it with pending_events).
             let Ok(s) = Stored::decode(v.value()) else {
                 continue;
@@ -467,14 +466,17 @@ impl<P: Publisher> Dispatcher<P> {
     /// Deletes delivered rows and records failures, in one write transaction.
     fn record(&self, store: &Store, delivered: &[u64], failed: &[Failed]) -> Result<(), Error> {
         store.write(false, |txn, now| {
+            let opening = |e: redb::TableError| store.storage(e);
+            let storage = |e: redb::StorageError| store.storage(e);
             let result = (|| -> Result<(), Error> {
-                let mut outbox = txn.open_table(OUTBOX)?;
+                let mut outbox = txn.open_table(OUTBOX).map_err(opening)?;
                 for seq in delivered {
-                    outbox.remove(*seq)?;
+                    outbox.remove(*seq).map_err(storage)?;
                 }
-                let mut dead = txn.open_table(OUTBOX_DEAD)?;
+                let mut dead = txn.open_table(OUTBOX_DEAD).map_err(opening)?;
                 for f in failed {
-                    let Some(bytes) = outbox.get(f.seq)?.map(|v| v.value().to_vec()) else {
+                    let row = outbox.get(f.seq).map_err(storage)?;
+                    let Some(bytes) = row.map(|v| v.value().to_vec()) else {
                         continue;
                     };
                     let mut stored = Stored::decode(&bytes)?;
@@ -484,11 +486,14 @@ impl<P: Publisher> Dispatcher<P> {
                     match f.action {
                         AfterFailure::Retry(delay) => {
                             stored.next_attempt_at = now.saturating_add(delay).0;
-                            outbox.insert(f.seq, stored.encode()?.as_slice())?;
+                            outbox
+                                .insert(f.seq, stored.encode()?.as_slice())
+                                .map_err(storage)?;
                         }
                         AfterFailure::DeadLetter => {
-                            outbox.remove(f.seq)?;
-                            dead.insert(f.seq, stored.encode()?.as_slice())?;
+                            outbox.remove(f.seq).map_err(storage)?;
+                            dead.insert(f.seq, stored.encode()?.as_slice())
+                                .map_err(storage)?;
                         }
                     }
                 }
@@ -496,7 +501,8 @@ impl<P: Publisher> Dispatcher<P> {
             })();
             match result {
                 Ok(()) => Step::Done(()),
-                Err(e) => Step::Abort(store.observe(e)),
+                // The write observes the error (and latches an I/O failure).
+                Err(e) => Step::Abort(e),
             }
         })
     }

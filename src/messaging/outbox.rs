@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::commit::Step;
 use crate::engine::read_only::ReadOnlyStore;
-use crate::engine::store::{Store, contained};
+use crate::engine::store::{Store, unlatched};
 use crate::engine::tables::{META, META_OUTBOX_SEQ, OUTBOX, OUTBOX_DEAD, open_optional};
 use crate::engine::tx::{Origin, OriginKind, Tx};
 use crate::error::Error;
@@ -237,8 +237,7 @@ impl<'a, 't> Outbox<'a, 't> {
             Some(identity) => event_id_from_identity(identity),
             None => event_id_from_origin(self.tx.origin(), n),
         };
-        let txn = self.tx.raw();
-        let seq = next_seq(txn)?;
+        let seq = next_seq(self.tx)?;
         let stored = Stored {
             id: id.0,
             topic: event.topic,
@@ -251,8 +250,14 @@ impl<'a, 't> Outbox<'a, 't> {
             last_error: None,
             failed_at: 0,
         };
-        let mut outbox = txn.open_table(OUTBOX)?;
-        outbox.insert(seq, stored.encode()?.as_slice())?;
+        let mut outbox = self
+            .tx
+            .raw()
+            .open_table(OUTBOX)
+            .map_err(|e| self.tx.storage(e))?;
+        outbox
+            .insert(seq, stored.encode()?.as_slice())
+            .map_err(|e| self.tx.storage(e))?;
         Ok(id)
     }
 }
@@ -280,10 +285,10 @@ pub(crate) fn event_id_from_identity(identity: &[u8]) -> EventId {
     EventId(blake3::derive_key(CTX_EVENT_ID_CALLER, identity))
 }
 
-/// Takes the next sequence number from the store's metadata, in `txn`.
-fn next_seq(txn: &WriteTransaction) -> Result<u64, Error> {
-    let mut meta = txn.open_table(META)?;
-    let current = match meta.get(META_OUTBOX_SEQ)? {
+/// Takes the next sequence number from the store's metadata, in `tx`'s transaction.
+fn next_seq(tx: &Tx<'_>) -> Result<u64, Error> {
+    let mut meta = tx.raw().open_table(META).map_err(|e| tx.storage(e))?;
+    let current = match meta.get(META_OUTBOX_SEQ).map_err(|e| tx.storage(e))? {
         Some(v) => match <[u8; 8]>::try_from(v.value()) {
             Ok(b) => u64::from_be_bytes(b),
             Err(_) => {
@@ -297,7 +302,8 @@ fn next_seq(txn: &WriteTransaction) -> Result<u64, Error> {
     meta.insert(
         META_OUTBOX_SEQ,
         current.saturating_add(1).to_be_bytes().as_slice(),
-    )?;
+    )
+    .map_err(|e| tx.storage(e))?;
     Ok(current)
 }
 
@@ -305,8 +311,8 @@ fn next_seq(txn: &WriteTransaction) -> Result<u64, Error> {
 /// [`Store`] and the read-only store, each behind the storage boundary.
 pub(crate) fn outbox_stats_in(read: &redb::ReadTransaction) -> Result<OutboxStats, Error> {
     let count = |def| -> Result<u64, Error> {
-        match open_optional(read, def)? {
-            Some(t) => Ok(t.len()?),
+        match open_optional(read, def).map_err(unlatched)? {
+            Some(t) => t.len().map_err(unlatched),
             None => Ok(0),
         }
     };
@@ -321,12 +327,12 @@ pub(crate) fn pending_events_in(
     read: &redb::ReadTransaction,
     limit: usize,
 ) -> Result<Vec<OutboxEvent>, Error> {
-    let Some(table) = open_optional(read, OUTBOX)? else {
+    let Some(table) = open_optional(read, OUTBOX).map_err(unlatched)? else {
         return Ok(Vec::new());
     };
     let mut out = Vec::new();
-    for row in table.iter()?.take(limit) {
-        let (seq, v) = row?;
+    for row in table.iter().map_err(unlatched)?.take(limit) {
+        let (seq, v) = row.map_err(unlatched)?;
         out.push(Stored::decode(v.value())?.public(seq.value()));
     }
     Ok(out)
@@ -337,12 +343,12 @@ pub(crate) fn dead_letters_in(
     read: &redb::ReadTransaction,
     limit: usize,
 ) -> Result<Vec<DeadLetter>, Error> {
-    let Some(table) = open_optional(read, OUTBOX_DEAD)? else {
+    let Some(table) = open_optional(read, OUTBOX_DEAD).map_err(unlatched)? else {
         return Ok(Vec::new());
     };
     let mut out = Vec::new();
-    for row in table.iter()?.take(limit) {
-        let (seq, v) = row?;
+    for row in table.iter().map_err(unlatched)?.take(limit) {
+        let (seq, v) = row.map_err(unlatched)?;
         let stored = Stored::decode(v.value())?;
         out.push(DeadLetter {
             event: stored.public(seq.value()),
@@ -392,32 +398,25 @@ impl Store {
 
     /// Counts undelivered events and dead letters (redb keeps the counts: no scan).
     pub fn outbox_stats(&self) -> Result<OutboxStats, Error> {
-        contained("counting the outbox", || {
-            let read = self.begin_read()?;
-            outbox_stats_in(&read).map_err(|e| self.observe(e))
-        })
+        self.read("counting the outbox", outbox_stats_in)
     }
 
     /// The first `limit` undelivered events, in commit order.
     pub fn pending_events(&self, limit: usize) -> Result<Vec<OutboxEvent>, Error> {
-        contained("reading the outbox", || {
-            let read = self.begin_read()?;
-            pending_events_in(&read, limit).map_err(|e| self.observe(e))
-        })
+        self.read("reading the outbox", |read| pending_events_in(read, limit))
     }
 
     /// The first `limit` dead letters, oldest event first.
     pub fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, Error> {
-        contained("reading the dead letters", || {
-            let read = self.begin_read()?;
-            dead_letters_in(&read, limit).map_err(|e| self.observe(e))
+        self.read("reading the dead letters", |read| {
+            dead_letters_in(read, limit)
         })
     }
 
     /// Moves the dead letter `seq` back into the outbox at its original place in commit order,
     /// with its attempts reset, and wakes the dispatcher. Returns whether it existed.
     pub fn requeue_dead_letter(&self, seq: u64) -> Result<bool, Error> {
-        let moved = self.write(false, |txn, _| match requeue_in(txn, seq) {
+        let moved = self.write(false, |txn, _| match self.requeue_in(txn, seq) {
             Ok(true) => Step::Done(true),
             Ok(false) => Step::Clean(false),
             Err(e) => Step::Abort(e),
@@ -451,35 +450,39 @@ impl Store {
 impl ReadOnlyStore {
     /// Undelivered outbox events and dead letters (like [`Store::outbox_stats`]).
     pub fn outbox_stats(&self) -> Result<OutboxStats, Error> {
-        contained("counting the outbox", || outbox_stats_in(&self.read()?))
+        self.read("counting the outbox", outbox_stats_in)
     }
 
     /// The first `limit` undelivered events, in commit order (like [`Store::pending_events`]).
     pub fn pending_events(&self, limit: usize) -> Result<Vec<OutboxEvent>, Error> {
-        contained("reading the outbox", || {
-            pending_events_in(&self.read()?, limit)
-        })
+        self.read("reading the outbox", |read| pending_events_in(read, limit))
     }
 
     /// The first `limit` dead letters, oldest event first (like [`Store::dead_letters`]).
     pub fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, Error> {
-        contained("reading the dead letters", || {
-            dead_letters_in(&self.read()?, limit)
+        self.read("reading the dead letters", |read| {
+            dead_letters_in(read, limit)
         })
     }
 }
 
-fn requeue_in(txn: &WriteTransaction, seq: u64) -> Result<bool, Error> {
-    let mut dead = txn.open_table(OUTBOX_DEAD)?;
-    let Some(bytes) = dead.remove(seq)?.map(|v| v.value().to_vec()) else {
-        return Ok(false);
-    };
-    let mut stored = Stored::decode(&bytes)?;
-    stored.attempts = 0;
-    stored.next_attempt_at = 0;
-    let mut outbox = txn.open_table(OUTBOX)?;
-    outbox.insert(seq, stored.encode()?.as_slice())?;
-    Ok(true)
+impl Store {
+    /// Moves the dead letter `seq` back into the outbox, inside `txn`.
+    fn requeue_in(&self, txn: &WriteTransaction, seq: u64) -> Result<bool, Error> {
+        let mut dead = txn.open_table(OUTBOX_DEAD).map_err(|e| self.storage(e))?;
+        let removed = dead.remove(seq).map_err(|e| self.storage(e))?;
+        let Some(bytes) = removed.map(|v| v.value().to_vec()) else {
+            return Ok(false);
+        };
+        let mut stored = Stored::decode(&bytes)?;
+        stored.attempts = 0;
+        stored.next_attempt_at = 0;
+        let mut outbox = txn.open_table(OUTBOX).map_err(|e| self.storage(e))?;
+        outbox
+            .insert(seq, stored.encode()?.as_slice())
+            .map_err(|e| self.storage(e))?;
+        Ok(true)
+    }
 }
 
 /// What to do with an event whose publish attempt number `attempts` (1-based) just failed.
