@@ -49,6 +49,17 @@ pub(crate) enum Step<T> {
     Abort(Error),
 }
 
+/// How durable the commit of a write call must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Durable {
+    /// In the store's durability mode: fsynced before the answer with
+    /// [`crate::Durability::Immediate`], by the flusher with [`crate::Durability::Periodic`].
+    AsConfigured,
+    /// Fsynced before the answer whatever the mode, and never turned away by a full queue: the
+    /// flusher's commit, which bounds the loss window of `Durability::Periodic`.
+    Forced,
+}
+
 /// Commit-path settings.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct GroupConfig {
@@ -224,10 +235,11 @@ impl Group {
 impl Store {
     /// Runs `work` in a write transaction shared with concurrent callers, and returns its value
     /// only after that transaction committed. `work` may run more than once (when another
-    /// member of its batch fails); only the committed run's writes and value count.
+    /// member of its batch fails); only the committed run's writes and value count. `durable`
+    /// says whether the commit must be fsynced whatever the durability mode.
     pub(crate) fn write<T>(
         &self,
-        durable: bool,
+        durable: Durable,
         mut work: impl FnMut(&WriteTransaction, Timestamp) -> Step<T>,
     ) -> Result<T, Error> {
         if self.in_closure() {
@@ -235,7 +247,7 @@ impl Store {
         }
         self.check_writable()?;
         let group = &self.inner.group;
-        let me = Member::new(durable);
+        let me = Member::new(durable == Durable::Forced);
         let mut signal = group.join(&me)?;
         let mut value: Option<T> = None;
         loop {

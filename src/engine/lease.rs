@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::engine::commit::Step;
+use crate::engine::commit::{Durable, Step};
 use crate::engine::store::Store;
 use crate::engine::tx::{Origin, Tx};
 use crate::error::{Abort, Error};
@@ -129,7 +129,7 @@ impl Lease {
     pub fn heartbeat(&mut self) -> Result<Timestamp, Error> {
         let store = &self.store;
         let lease = store.inner.config.lease_duration;
-        let deadline = store.write(false, |txn, now| {
+        let deadline = store.write(Durable::AsConfigured, |txn, now| {
             let mut record = match self.held(txn, now) {
                 Ok(r) => r,
                 Err(e) => return Step::Clean(Err(e)),
@@ -214,7 +214,7 @@ impl Lease {
             .config
             .windows_for(self.request.scope().operation());
         let mut announced = false;
-        let result = store.write(false, |txn, now| {
+        let result = store.write(Durable::AsConfigured, |txn, now| {
             let record = match self.held(txn, now) {
                 Ok(r) => r,
                 Err(e) => return Step::Clean(Err(e)),
@@ -269,14 +269,16 @@ impl Lease {
 
     fn release_inner(&self) -> Result<(), Error> {
         let store = &self.store;
-        let released = store.write(false, |txn, now| match self.held(txn, now) {
-            Ok(_) => match store.remove(txn, &self.key) {
-                Ok(_) => Step::Done(Ok(true)),
-                Err(e) => Step::Abort(e),
-            },
-            // Already lost: nothing to release.
-            Err(Error::LeaseLost { .. }) => Step::Clean(Ok(false)),
-            Err(e) => Step::Clean(Err(e)),
+        let released = store.write(Durable::AsConfigured, |txn, now| {
+            match self.held(txn, now) {
+                Ok(_) => match store.remove(txn, &self.key) {
+                    Ok(_) => Step::Done(Ok(true)),
+                    Err(e) => Step::Abort(e),
+                },
+                // Already lost: nothing to release.
+                Err(Error::LeaseLost { .. }) => Step::Clean(Ok(false)),
+                Err(e) => Step::Clean(Err(e)),
+            }
         })??;
         if released {
             store.lease_event();

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use redb::{ReadableDatabase, ReadableTable, StorageBackend, WriteTransaction};
 
-use crate::engine::commit::{Group, GroupConfig, Step};
+use crate::engine::commit::{Durable, Group, GroupConfig, Step};
 use crate::engine::expiry::{put_in, remove_in};
 use crate::engine::lease::Begin;
 use crate::engine::lease::Lease;
@@ -1093,7 +1093,7 @@ impl Store {
         let windows = self.inner.config.windows_for(request.scope().operation());
         let mut took_over = false;
         let mut announced = false;
-        let outcome = self.write(false, |txn, now| {
+        let outcome = self.write(Durable::AsConfigured, |txn, now| {
             let created_at = match self.decide_in(txn, &request, &key, now) {
                 Ok(Claimed::Free {
                     created_at,
@@ -1147,7 +1147,7 @@ impl Store {
         }
         let config = &self.inner.config;
         let retention = config.windows_for(request.scope().operation()).response;
-        let claimed = self.write(false, |txn, now| {
+        let claimed = self.write(Durable::AsConfigured, |txn, now| {
             let (created_at, attempt) = match self.decide_in(txn, &request, &key, now) {
                 Ok(Claimed::Free {
                     created_at,
@@ -1262,9 +1262,11 @@ impl Store {
     /// live lease on it is fenced out ([`Error::LeaseLost`]).
     pub fn purge(&self, scope: &Scope, key: impl AsRef<[u8]>) -> Result<bool, Error> {
         let key = self.admit_key(scope, key)?;
-        let existed = self.write(false, |txn, _| match self.remove(txn, &key) {
-            Ok(existed) => Step::Done(existed),
-            Err(e) => Step::Abort(e),
+        let existed = self.write(Durable::AsConfigured, |txn, _| {
+            match self.remove(txn, &key) {
+                Ok(existed) => Step::Done(existed),
+                Err(e) => Step::Abort(e),
+            }
         })?;
         self.lease_event();
         Ok(existed)
@@ -1677,7 +1679,7 @@ fn flusher(weak: WeakStore, interval: Duration, stop: crossbeam_channel::Receive
         // The durable commit clears the flag (in commit_batch) only if it succeeds; a failure
         // latches the store and later ticks find it fail-stopped.
         if store.inner.unflushed.load(Ordering::Acquire) {
-            let _ = store.write(true, |_, _| Step::Clean(()));
+            let _ = store.write(Durable::Forced, |_, _| Step::Clean(()));
         }
     }
 }

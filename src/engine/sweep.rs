@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use redb::{ReadableTable, WriteTransaction};
 
-use crate::engine::commit::Step;
+use crate::engine::commit::{Durable, Step};
 use crate::engine::expiry::{KIND_RECORD, parse_entry, put_in, record_entry, remove_in};
 use crate::engine::marks::{KIND_MARK, MarkSweep, sweep_mark_entry};
 use crate::engine::store::{Store, WeakStore, unlatched};
@@ -123,7 +123,7 @@ impl Store {
         let limit = self.inner.config.sweep_batch;
         let mut more = self.anything_due(cutoff)?;
         while more {
-            let batch = self.write(false, |txn, now| {
+            let batch = self.write(Durable::AsConfigured, |txn, now| {
                 match self.sweep_batch(txn, cutoff, now, limit) {
                     Ok(batch) => Step::Done(batch),
                     Err(e) => Step::Abort(e),

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use redb::ReadableTable;
 
-use crate::engine::commit::Step;
+use crate::engine::commit::{Durable, Step};
 use crate::engine::signal::Signal;
 use crate::engine::store::{Store, WeakStore, unlatched};
 use crate::engine::tables::{OUTBOX, OUTBOX_DEAD, open_optional};
@@ -465,7 +465,7 @@ impl<P: Publisher> Dispatcher<P> {
 
     /// Deletes delivered rows and records failures, in one write transaction.
     fn record(&self, store: &Store, delivered: &[u64], failed: &[Failed]) -> Result<(), Error> {
-        store.write(false, |txn, now| {
+        store.write(Durable::AsConfigured, |txn, now| {
             let opening = |e: redb::TableError| store.storage(e);
             let storage = |e: redb::StorageError| store.storage(e);
             let result = (|| -> Result<(), Error> {

@@ -7,7 +7,7 @@
 //! transaction as the consumer's own writes; [`Store::sweep`] removes it after the inbox
 //! retention like any expired record.
 
-use crate::engine::commit::Step;
+use crate::engine::commit::{Durable, Step};
 use crate::engine::marks::Mark;
 use crate::engine::store::Store;
 use crate::engine::tx::{Origin, Tx};
@@ -203,9 +203,11 @@ impl Store {
     }
 
     fn purge_mark(&self, key: Vec<u8>) -> Result<bool, Error> {
-        self.write(false, |txn, _| match self.remove_mark(txn, &key) {
-            Ok(existed) => Step::Done(existed),
-            Err(e) => Step::Abort(e),
+        self.write(Durable::AsConfigured, |txn, _| {
+            match self.remove_mark(txn, &key) {
+                Ok(existed) => Step::Done(existed),
+                Err(e) => Step::Abort(e),
+            }
         })
     }
 
@@ -238,7 +240,7 @@ impl Store {
         }
         let retention = self.inner.config.inbox_retention;
         let mut announced = false;
-        let result = self.write(false, |txn, now| {
+        let result = self.write(Durable::AsConfigured, |txn, now| {
             match self.load_mark(txn, &key) {
                 Ok(mark) => {
                     if let Some(duplicate) = duplicate(mark, now) {

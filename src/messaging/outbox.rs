@@ -13,7 +13,7 @@ use std::time::Duration;
 use redb::{ReadableTable, ReadableTableMetadata, WriteTransaction};
 use serde::{Deserialize, Serialize};
 
-use crate::engine::commit::Step;
+use crate::engine::commit::{Durable, Step};
 use crate::engine::read_only::ReadOnlyStore;
 use crate::engine::store::{Store, unlatched};
 use crate::engine::tables::{META, META_OUTBOX_SEQ, OUTBOX, OUTBOX_DEAD, open_optional};
@@ -416,10 +416,12 @@ impl Store {
     /// Moves the dead letter `seq` back into the outbox at its original place in commit order,
     /// with its attempts reset, and wakes the dispatcher. Returns whether it existed.
     pub fn requeue_dead_letter(&self, seq: u64) -> Result<bool, Error> {
-        let moved = self.write(false, |txn, _| match self.requeue_in(txn, seq) {
-            Ok(true) => Step::Done(true),
-            Ok(false) => Step::Clean(false),
-            Err(e) => Step::Abort(e),
+        let moved = self.write(Durable::AsConfigured, |txn, _| {
+            match self.requeue_in(txn, seq) {
+                Ok(true) => Step::Done(true),
+                Ok(false) => Step::Clean(false),
+                Err(e) => Step::Abort(e),
+            }
         })?;
         if moved {
             self.announce_work();
@@ -430,7 +432,7 @@ impl Store {
     /// Deletes the dead letter `seq` for good (it is never published; later events with its
     /// ordering key are no longer held back). Returns whether it existed.
     pub fn discard_dead_letter(&self, seq: u64) -> Result<bool, Error> {
-        let removed = self.write(false, |txn, _| {
+        let removed = self.write(Durable::AsConfigured, |txn, _| {
             let removed = txn
                 .open_table(OUTBOX_DEAD)
                 .and_then(|mut t| Ok(t.remove(seq)?.is_some()));
