@@ -246,7 +246,7 @@ impl Store {
             return Err(Error::Reentrant);
         }
         self.check_writable()?;
-        let group = &self.inner.group;
+        let group = &self.group();
         let me = Member::new(durable == Durable::Forced);
         let mut signal = group.join(&me)?;
         let mut value: Option<T> = None;
@@ -340,7 +340,7 @@ impl Store {
             })),
             Err(e) => {
                 self.fail_all(&batch, &e);
-                self.inner.group.hand_off();
+                self.group().hand_off();
                 None
             }
         }
@@ -372,11 +372,11 @@ impl Store {
             if result.is_ok() {
                 // Batches commit one at a time, so this ordering is exact: a durable commit
                 // persists every earlier one, a relaxed one leaves work for the flusher.
-                self.inner.unflushed.store(relaxed, Ordering::Release);
+                self.set_unflushed(relaxed);
             }
             result
         };
-        let counters = &self.inner.group.counters;
+        let counters = &self.group().counters;
         let mine = match result {
             Ok(()) => {
                 counters.commits.fetch_add(1, Ordering::Relaxed);
@@ -392,7 +392,7 @@ impl Store {
                 Signal::Failed(e)
             }
         };
-        self.inner.group.hand_off();
+        self.group().hand_off();
         mine
     }
 
@@ -403,7 +403,7 @@ impl Store {
         let Baton {
             txn, batch, pos, ..
         } = *baton;
-        let group = &self.inner.group;
+        let group = &self.group();
         // Requeue first (it cannot panic), so a panic in abort or begin strands nobody.
         group.requeue_front(&batch[pos + 1..]);
         self.abort(txn);
@@ -487,7 +487,7 @@ impl Drop for AnswerWaiting<'_> {
             Error::FailStopped { cause }
         });
         self.store.fail_all(self.waiting, &e);
-        self.store.inner.group.hand_off();
+        self.store.group().hand_off();
     }
 }
 

@@ -128,7 +128,7 @@ impl Lease {
     /// already granted stays, so no other attempt can take the key over before it.
     pub fn heartbeat(&mut self) -> Result<Timestamp, Error> {
         let store = &self.store;
-        let lease = store.inner.config.lease_duration;
+        let lease = store.config().lease_duration;
         let deadline = store.write(Durable::AsConfigured, |txn, now| {
             let mut record = match self.held(txn, now) {
                 Ok(r) => r,
@@ -209,10 +209,7 @@ impl Lease {
         F: FnMut(&Tx<'_>) -> Result<Response, Abort>,
     {
         let store = self.store.clone();
-        let windows = store
-            .inner
-            .config
-            .windows_for(self.request.scope().operation());
+        let windows = store.config().windows_for(self.request.scope().operation());
         let mut announced = false;
         let result = store.write(Durable::AsConfigured, |txn, now| {
             let record = match self.held(txn, now) {

@@ -10,7 +10,7 @@ use std::sync::Weak;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use redb::{ReadableDatabase, ReadableTable, StorageBackend, WriteTransaction};
 
 use crate::engine::commit::{Durable, Group, GroupConfig, Step};
@@ -532,30 +532,32 @@ const MAX_RESPONSE_CEILING: usize = 16 * 1024 * 1024;
 /// Granularity of `begin_wait`'s polling (it is also woken at once by local completions).
 const WAIT_POLL: Duration = Duration::from_millis(20);
 
+/// The state every clone of a [`Store`] shares. Its fields are private to this file: the rest of
+/// the crate reaches them through the small accessors on [`Store`].
 pub(crate) struct Inner {
-    pub(crate) db: redb::Database,
-    pub(crate) config: Config,
-    pub(crate) clock: Arc<dyn Clock>,
+    db: redb::Database,
+    config: Config,
+    clock: Arc<dyn Clock>,
     /// The first I/O or commit failure; once set, every write is refused (fail-stop).
     failure: Mutex<Option<String>>,
     /// Random per-instance prefix of holder tokens.
     instance: [u8; 8],
     next_token: AtomicU64,
-    /// Bumped and broadcast after every commit that finished, released or removed a lease
-    /// (`lease_event`), so `begin_wait` wakes at once.
-    pub(crate) commits: Mutex<u64>,
-    pub(crate) committed: Condvar,
+    /// Lease events so far: bumped and broadcast (`lease_changed`) after every commit that
+    /// finished, released or removed a lease (`lease_event`), so `begin_wait` wakes at once.
+    lease_events: Mutex<u64>,
+    lease_changed: Condvar,
     /// The group-commit state.
-    pub(crate) group: Group,
-    pub(crate) durability: Durability,
+    group: Group,
+    durability: Durability,
     /// A non-durable commit happened since the flusher last looked.
-    pub(crate) unflushed: AtomicBool,
+    unflushed: AtomicBool,
     /// The flusher and sweeper threads.
     background: Mutex<Background>,
     /// Held for the length of a sweep pass: one pass at a time.
-    pub(crate) sweep_lock: Mutex<()>,
+    sweep_lock: Mutex<()>,
     /// Sweep figures for [`Metrics`].
-    pub(crate) sweeps: Mutex<SweepTotals>,
+    sweeps: Mutex<SweepTotals>,
     /// Notified after a commit whose closure announced work ([`Tx::announce`]): the hook the
     /// layers above wait on (the outbox dispatcher).
     work: Arc<Signal>,
@@ -614,8 +616,8 @@ impl Inner {
             failure: Mutex::new(None),
             instance,
             next_token: AtomicU64::new(0),
-            commits: Mutex::new(0),
-            committed: Condvar::new(),
+            lease_events: Mutex::new(0),
+            lease_changed: Condvar::new(),
             group: Group::new(b.group),
             durability: b.durability,
             unflushed: AtomicBool::new(false),
@@ -795,7 +797,7 @@ impl Metrics {
 /// `Send + Sync`.
 #[derive(Clone)]
 pub struct Store {
-    pub(crate) inner: Arc<Inner>,
+    inner: Arc<Inner>,
 }
 
 /// A handle that does not keep the store open: a background thread holds one between ticks,
@@ -872,13 +874,11 @@ impl Store {
     /// a `Weak` between ticks and stops when its channel's sender, kept in `Inner`, is dropped.
     fn start_background(&self) -> Result<(), Error> {
         let mut bg = self.inner.background.lock();
-        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+        let spawn = |name: &'static str, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
                 .name(name.into())
                 .spawn(f)
-                .map_err(|e| Error::Config {
-                    reason: format!("could not start the {name} thread: {e}"),
-                })
+                .map_err(|source| Error::Spawn { what: name, source })
         };
         if let Durability::Periodic(interval) = self.inner.durability {
             let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
@@ -1000,13 +1000,7 @@ impl Store {
     }
 
     fn check_integrity_exclusive(&mut self) -> Result<bool, Error> {
-        let others = Arc::strong_count(&self.inner).saturating_sub(1);
-        let Some(inner) = Arc::get_mut(&mut self.inner) else {
-            return Err(Error::InUse {
-                reason: format!("{others} other Store clone(s) or Lease(s) are alive"),
-            });
-        };
-        let db = &mut inner.db;
+        let db = self.exclusive_db("check_integrity")?;
         let checked = match catch_storage_panic(|| db.check_integrity()) {
             Ok(checked) => checked,
             Err(p) => {
@@ -1016,6 +1010,7 @@ impl Store {
         };
         checked.map_err(|e| match e {
             redb::DatabaseError::TransactionInProgress => Error::InUse {
+                operation: "check_integrity",
                 reason: "a read transaction (Store::begin_read) is still open".into(),
             },
             redb::DatabaseError::Storage(redb::StorageError::Corrupted(what)) => {
@@ -1032,13 +1027,7 @@ impl Store {
     }
 
     fn compact_exclusive(&mut self) -> Result<bool, Error> {
-        let others = Arc::strong_count(&self.inner).saturating_sub(1);
-        let Some(inner) = Arc::get_mut(&mut self.inner) else {
-            return Err(Error::InUse {
-                reason: format!("{others} other Store clone(s) or Lease(s) are alive"),
-            });
-        };
-        let db = &mut inner.db;
+        let db = self.exclusive_db("compact")?;
         let result = match catch_storage_panic(|| db.compact()) {
             Ok(result) => result,
             Err(p) => {
@@ -1048,10 +1037,11 @@ impl Store {
         };
         if result.is_ok() {
             // Compaction commits durably, which makes every earlier commit durable too.
-            inner.unflushed.store(false, Ordering::Release);
+            self.set_unflushed(false);
         }
         result.map_err(|e| match e {
             redb::CompactionError::TransactionInProgress => Error::InUse {
+                operation: "compact",
                 reason: "a read transaction (Store::begin_read) is still open".into(),
             },
             redb::CompactionError::Storage(e) => self.storage(e),
@@ -1206,7 +1196,7 @@ impl Store {
         // `None`: a wait so long that the deadline is not representable, i.e. no deadline.
         let give_up = Instant::now().checked_add(max_wait);
         loop {
-            let seen = *self.inner.commits.lock();
+            let seen = self.lease_events_seen();
             match self.begin(request.clone())? {
                 Begin::InFlight { retry_after } => {
                     let now = Instant::now();
@@ -1215,10 +1205,7 @@ impl Store {
                         Some(t) => (t - now).min(WAIT_POLL),
                         None => WAIT_POLL,
                     };
-                    let mut commits = self.inner.commits.lock();
-                    if *commits == seen {
-                        let _ = self.inner.committed.wait_for(&mut commits, slice);
-                    }
+                    self.wait_for_lease_event(seen, slice);
                 }
                 other => return Ok(other),
             }
@@ -1310,6 +1297,52 @@ impl Store {
     /// The first I/O or commit failure, if the store is fail-stopped.
     pub fn failure(&self) -> Option<String> {
         self.inner.failure.lock().clone()
+    }
+
+    // ---- the shared state, for the rest of the crate ----
+
+    /// The settings fixed at open.
+    pub(crate) fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// The group-commit state.
+    pub(crate) fn group(&self) -> &Group {
+        &self.inner.group
+    }
+
+    /// Whether a commit was made without an fsync since the last durable one.
+    pub(crate) fn unflushed(&self) -> bool {
+        self.inner.unflushed.load(Ordering::Acquire)
+    }
+
+    /// Records whether the last commit left work for the flusher (`false` after a durable one).
+    pub(crate) fn set_unflushed(&self, unflushed: bool) {
+        self.inner.unflushed.store(unflushed, Ordering::Release);
+    }
+
+    /// Held for the length of a sweep pass: one pass at a time.
+    pub(crate) fn one_sweep_at_a_time(&self) -> MutexGuard<'_, ()> {
+        self.inner.sweep_lock.lock()
+    }
+
+    /// The sweep figures for [`Metrics`].
+    pub(crate) fn sweep_totals(&self) -> MutexGuard<'_, SweepTotals> {
+        self.inner.sweeps.lock()
+    }
+
+    /// The redb database, when this handle is the only one (no other clone, no live
+    /// [`Lease`], no background thread between ticks): what `compact` and `check_integrity`
+    /// need. Otherwise [`Error::InUse`] for `operation`.
+    fn exclusive_db(&mut self, operation: &'static str) -> Result<&mut redb::Database, Error> {
+        let others = Arc::strong_count(&self.inner).saturating_sub(1);
+        match Arc::get_mut(&mut self.inner) {
+            Some(inner) => Ok(&mut inner.db),
+            None => Err(Error::InUse {
+                operation,
+                reason: format!("{others} other Store clone(s) or Lease(s) are alive"),
+            }),
+        }
     }
 
     // ---- shared plumbing (also used by Lease) ----
@@ -1583,9 +1616,22 @@ impl Store {
     /// Wakes `begin_wait` callers: a lease was finished, released or removed, which can change
     /// an in-flight answer. (Lapses are noticed by polling.)
     pub(crate) fn lease_event(&self) {
-        let mut events = self.inner.commits.lock();
+        let mut events = self.inner.lease_events.lock();
         *events = events.wrapping_add(1);
-        self.inner.committed.notify_all();
+        self.inner.lease_changed.notify_all();
+    }
+
+    /// The lease events so far, to pass to [`Store::wait_for_lease_event`].
+    fn lease_events_seen(&self) -> u64 {
+        *self.inner.lease_events.lock()
+    }
+
+    /// Waits up to `timeout` for a lease event after `seen` (at once if one came already).
+    fn wait_for_lease_event(&self, seen: u64, timeout: Duration) {
+        let mut events = self.inner.lease_events.lock();
+        if *events == seen {
+            let _ = self.inner.lease_changed.wait_for(&mut events, timeout);
+        }
     }
 
     /// A handle that does not keep the store open.
@@ -1678,7 +1724,7 @@ fn flusher(weak: WeakStore, interval: Duration, stop: crossbeam_channel::Receive
         let Some(store) = weak.upgrade() else { return };
         // The durable commit clears the flag (in commit_batch) only if it succeeds; a failure
         // latches the store and later ticks find it fail-stopped.
-        if store.inner.unflushed.load(Ordering::Acquire) {
+        if store.unflushed() {
             let _ = store.write(Durable::Forced, |_, _| Step::Clean(()));
         }
     }

@@ -98,7 +98,7 @@ impl Store {
     ) -> Result<SweepReport, Error> {
         let mut report = SweepReport::default();
         let result = self.sweep_pass(&mut report, &mut progress);
-        let mut totals = self.inner.sweeps.lock();
+        let mut totals = self.sweep_totals();
         totals.passes += 1;
         totals.swept += report.swept();
         totals.last = report;
@@ -117,10 +117,10 @@ impl Store {
             return Err(Error::Reentrant);
         }
         self.check_writable()?;
-        let _one_pass_at_a_time = self.inner.sweep_lock.lock();
+        let _one_pass_at_a_time = self.one_sweep_at_a_time();
         let started = Instant::now();
         let cutoff = self.now();
-        let limit = self.inner.config.sweep_batch;
+        let limit = self.config().sweep_batch;
         let mut more = self.anything_due(cutoff)?;
         while more {
             let batch = self.write(Durable::AsConfigured, |txn, now| {

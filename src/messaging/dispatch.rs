@@ -195,9 +195,8 @@ impl Store {
         let shared = self.extension::<OutboxShared>();
         if shared.running.swap(true, Ordering::AcqRel) {
             return Err(Error::InUse {
-                reason:
-                    "an outbox dispatcher is already running for this store (shut it down first)"
-                        .into(),
+                operation: "start_dispatcher",
+                reason: "an outbox dispatcher is already running for this store".into(),
             });
         }
         let stop = Arc::new(AtomicBool::new(false));
@@ -230,10 +229,11 @@ impl Store {
                 signal,
                 thread: Some(t),
             }),
-            Err(e) => {
+            Err(source) => {
                 shared.running.store(false, Ordering::Release);
-                Err(Error::Config {
-                    reason: format!("could not start the outbox dispatcher thread: {e}"),
+                Err(Error::Spawn {
+                    what: "idem-dispatcher",
+                    source,
                 })
             }
         }

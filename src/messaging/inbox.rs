@@ -212,7 +212,7 @@ impl Store {
     }
 
     fn inbox_key(&self, ns: u8, subscriber: &str, id: &[u8]) -> Result<Vec<u8>, Error> {
-        let limits = &self.inner.config.limits;
+        let limits = &self.config().limits;
         check(Field::Operation, subscriber.len(), limits.max_operation_len)?;
         check(Field::Key, id.len(), limits.max_key_len)?;
         let mut key = Vec::with_capacity(3 + subscriber.len() + id.len());
@@ -238,7 +238,7 @@ impl Store {
         if let Some(duplicate) = duplicate(self.read_mark(&key)?, self.now()) {
             return Ok(duplicate);
         }
-        let retention = self.inner.config.inbox_retention;
+        let retention = self.config().inbox_retention;
         let mut announced = false;
         let result = self.write(Durable::AsConfigured, |txn, now| {
             match self.load_mark(txn, &key) {
@@ -261,7 +261,7 @@ impl Store {
                     // happened (its closure ran and may have had effects outside the
                     // transaction): an answer over the cap is kept without its body rather than
                     // not at all, so the message is consumed and never runs again.
-                    let kept = r.fitted(self.inner.config.max_response_bytes);
+                    let kept = r.fitted(self.config().max_response_bytes);
                     (Consumed::Rejected(r), Some(kept))
                 }
                 Err(Abort::Retryable(source)) => {
