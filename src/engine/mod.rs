@@ -2,6 +2,7 @@
 //! the expiry index and sweeps, leases, and the maintenance operations. It stores the pure model's
 //! values and applies its rules; it knows nothing of messaging or of the faces.
 
+pub(crate) mod background;
 pub(crate) mod commit;
 pub(crate) mod expiry;
 pub(crate) mod lease;

@@ -13,13 +13,14 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use redb::{ReadableDatabase, ReadableTable, StorageBackend, WriteTransaction};
 
+use crate::engine::background::Background;
 use crate::engine::commit::{Durable, Group, GroupConfig, Step};
 use crate::engine::expiry::{put_in, remove_in};
 use crate::engine::lease::Begin;
 use crate::engine::lease::Lease;
 use crate::engine::read_only::ReadOnlyStore;
 use crate::engine::signal::Signal;
-use crate::engine::sweep::{SweepReport, SweepTotals, sweeper};
+use crate::engine::sweep::{SweepReport, SweepTotals};
 use crate::engine::tables::{EXPIRY, META, META_FORMAT, RECORDS};
 use crate::engine::tx::{Origin, Tx};
 use crate::error::{Abort, Error};
@@ -553,7 +554,7 @@ pub(crate) struct Inner {
     /// A non-durable commit happened since the flusher last looked.
     unflushed: AtomicBool,
     /// The flusher and sweeper threads.
-    background: Mutex<Background>,
+    background: Background,
     /// Held for the length of a sweep pass: one pass at a time.
     sweep_lock: Mutex<()>,
     /// Sweep figures for [`Metrics`].
@@ -563,16 +564,6 @@ pub(crate) struct Inner {
     work: Arc<Signal>,
     /// The layers' own state, one value per type ([`Store::extension`]).
     extensions: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
-}
-
-/// The background threads of one store (the relaxed-durability flusher, the sweeper).
-#[derive(Default)]
-struct Background {
-    /// Dropping a sender stops its thread at once.
-    stops: Vec<crossbeam_channel::Sender<()>>,
-    threads: Vec<std::thread::JoinHandle<()>>,
-    /// Upgradable exactly while the sweeper thread runs.
-    sweeper_alive: Option<Weak<()>>,
 }
 
 /// Checks idem's format marker from a read transaction: a redb file without it is not an idem
@@ -621,36 +612,18 @@ impl Inner {
             group: Group::new(b.group),
             durability: b.durability,
             unflushed: AtomicBool::new(false),
-            background: Mutex::new(Background::default()),
+            background: Background::default(),
             sweep_lock: Mutex::new(()),
             sweeps: Mutex::new(SweepTotals::default()),
             work: Arc::new(Signal::default()),
             extensions: Mutex::new(HashMap::new()),
         }
     }
-
-    /// Stops the background threads and waits for them to end (they hold no handle between
-    /// ticks, so this is immediate unless a sweep pass or a flush is running).
-    fn stop_background(&self) {
-        let threads = {
-            let mut bg = self.background.lock();
-            bg.stops.clear();
-            bg.sweeper_alive = None;
-            std::mem::take(&mut bg.threads)
-        };
-        let me = std::thread::current().id();
-        for t in threads {
-            // The last handle may be dropped by a background thread itself; it ends on its own.
-            if t.thread().id() != me {
-                let _ = t.join();
-            }
-        }
-    }
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        self.stop_background();
+        self.background.stop();
         // Relaxed durability: make every acknowledged commit durable on close. No other handle
         // exists any more, so this is the only writer.
         if self.unflushed.load(Ordering::Acquire) && self.failure.lock().is_none() {
@@ -870,48 +843,6 @@ impl Store {
         Ok(store)
     }
 
-    /// Starts the flusher (relaxed durability) and the sweeper (if configured). Each holds only
-    /// a `Weak` between ticks and stops when its channel's sender, kept in `Inner`, is dropped.
-    fn start_background(&self) -> Result<(), Error> {
-        let mut bg = self.inner.background.lock();
-        let spawn = |name: &'static str, f: Box<dyn FnOnce() + Send>| {
-            std::thread::Builder::new()
-                .name(name.into())
-                .spawn(f)
-                .map_err(|source| Error::Spawn { what: name, source })
-        };
-        if let Durability::Periodic(interval) = self.inner.durability {
-            let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
-            let weak = self.downgrade();
-            let t = spawn(
-                "idem-flusher",
-                Box::new(move || flusher(weak, interval, stopped)),
-            )?;
-            bg.stops.push(stop);
-            bg.threads.push(t);
-        }
-        if let Some(interval) = self.inner.config.sweep_interval {
-            let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
-            let weak = self.downgrade();
-            let alive = Arc::new(());
-            bg.sweeper_alive = Some(Arc::downgrade(&alive));
-            let t = spawn(
-                "idem-sweeper",
-                Box::new(move || sweeper(weak, interval, stopped, alive)),
-            )?;
-            bg.stops.push(stop);
-            bg.threads.push(t);
-        }
-        Ok(())
-    }
-
-    /// A token that can be upgraded exactly while this store's background sweeper thread runs
-    /// (`None` without one): lets tests see the thread end when the store is dropped.
-    #[doc(hidden)]
-    pub fn sweeper_liveness(&self) -> Option<Weak<()>> {
-        self.inner.background.lock().sweeper_alive.clone()
-    }
-
     /// Counters since open: the commit path (commits, requests per commit, re-runs, callers
     /// turned away, queue length) and the sweeps (passes, records swept, failures, the last
     /// pass's figures and duration). Reads in-memory counters only, no I/O. For record counts by
@@ -953,7 +884,7 @@ impl Store {
         }
         self.check_writable()?;
         // Background threads hold `Weak`s, which `Arc::get_mut` refuses too.
-        self.inner.stop_background();
+        self.stop_background();
         let compacted = self.compact_exclusive();
         let restarted = self.start_background();
         let compacted = compacted?;
@@ -985,7 +916,7 @@ impl Store {
         }
         // After an I/O failure redb's in-memory state is stale: only a reopen rebuilds it.
         self.check_writable()?;
-        self.inner.stop_background();
+        self.stop_background();
         let checked = self.check_integrity_exclusive();
         let restarted = self.start_background();
         let passed = checked?;
@@ -1309,6 +1240,16 @@ impl Store {
     /// The group-commit state.
     pub(crate) fn group(&self) -> &Group {
         &self.inner.group
+    }
+
+    /// The durability mode.
+    pub(crate) fn durability(&self) -> Durability {
+        self.inner.durability
+    }
+
+    /// The flusher and sweeper threads.
+    pub(crate) fn background(&self) -> &Background {
+        &self.inner.background
     }
 
     /// Whether a commit was made without an fsync since the last durable one.
@@ -1710,23 +1651,6 @@ impl Store {
         t[..8].copy_from_slice(&self.inner.instance);
         t[8..].copy_from_slice(&n.to_be_bytes());
         HolderToken(t)
-    }
-}
-
-/// The relaxed-durability flusher: every `interval`, one durable (fsync) commit if anything
-/// was committed without one. Ends when the store is dropped (the stop channel disconnects).
-fn flusher(weak: WeakStore, interval: Duration, stop: crossbeam_channel::Receiver<()>) {
-    loop {
-        match stop.recv_timeout(interval) {
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
-            _ => return,
-        }
-        let Some(store) = weak.upgrade() else { return };
-        // The durable commit clears the flag (in commit_batch) only if it succeeds; a failure
-        // latches the store and later ticks find it fail-stopped.
-        if store.unflushed() {
-            let _ = store.write(Durable::Forced, |_, _| Step::Clean(()));
-        }
     }
 }
 

@@ -7,7 +7,6 @@
 //! and only shrinks what it answers as `Expired`. Sweeps free space; correctness never waits
 //! for them.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redb::{ReadableTable, WriteTransaction};
@@ -15,7 +14,7 @@ use redb::{ReadableTable, WriteTransaction};
 use crate::engine::commit::{Durable, Step};
 use crate::engine::expiry::{KIND_RECORD, parse_entry, put_in, record_entry, remove_in};
 use crate::engine::marks::{KIND_MARK, MarkSweep, sweep_mark_entry};
-use crate::engine::store::{Store, WeakStore, unlatched};
+use crate::engine::store::{Store, unlatched};
 use crate::engine::tables::{EXPIRY, RECORDS};
 use crate::error::Error;
 use crate::model::clock::Timestamp;
@@ -253,25 +252,5 @@ impl Store {
             }
         }
         Ok(batch)
-    }
-}
-
-/// The background sweeper: one pass every `interval`. Ends when the store is dropped (the stop
-/// channel disconnects) or cannot be upgraded; `_alive` lets tests see that it ended.
-pub(crate) fn sweeper(
-    weak: WeakStore,
-    interval: Duration,
-    stop: crossbeam_channel::Receiver<()>,
-    _alive: Arc<()>,
-) {
-    loop {
-        match stop.recv_timeout(interval) {
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
-            _ => return,
-        }
-        let Some(store) = weak.upgrade() else { return };
-        // A failure is counted in the metrics; a fail-stopped store fails every pass until it
-        // is reopened.
-        let _ = store.sweep();
     }
 }
