@@ -598,29 +598,6 @@ fn format_marker(marker: &[u8]) -> Result<(), Error> {
     }
 }
 
-impl Inner {
-    fn new(db: redb::Database, b: StoreBuilder, instance: [u8; 8]) -> Inner {
-        Inner {
-            db,
-            config: b.config,
-            clock: b.clock,
-            failure: Mutex::new(None),
-            instance,
-            next_token: AtomicU64::new(0),
-            lease_events: Mutex::new(0),
-            lease_changed: Condvar::new(),
-            group: Group::new(b.group),
-            durability: b.durability,
-            unflushed: AtomicBool::new(false),
-            background: Background::default(),
-            sweep_lock: Mutex::new(()),
-            sweeps: Mutex::new(SweepTotals::default()),
-            work: Arc::new(Signal::default()),
-            extensions: Mutex::new(HashMap::new()),
-        }
-    }
-}
-
 impl Drop for Inner {
     fn drop(&mut self) {
         self.background.stop();
@@ -836,9 +813,7 @@ impl Store {
             txn.open_table(EXPIRY).map_err(unlatched)?;
         }
         txn.commit().map_err(unlatched)?;
-        let store = Store {
-            inner: Arc::new(Inner::new(db, b, instance)),
-        };
+        let store = Store::new(db, b.config, b.clock, b.durability, b.group, instance);
         store.start_background()?;
         Ok(store)
     }
@@ -848,14 +823,14 @@ impl Store {
     /// pass's figures and duration). Reads in-memory counters only, no I/O. For record counts by
     /// state see [`Store::stats`].
     pub fn metrics(&self) -> Metrics {
-        let c = &self.inner.group.counters;
-        let sweeps = self.inner.sweeps.lock();
+        let c = &self.group().counters;
+        let sweeps = self.sweep_totals();
         Metrics {
             commits: c.commits.load(Ordering::Relaxed),
             committed_requests: c.committed_ops.load(Ordering::Relaxed),
             reruns: c.reruns.load(Ordering::Relaxed),
             busy: c.busy.load(Ordering::Relaxed),
-            queued: self.inner.group.queued(),
+            queued: self.group().queued(),
             sweep_passes: sweeps.passes,
             swept_records: sweeps.swept,
             sweep_failures: sweeps.failures,
@@ -1232,6 +1207,39 @@ impl Store {
 
     // ---- the shared state, for the rest of the crate ----
 
+    /// The store on an opened and checked `db` (see `StoreBuilder::open`): its shared state,
+    /// with no background thread yet.
+    pub(crate) fn new(
+        db: redb::Database,
+        config: Config,
+        clock: Arc<dyn Clock>,
+        durability: Durability,
+        group: GroupConfig,
+        instance: [u8; 8],
+    ) -> Store {
+        let inner = Inner {
+            db,
+            config,
+            clock,
+            failure: Mutex::new(None),
+            instance,
+            next_token: AtomicU64::new(0),
+            lease_events: Mutex::new(0),
+            lease_changed: Condvar::new(),
+            group: Group::new(group),
+            durability,
+            unflushed: AtomicBool::new(false),
+            background: Background::default(),
+            sweep_lock: Mutex::new(()),
+            sweeps: Mutex::new(SweepTotals::default()),
+            work: Arc::new(Signal::default()),
+            extensions: Mutex::new(HashMap::new()),
+        };
+        Store {
+            inner: Arc::new(inner),
+        }
+    }
+
     /// The settings fixed at open.
     pub(crate) fn config(&self) -> &Config {
         &self.inner.config
@@ -1275,7 +1283,10 @@ impl Store {
     /// The redb database, when this handle is the only one (no other clone, no live
     /// [`Lease`], no background thread between ticks): what `compact` and `check_integrity`
     /// need. Otherwise [`Error::InUse`] for `operation`.
-    fn exclusive_db(&mut self, operation: &'static str) -> Result<&mut redb::Database, Error> {
+    pub(crate) fn exclusive_db(
+        &mut self,
+        operation: &'static str,
+    ) -> Result<&mut redb::Database, Error> {
         let others = Arc::strong_count(&self.inner).saturating_sub(1);
         match Arc::get_mut(&mut self.inner) {
             Some(inner) => Ok(&mut inner.db),
