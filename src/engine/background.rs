@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use crate::engine::builder::Durability;
 use crate::engine::commit::{Durable, Step};
-use crate::engine::store::{Durability, Store, WeakStore};
+use crate::engine::store::{Store, WeakStore};
 use crate::error::Error;
 
 /// The background threads of one store.

@@ -34,7 +34,8 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use redb::WriteTransaction;
 
-use crate::engine::store::{Panicked, Store, catch_storage_panic};
+use crate::engine::boundary::{Panicked, catch_storage_panic};
+use crate::engine::store::Store;
 use crate::error::Error;
 use crate::model::clock::Timestamp;
 

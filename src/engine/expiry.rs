@@ -13,8 +13,9 @@ use std::collections::{HashMap, HashSet};
 
 use redb::{ReadableTable, ReadableTableMetadata, StorageError, Table};
 
+use crate::engine::boundary::unlatched;
 use crate::engine::marks::{KIND_MARK, expected_mark_entries};
-use crate::engine::store::{Store, unlatched};
+use crate::engine::store::Store;
 use crate::engine::tables::{EXPIRY, RECORDS};
 use crate::error::Error;
 use crate::model::clock::Timestamp;

@@ -13,8 +13,9 @@
 
 use redb::{ReadableTable, WriteTransaction};
 
+use crate::engine::boundary::unlatched;
 use crate::engine::expiry::{ExpiryTable, entry_key};
-use crate::engine::store::{Store, unlatched};
+use crate::engine::store::Store;
 use crate::engine::tables::{EXPIRY, INBOX, open_optional};
 use crate::error::Error;
 use crate::model::clock::Timestamp;

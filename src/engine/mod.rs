@@ -3,9 +3,12 @@
 //! values and applies its rules; it knows nothing of messaging or of the faces.
 
 pub(crate) mod background;
+pub(crate) mod boundary;
+pub(crate) mod builder;
 pub(crate) mod commit;
 pub(crate) mod expiry;
 pub(crate) mod lease;
+pub(crate) mod maintenance;
 pub(crate) mod marks;
 pub(crate) mod read_only;
 pub(crate) mod signal;

@@ -13,10 +13,10 @@ use std::sync::Arc;
 
 use redb::ReadableDatabase;
 
+use crate::engine::boundary::{contained, unlatched};
+use crate::engine::builder::StoreBuilder;
 use crate::engine::expiry::{Stats, stats_in};
-use crate::engine::store::{
-    StoreBuilder, admit_key, contained, for_each_record_in, read_record_in, unlatched,
-};
+use crate::engine::store::{admit_key, for_each_record_in, read_record_in};
 use crate::error::Error;
 use crate::model::clock::{Clock, Timestamp};
 use crate::model::record::Record;

@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 
 use redb::{ReadableTable, WriteTransaction};
 
+use crate::engine::boundary::unlatched;
 use crate::engine::commit::{Durable, Step};
 use crate::engine::expiry::{KIND_RECORD, parse_entry, put_in, record_entry, remove_in};
 use crate::engine::marks::{KIND_MARK, MarkSweep, sweep_mark_entry};
-use crate::engine::store::{Store, unlatched};
+use crate::engine::store::Store;
 use crate::engine::tables::{EXPIRY, RECORDS};
 use crate::error::Error;
 use crate::model::clock::Timestamp;

@@ -16,9 +16,10 @@ use std::time::Duration;
 
 use redb::ReadableTable;
 
+use crate::engine::boundary::unlatched;
 use crate::engine::commit::{Durable, Step};
 use crate::engine::signal::Signal;
-use crate::engine::store::{Store, WeakStore, unlatched};
+use crate::engine::store::{Store, WeakStore};
 use crate::engine::tables::{OUTBOX, OUTBOX_DEAD, open_optional};
 use crate::error::{BoxError, Error};
 use crate::messaging::outbox::{AfterFailure, OutboxEvent, OutboxShared, Stored, after_failure};

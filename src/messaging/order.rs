@@ -3,7 +3,8 @@
 
 use redb::ReadableTable;
 
-use crate::engine::store::{Store, unlatched};
+use crate::engine::boundary::unlatched;
+use crate::engine::store::Store;
 use crate::engine::tables::{VERSIONS, open_optional};
 use crate::engine::tx::Tx;
 use crate::error::Error;

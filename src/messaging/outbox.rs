@@ -13,9 +13,10 @@ use std::time::Duration;
 use redb::{ReadableTable, ReadableTableMetadata, WriteTransaction};
 use serde::{Deserialize, Serialize};
 
+use crate::engine::boundary::unlatched;
 use crate::engine::commit::{Durable, Step};
 use crate::engine::read_only::ReadOnlyStore;
-use crate::engine::store::{Store, unlatched};
+use crate::engine::store::Store;
 use crate::engine::tables::{META, META_OUTBOX_SEQ, OUTBOX, OUTBOX_DEAD, open_optional};
 use crate::engine::tx::{Origin, OriginKind, Tx};
 use crate::error::Error;
