@@ -5,6 +5,10 @@
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
+#[cfg(doc)]
+use crate::engine::read_only::ReadOnlyStore;
+#[cfg(doc)]
+use crate::engine::store::Store;
 use crate::error::Error;
 
 // ---- The storage boundary: panics from redb on damaged data ----

@@ -16,6 +16,8 @@ use redb::ReadableDatabase;
 use crate::engine::boundary::{contained, unlatched};
 use crate::engine::builder::StoreBuilder;
 use crate::engine::expiry::{Stats, stats_in};
+#[cfg(doc)]
+use crate::engine::store::Store;
 use crate::engine::store::{admit_key, for_each_record_in, read_record_in};
 use crate::error::Error;
 use crate::model::clock::{Clock, Timestamp};

@@ -25,6 +25,10 @@ use crate::engine::commit::{Durable, Group, GroupConfig, Step};
 use crate::engine::expiry::{put_in, remove_in};
 use crate::engine::lease::Begin;
 use crate::engine::lease::Lease;
+#[cfg(doc)]
+use crate::engine::maintenance::Metrics;
+#[cfg(doc)]
+use crate::engine::read_only::ReadOnlyStore;
 use crate::engine::signal::Signal;
 use crate::engine::sweep::SweepTotals;
 use crate::engine::tables::{EXPIRY, RECORDS};
