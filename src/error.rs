@@ -36,7 +36,7 @@ impl std::fmt::Display for Field {
 /// - the caller's closure asked for a retry (`Aborted`): nothing was written, retry later;
 /// - storage trouble (`Storage`, `OutcomeUnknown`, `FailStopped`, `CorruptRecord`,
 ///   `CorruptStore`, `ExpiryIndexMismatch`, `UnsupportedFormat`, `NeedsRecovery`, `Config`,
-///   `InUse`): see each variant.
+///   `InUse`, `Spawn`): see each variant.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -241,14 +241,30 @@ pub enum Error {
     )]
     Reentrant,
 
-    /// [`crate::Store::compact`] needs the store to itself, and something else still uses it.
-    /// Nothing was done.
-    #[error(
-        "compaction needs exclusive use of the store, but {reason}: finish or release every Lease, drop every other Store clone and every read transaction, then call compact again"
-    )]
+    /// A call that needs something to itself found it in use. Nothing was done.
+    /// [`crate::Store::compact`] and [`crate::Store::check_integrity`] need the only handle to
+    /// the store (no other clone, no live lease, no read transaction);
+    /// [`crate::Store::start_dispatcher`] needs to be the store's only outbox dispatcher.
+    #[error("{}", in_use_message(operation, reason))]
     InUse {
+        /// The call that was refused: `"compact"`, `"check_integrity"` or
+        /// `"start_dispatcher"`.
+        operation: &'static str,
         /// What still uses the store.
         reason: String,
+    },
+
+    /// A background thread could not be started (the flusher or the sweeper when the store
+    /// opens or after `compact` / `check_integrity`, the outbox dispatcher). The operating
+    /// system refused a new thread: the process is out of memory or at its thread limit.
+    #[error(
+        "could not start the {what} thread ({source}): the process is out of memory or at its thread limit; free resources or raise the limit (e.g. ulimit -u), then retry"
+    )]
+    Spawn {
+        /// The thread's name (`idem-flusher`, `idem-sweeper`, `idem-dispatcher`).
+        what: &'static str,
+        /// What the operating system said.
+        source: std::io::Error,
     },
 
     /// The operating system's random source failed (needed for lease holder tokens).
@@ -271,6 +287,18 @@ impl Error {
                 | Error::FailStopped { .. }
                 | Error::Storage { .. }
         )
+    }
+}
+
+/// The message of [`Error::InUse`]: what `operation` needs, and what to do about `reason`.
+fn in_use_message(operation: &str, reason: &str) -> String {
+    match operation {
+        "start_dispatcher" => format!(
+            "start_dispatcher needs to be the store's only outbox dispatcher, but {reason}: shut the running one down (DispatcherHandle::shutdown, or drop its handle) before starting another"
+        ),
+        _ => format!(
+            "{operation} needs exclusive use of the store, but {reason}: finish or release every Lease, drop every other Store clone and every read transaction, then call {operation} again"
+        ),
     }
 }
 
@@ -314,26 +342,3 @@ impl From<Error> for Abort {
         Abort::Store(e)
     }
 }
-
-macro_rules! redb_into {
-    ($($t:ty),*) => {$(
-        impl From<$t> for Abort {
-            fn from(e: $t) -> Self {
-                Abort::Store(Error::Storage { source: e.into() })
-            }
-        }
-        impl From<$t> for Error {
-            fn from(e: $t) -> Self {
-                Error::Storage { source: e.into() }
-            }
-        }
-    )*};
-}
-redb_into!(
-    redb::StorageError,
-    redb::TableError,
-    redb::TransactionError,
-    redb::DatabaseError,
-    redb::CompactionError,
-    redb::SetDurabilityError
-);

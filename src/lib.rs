@@ -56,9 +56,12 @@ pub(crate) mod model;
 
 pub use engine::expiry::Stats;
 
+pub use engine::builder::{Durability, StoreBuilder};
 pub use engine::lease::{Begin, Lease};
+pub use engine::maintenance::Metrics;
+
 pub use engine::read_only::ReadOnlyStore;
-pub use engine::store::{Durability, Metrics, Store, StoreBuilder};
+pub use engine::store::Store;
 pub use engine::sweep::SweepReport;
 pub use engine::tables::RESERVED_PREFIX;
 pub use engine::tx::Tx;

@@ -78,7 +78,7 @@ fn compaction_is_refused_while_anything_else_uses_the_store() {
 
     let clone = store.clone();
     match store.compact() {
-        Err(Error::InUse { reason }) => assert!(reason.contains("1 other"), "{reason}"),
+        Err(Error::InUse { reason, .. }) => assert!(reason.contains("1 other"), "{reason}"),
         other => panic!("expected InUse, got {other:?}"),
     }
     drop(clone);
@@ -89,7 +89,9 @@ fn compaction_is_refused_while_anything_else_uses_the_store() {
 
     let read = store.begin_read().expect("read");
     match store.compact() {
-        Err(Error::InUse { reason }) => assert!(reason.contains("read transaction"), "{reason}"),
+        Err(Error::InUse { reason, .. }) => {
+            assert!(reason.contains("read transaction"), "{reason}")
+        }
         other => panic!("expected InUse, got {other:?}"),
     }
     drop(read);

@@ -439,8 +439,8 @@ fn outbox_delivered_mark() {
                 )
                 .expect("start dispatcher");
             wait_until("the round's delivery mark", || {
-                let m = store.metrics();
-                m.outbox_delivered == 3 && m.outbox_publish_failures == 1
+                let m = store.outbox_metrics();
+                m.delivered == 3 && m.publish_failures == 1
             });
             handle.shutdown().expect("shutdown");
             let published: Vec<(String, EventId)> = calls.try_iter().collect();

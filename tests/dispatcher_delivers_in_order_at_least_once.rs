@@ -79,7 +79,7 @@ fn a_commit_wakes_an_idle_dispatcher_at_once() {
     assert_eq!(next(&calls).payload, "hello");
     // The counter moves right after the mark's commit.
     wait_until("the delivery mark", || {
-        h.store().outbox_stats().unwrap().pending == 0 && h.store().metrics().outbox_delivered == 1
+        h.store().outbox_stats().unwrap().pending == 0 && h.store().outbox_metrics().delivered == 1
     });
     handle.shutdown().unwrap();
 }
@@ -122,7 +122,7 @@ fn per_key_order_holds_while_the_first_event_is_retried() {
             // Let the retry fall due, then wake the dispatcher.
             wait_until("the failure to be recorded", || {
                 store.pending_events(1).unwrap()[0].failed_attempts > 0
-                    && store.metrics().outbox_publish_failures as usize
+                    && store.outbox_metrics().publish_failures as usize
                         == seen.iter().filter(|c: &&Call| !c.ok).count() + 1
             });
             h.clock.advance(Duration::from_secs(10));
@@ -185,7 +185,7 @@ fn a_crash_between_publish_and_mark_republishes_and_the_consumer_inbox_keeps_one
     let first = next(&calls);
     assert!(first.payload.starts_with("Processed"));
     wait_until("the failed attempt", || {
-        producer.store().metrics().outbox_publish_failures == 1
+        producer.store().outbox_metrics().publish_failures == 1
     });
     producer.clock.advance(Duration::from_secs(5));
     handle.wake();
@@ -268,7 +268,7 @@ fn an_always_failing_event_is_dead_lettered_and_other_keys_go_on() {
             assert_eq!(c.payload, "p1", "p2 waits behind p1");
             failures += 1;
             wait_until("the failure", || {
-                store.metrics().outbox_publish_failures == failures
+                store.outbox_metrics().publish_failures == failures
             });
             h.clock.advance(Duration::from_secs(5));
             handle.wake();
@@ -276,7 +276,7 @@ fn an_always_failing_event_is_dead_lettered_and_other_keys_go_on() {
     }
     assert_eq!(delivered, ["f1"]);
     wait_until("the dead letter", || {
-        store.metrics().outbox_dead_lettered == 1
+        store.outbox_metrics().dead_lettered == 1
     });
     let dead = store.dead_letters(10).unwrap();
     assert_eq!(dead.len(), 1);

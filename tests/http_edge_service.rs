@@ -335,7 +335,7 @@ async fn the_dispatcher_delivers_one_event_per_payment() {
         .unwrap()
         .unwrap();
     assert_eq!(
-        store.metrics().outbox_delivered,
+        store.outbox_metrics().delivered,
         3,
         "replays pushed nothing"
     );

@@ -48,10 +48,12 @@ fn opening_idems_record_table_is_refused_and_the_execute_writes_nothing() {
 
     let r = try_reserved(store, "k", |tx| {
         let mut records = tx.open_table(RECORDS)?;
-        records.insert(
-            record_key("t", "op", b"existing").as_slice(),
-            b"junk".as_slice(),
-        )?;
+        records
+            .insert(
+                record_key("t", "op", b"existing").as_slice(),
+                b"junk".as_slice(),
+            )
+            .map_err(|e| Error::Storage { source: e.into() })?;
         Ok(())
     });
     assert_reserved(r, "idem.records.v1");

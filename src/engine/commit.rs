@@ -34,7 +34,8 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use redb::WriteTransaction;
 
-use crate::engine::store::{Panicked, Store, catch_storage_panic};
+use crate::engine::boundary::{Panicked, catch_storage_panic};
+use crate::engine::store::Store;
 use crate::error::Error;
 use crate::model::clock::Timestamp;
 
@@ -47,6 +48,17 @@ pub(crate) enum Step<T> {
     Clean(T),
     /// Roll back my writes (the batch re-runs without me) and give me this error now.
     Abort(Error),
+}
+
+/// How durable the commit of a write call must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Durable {
+    /// In the store's durability mode: fsynced before the answer with
+    /// [`crate::Durability::Immediate`], by the flusher with [`crate::Durability::Periodic`].
+    AsConfigured,
+    /// Fsynced before the answer whatever the mode, and never turned away by a full queue: the
+    /// flusher's commit, which bounds the loss window of `Durability::Periodic`.
+    Forced,
 }
 
 /// Commit-path settings.
@@ -224,18 +236,19 @@ impl Group {
 impl Store {
     /// Runs `work` in a write transaction shared with concurrent callers, and returns its value
     /// only after that transaction committed. `work` may run more than once (when another
-    /// member of its batch fails); only the committed run's writes and value count.
+    /// member of its batch fails); only the committed run's writes and value count. `durable`
+    /// says whether the commit must be fsynced whatever the durability mode.
     pub(crate) fn write<T>(
         &self,
-        durable: bool,
+        durable: Durable,
         mut work: impl FnMut(&WriteTransaction, Timestamp) -> Step<T>,
     ) -> Result<T, Error> {
         if self.in_closure() {
             return Err(Error::Reentrant);
         }
         self.check_writable()?;
-        let group = &self.inner.group;
-        let me = Member::new(durable);
+        let group = &self.group();
+        let me = Member::new(durable == Durable::Forced);
         let mut signal = group.join(&me)?;
         let mut value: Option<T> = None;
         loop {
@@ -328,7 +341,7 @@ impl Store {
             })),
             Err(e) => {
                 self.fail_all(&batch, &e);
-                self.inner.group.hand_off();
+                self.group().hand_off();
                 None
             }
         }
@@ -360,11 +373,11 @@ impl Store {
             if result.is_ok() {
                 // Batches commit one at a time, so this ordering is exact: a durable commit
                 // persists every earlier one, a relaxed one leaves work for the flusher.
-                self.inner.unflushed.store(relaxed, Ordering::Release);
+                self.set_unflushed(relaxed);
             }
             result
         };
-        let counters = &self.inner.group.counters;
+        let counters = &self.group().counters;
         let mine = match result {
             Ok(()) => {
                 counters.commits.fetch_add(1, Ordering::Relaxed);
@@ -380,7 +393,7 @@ impl Store {
                 Signal::Failed(e)
             }
         };
-        self.inner.group.hand_off();
+        self.group().hand_off();
         mine
     }
 
@@ -391,7 +404,7 @@ impl Store {
         let Baton {
             txn, batch, pos, ..
         } = *baton;
-        let group = &self.inner.group;
+        let group = &self.group();
         // Requeue first (it cannot panic), so a panic in abort or begin strands nobody.
         group.requeue_front(&batch[pos + 1..]);
         self.abort(txn);
@@ -475,7 +488,7 @@ impl Drop for AnswerWaiting<'_> {
             Error::FailStopped { cause }
         });
         self.store.fail_all(self.waiting, &e);
-        self.store.inner.group.hand_off();
+        self.store.group().hand_off();
     }
 }
 

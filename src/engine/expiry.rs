@@ -11,9 +11,11 @@
 
 use std::collections::{HashMap, HashSet};
 
-use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, StorageError, Table};
+use redb::{ReadableTable, ReadableTableMetadata, StorageError, Table};
 
-use crate::engine::store::{Store, contained};
+use crate::engine::boundary::unlatched;
+use crate::engine::marks::{KIND_MARK, expected_mark_entries};
+use crate::engine::store::Store;
 use crate::engine::tables::{EXPIRY, RECORDS};
 use crate::error::Error;
 use crate::model::clock::Timestamp;
@@ -134,15 +136,13 @@ impl Store {
     /// its response window counts as completed (and `due`) until a sweep shrinks it.
     pub fn stats(&self) -> Result<Stats, Error> {
         let now = self.now();
-        contained("counting the records", || {
-            let read = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
-            stats_in(&read, now).map_err(|e| self.observe(e))
-        })
+        self.read("counting the records", |read| stats_in(read, now))
     }
 
     /// Checks that the expiry index matches the records exactly: every record that decodes has
     /// exactly one entry, at [`crate::model::rules::sweep_due`] with its state tag, and every entry
-    /// belongs to a record (entries of records and inbox marks that no longer decode are tolerated). Returns a
+    /// belongs to a record or a mark (entries of records and marks that no longer decode are
+    /// tolerated). Returns a
     /// description of the first mismatches. O(records) time and memory: for tests and fuzzers.
     #[doc(hidden)]
     pub fn check_expiry_index(&self) -> Result<(), String> {
@@ -154,82 +154,77 @@ impl Store {
     /// the index disagrees with the records, `Err` when reading them failed (a storage error, or
     /// a panic contained as [`Error::CorruptStore`]).
     pub(crate) fn expiry_index_verdict(&self) -> Result<Result<(), String>, Error> {
-        contained("checking the expiry index", || {
-            self.check_expiry_index_inner()
-        })
+        self.read("checking the expiry index", check_expiry_index_in)
     }
+}
 
-    fn check_expiry_index_inner(&self) -> Result<Result<(), String>, Error> {
-        let read = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
-        let records = read.open_table(RECORDS).map_err(|e| self.storage(e))?;
-        let expiry = read.open_table(EXPIRY).map_err(|e| self.storage(e))?;
-        let mut expected: HashMap<Vec<u8>, u8> = HashMap::new();
-        let mut undecodable: HashSet<Vec<u8>> = HashSet::new();
-        for row in records.iter().map_err(|e| self.storage(e))? {
-            let (key, value) = row.map_err(|e| self.storage(e))?;
-            match Record::decode(value.value()) {
-                Ok(r) => {
-                    expected.insert(record_entry(&r, key.value()), r.state.tag());
-                }
-                Err(_) => {
-                    undecodable.insert(key.value().to_vec());
-                }
+/// The expiry-index check of [`Store::expiry_index_verdict`], from a read transaction.
+fn check_expiry_index_in(read: &redb::ReadTransaction) -> Result<Result<(), String>, Error> {
+    let records = read.open_table(RECORDS).map_err(unlatched)?;
+    let expiry = read.open_table(EXPIRY).map_err(unlatched)?;
+    let mut expected: HashMap<Vec<u8>, u8> = HashMap::new();
+    let mut undecodable: HashSet<Vec<u8>> = HashSet::new();
+    for row in records.iter().map_err(unlatched)? {
+        let (key, value) = row.map_err(unlatched)?;
+        match Record::decode(value.value()) {
+            Ok(r) => {
+                expected.insert(record_entry(&r, key.value()), r.state.tag());
+            }
+            Err(_) => {
+                undecodable.insert(key.value().to_vec());
             }
         }
-        let (inbox_entries, inbox_undecodable) =
-            crate::messaging::inbox::expected_inbox_entries(&read).map_err(|e| self.storage(e))?;
-        for (entry, tag) in inbox_entries {
-            expected.insert(entry, tag);
-        }
-        let inbox_undecodable: HashSet<Vec<u8>> = inbox_undecodable.into_iter().collect();
-        let mut problems = Vec::new();
-        for row in expiry.iter().map_err(|e| self.storage(e))? {
-            let (key, tag) = row.map_err(|e| self.storage(e))?;
-            let entry = key.value();
-            match expected.remove(entry) {
-                Some(t) if t == tag.value() => {}
-                Some(t) => problems.push(format!(
-                    "entry {} has state tag {} but its record's state is {t}",
-                    hex(entry),
-                    tag.value()
-                )),
-                None => match parse_entry(entry) {
-                    Some(e) if e.kind == KIND_RECORD && undecodable.contains(e.key) => {}
-                    Some(e)
-                        if e.kind == crate::messaging::inbox::KIND_INBOX
-                            && inbox_undecodable.contains(e.key) => {}
-                    _ => problems.push(format!(
-                        "orphan entry {} (no record has this due instant)",
-                        hex(entry)
-                    )),
-                },
-            }
-        }
-        for entry in expected.keys() {
-            problems.push(format!("record without its entry {}", hex(entry)));
-        }
-        if problems.is_empty() {
-            return Ok(Ok(()));
-        }
-        let n = problems.len();
-        problems.truncate(10);
-        Ok(Err(format!(
-            "{n} expiry index mismatches, first: {}",
-            problems.join("; ")
-        )))
     }
+    let (mark_entries, marks_undecodable) = expected_mark_entries(read).map_err(unlatched)?;
+    for (entry, tag) in mark_entries {
+        expected.insert(entry, tag);
+    }
+    let marks_undecodable: HashSet<Vec<u8>> = marks_undecodable.into_iter().collect();
+    let mut problems = Vec::new();
+    for row in expiry.iter().map_err(unlatched)? {
+        let (key, tag) = row.map_err(unlatched)?;
+        let entry = key.value();
+        match expected.remove(entry) {
+            Some(t) if t == tag.value() => {}
+            Some(t) => problems.push(format!(
+                "entry {} has state tag {} but its record's state is {t}",
+                hex(entry),
+                tag.value()
+            )),
+            None => match parse_entry(entry) {
+                Some(e) if e.kind == KIND_RECORD && undecodable.contains(e.key) => {}
+                Some(e) if e.kind == KIND_MARK && marks_undecodable.contains(e.key) => {}
+                _ => problems.push(format!(
+                    "orphan entry {} (no record has this due instant)",
+                    hex(entry)
+                )),
+            },
+        }
+    }
+    for entry in expected.keys() {
+        problems.push(format!("record without its entry {}", hex(entry)));
+    }
+    if problems.is_empty() {
+        return Ok(Ok(()));
+    }
+    let n = problems.len();
+    problems.truncate(10);
+    Ok(Err(format!(
+        "{n} expiry index mismatches, first: {}",
+        problems.join("; ")
+    )))
 }
 
 /// [`Store::stats`] from a read transaction (a [`Store`] or a [`crate::ReadOnlyStore`]).
 pub(crate) fn stats_in(read: &redb::ReadTransaction, now: Timestamp) -> Result<Stats, Error> {
-    let records = read.open_table(RECORDS)?;
-    let expiry = read.open_table(EXPIRY)?;
+    let records = read.open_table(RECORDS).map_err(unlatched)?;
+    let expiry = read.open_table(EXPIRY).map_err(unlatched)?;
     let mut stats = Stats {
-        records: records.len()?,
+        records: records.len().map_err(unlatched)?,
         ..Stats::default()
     };
-    for row in expiry.iter()? {
-        let (key, tag) = row?;
+    for row in expiry.iter().map_err(unlatched)? {
+        let (key, tag) = row.map_err(unlatched)?;
         let Some(entry) = parse_entry(key.value()) else {
             continue;
         };

@@ -2,11 +2,10 @@
 
 use std::time::Duration;
 
-use crate::engine::commit::Step;
+use crate::engine::commit::{Durable, Step};
 use crate::engine::store::Store;
-use crate::engine::tx::Tx;
+use crate::engine::tx::{Origin, Tx};
 use crate::error::{Abort, Error};
-use crate::messaging::outbox::Origin;
 use crate::model::clock::Timestamp;
 use crate::model::keys::DownstreamKey;
 use crate::model::record::{HolderToken, Record};
@@ -130,8 +129,8 @@ impl Lease {
     /// already granted stays, so no other attempt can take the key over before it.
     pub fn heartbeat(&mut self) -> Result<Timestamp, Error> {
         let store = &self.store;
-        let lease = store.inner.config.lease_duration;
-        let deadline = store.write(false, |txn, now| {
+        let lease = store.config().lease_duration;
+        let deadline = store.write(Durable::AsConfigured, |txn, now| {
             let record = match self.held(txn, now) {
                 Ok(r) => r,
                 Err(e) => return Step::Clean(Err(e)),
@@ -205,18 +204,17 @@ impl Lease {
         F: FnMut(&Tx<'_>) -> Result<Response, Abort>,
     {
         let store = self.store.clone();
-        let windows = store
-            .inner
-            .config
-            .windows_for(self.request.scope().operation());
-        let result = store.write(false, |txn, now| {
+        let windows = store.config().windows_for(self.request.scope().operation());
+        let mut announced = false;
+        let result = store.write(Durable::AsConfigured, |txn, now| {
             let record = match self.held(txn, now) {
                 Ok(r) => r,
                 Err(e) => return Step::Clean(Err(e)),
             };
             // The intent's creation time, kept by takeovers: every attempt pushes the same ids.
             let origin = Origin::record(&self.key, record.created_at);
-            let result = store.run_closure(|| f(&Tx::new(txn, now, origin)));
+            let (result, pushed) = store.run_on_tx(txn, now, origin, &mut f);
+            announced = pushed;
             let (state, response) = match store.settle(result) {
                 Ok(settled) => settled,
                 Err(e) => return Step::Abort(e),
@@ -228,7 +226,9 @@ impl Lease {
                 Err(e) => Step::Abort(e),
             }
         });
-        store.wake_dispatcher_if_pushed();
+        if announced && result.is_ok() {
+            store.announce_work();
+        }
         match result {
             Ok(Ok(response)) => {
                 self.finished = true;
@@ -256,14 +256,16 @@ impl Lease {
 
     fn release_inner(&self) -> Result<(), Error> {
         let store = &self.store;
-        let released = store.write(false, |txn, now| match self.held(txn, now) {
-            Ok(_) => match store.remove(txn, &self.key) {
-                Ok(_) => Step::Done(Ok(true)),
-                Err(e) => Step::Abort(e),
-            },
-            // Already lost: nothing to release.
-            Err(Error::LeaseLost { .. }) => Step::Clean(Ok(false)),
-            Err(e) => Step::Clean(Err(e)),
+        let released = store.write(Durable::AsConfigured, |txn, now| {
+            match self.held(txn, now) {
+                Ok(_) => match store.remove(txn, &self.key) {
+                    Ok(_) => Step::Done(Ok(true)),
+                    Err(e) => Step::Abort(e),
+                },
+                // Already lost: nothing to release.
+                Err(Error::LeaseLost { .. }) => Step::Clean(Ok(false)),
+                Err(e) => Step::Clean(Err(e)),
+            }
         })??;
         if released {
             store.lease_event();

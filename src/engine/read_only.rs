@@ -13,14 +13,13 @@ use std::sync::Arc;
 
 use redb::ReadableDatabase;
 
+use crate::engine::boundary::{contained, unlatched};
+use crate::engine::builder::StoreBuilder;
 use crate::engine::expiry::{Stats, stats_in};
-use crate::engine::store::{
-    StoreBuilder, admit_key, contained, for_each_record_in, read_record_in,
-};
+#[cfg(doc)]
+use crate::engine::store::Store;
+use crate::engine::store::{admit_key, for_each_record_in, read_record_in};
 use crate::error::Error;
-use crate::messaging::outbox::{
-    DeadLetter, OutboxEvent, OutboxStats, dead_letters_in, outbox_stats_in, pending_events_in,
-};
 use crate::model::clock::{Clock, Timestamp};
 use crate::model::record::Record;
 use crate::model::scope::{Limits, Scope};
@@ -60,7 +59,7 @@ impl ReadOnlyStore {
     /// The stored record for `key` in `scope`, exactly as stored (like [`crate::Store::get`]).
     pub fn get(&self, scope: &Scope, key: impl AsRef<[u8]>) -> Result<Option<Record>, Error> {
         let key = admit_key(&self.limits, scope, key)?;
-        contained("reading a record", || read_record_in(&self.read()?, &key))
+        self.read("reading a record", |read| read_record_in(read, &key))
     }
 
     /// Every stored record, in record-key order, until `f` breaks (like
@@ -69,42 +68,19 @@ impl ReadOnlyStore {
         &self,
         f: impl FnMut(&[u8], Result<Record, Error>) -> ControlFlow<()>,
     ) -> Result<(), Error> {
-        contained("reading the records", || {
-            for_each_record_in(&self.read()?, f)
-        })
+        self.read("reading the records", |read| for_each_record_in(read, f))
     }
 
     /// Records by stored state and records due for a sweep (like [`crate::Store::stats`]).
     pub fn stats(&self) -> Result<Stats, Error> {
         let now = self.now();
-        contained("counting the records", || stats_in(&self.read()?, now))
-    }
-
-    /// Undelivered outbox events and dead letters (like [`crate::Store::outbox_stats`]).
-    pub fn outbox_stats(&self) -> Result<OutboxStats, Error> {
-        contained("counting the outbox", || outbox_stats_in(&self.read()?))
-    }
-
-    /// The first `limit` undelivered events, in commit order (like
-    /// [`crate::Store::pending_events`]).
-    pub fn pending_events(&self, limit: usize) -> Result<Vec<OutboxEvent>, Error> {
-        contained("reading the outbox", || {
-            pending_events_in(&self.read()?, limit)
-        })
-    }
-
-    /// The first `limit` dead letters, oldest event first (like
-    /// [`crate::Store::dead_letters`]).
-    pub fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, Error> {
-        contained("reading the dead letters", || {
-            dead_letters_in(&self.read()?, limit)
-        })
+        self.read("counting the records", |read| stats_in(read, now))
     }
 
     /// A read transaction on the file, for reading your own tables. What you read through it
     /// is outside idem's storage boundary: on a damaged page, redb may panic in your code.
     pub fn begin_read(&self) -> Result<redb::ReadTransaction, Error> {
-        self.read()
+        self.db.begin_read().map_err(unlatched)
     }
 
     /// The store's current time (its clock: [`StoreBuilder::clock`]).
@@ -117,8 +93,14 @@ impl ReadOnlyStore {
         self.limits
     }
 
-    fn read(&self) -> Result<redb::ReadTransaction, Error> {
-        Ok(self.db.begin_read()?)
+    /// The read path, like [`crate::Store::read`]'s at the same storage boundary, but a
+    /// read-only store has nothing to latch (it never writes): errors are returned as they are.
+    pub(crate) fn read<T>(
+        &self,
+        while_: &str,
+        f: impl FnOnce(&redb::ReadTransaction) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        contained(while_, || f(&self.begin_read()?))
     }
 }
 

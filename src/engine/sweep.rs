@@ -7,17 +7,17 @@
 //! and only shrinks what it answers as `Expired`. Sweeps free space; correctness never waits
 //! for them.
 
-use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
+use redb::{ReadableTable, WriteTransaction};
 
-use crate::engine::commit::Step;
+use crate::engine::boundary::unlatched;
+use crate::engine::commit::{Durable, Step};
 use crate::engine::expiry::{KIND_RECORD, parse_entry, put_in, record_entry, remove_in};
-use crate::engine::store::{Inner, Store, contained};
+use crate::engine::marks::{KIND_MARK, MarkSweep, sweep_mark_entry};
+use crate::engine::store::Store;
 use crate::engine::tables::{EXPIRY, RECORDS};
 use crate::error::Error;
-use crate::messaging::inbox::{InboxSweep, KIND_INBOX, sweep_inbox_entry};
 use crate::model::clock::Timestamp;
 use crate::model::record::Record;
 use crate::model::rules::{SweepAction, sweep_action, sweep_due};
@@ -98,7 +98,7 @@ impl Store {
     ) -> Result<SweepReport, Error> {
         let mut report = SweepReport::default();
         let result = self.sweep_pass(&mut report, &mut progress);
-        let mut totals = self.inner.sweeps.lock();
+        let mut totals = self.sweep_totals();
         totals.passes += 1;
         totals.swept += report.swept();
         totals.last = report;
@@ -117,13 +117,13 @@ impl Store {
             return Err(Error::Reentrant);
         }
         self.check_writable()?;
-        let _one_pass_at_a_time = self.inner.sweep_lock.lock();
+        let _one_pass_at_a_time = self.one_sweep_at_a_time();
         let started = Instant::now();
         let cutoff = self.now();
-        let limit = self.inner.config.sweep_batch;
+        let limit = self.config().sweep_batch;
         let mut more = self.anything_due(cutoff)?;
         while more {
-            let batch = self.write(false, |txn, now| {
+            let batch = self.write(Durable::AsConfigured, |txn, now| {
                 match self.sweep_batch(txn, cutoff, now, limit) {
                     Ok(batch) => Step::Done(batch),
                     Err(e) => Step::Abort(e),
@@ -152,10 +152,9 @@ impl Store {
     /// Whether any index entry is due at `cutoff`, from a read transaction: an idle pass costs
     /// no write transaction and no fsync.
     fn anything_due(&self, cutoff: Timestamp) -> Result<bool, Error> {
-        contained("looking for records due for a sweep", || {
-            let read = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
-            let expiry = read.open_table(EXPIRY).map_err(|e| self.storage(e))?;
-            let first = expiry.first().map_err(|e| self.storage(e))?;
+        self.read("looking for records due for a sweep", |read| {
+            let expiry = read.open_table(EXPIRY).map_err(unlatched)?;
+            let first = expiry.first().map_err(unlatched)?;
             Ok(first.is_some_and(|(k, _)| parse_entry(k.value()).is_none_or(|e| e.due <= cutoff)))
         })
     }
@@ -191,13 +190,13 @@ impl Store {
         for raw in due.iter().take(limit) {
             let entry = match parse_entry(raw) {
                 Some(e) if e.kind == KIND_RECORD => e,
-                Some(e) if e.kind == KIND_INBOX => {
-                    match sweep_inbox_entry(txn, &mut expiry, raw, e.key, now)
+                Some(e) if e.kind == KIND_MARK => {
+                    match sweep_mark_entry(txn, &mut expiry, raw, e.key, now)
                         .map_err(|e| self.storage(e))?
                     {
-                        InboxSweep::Deleted => batch.deleted += 1,
-                        InboxSweep::Repaired => batch.repaired += 1,
-                        InboxSweep::Keep => {
+                        MarkSweep::Deleted => batch.deleted += 1,
+                        MarkSweep::Repaired => batch.repaired += 1,
+                        MarkSweep::Keep => {
                             batch.more = false;
                             break;
                         }
@@ -254,26 +253,5 @@ impl Store {
             }
         }
         Ok(batch)
-    }
-}
-
-/// The background sweeper: one pass every `interval`. Ends when the store is dropped (the stop
-/// channel disconnects) or cannot be upgraded; `_alive` lets tests see that it ended.
-pub(crate) fn sweeper(
-    weak: Weak<Inner>,
-    interval: Duration,
-    stop: crossbeam_channel::Receiver<()>,
-    _alive: Arc<()>,
-) {
-    loop {
-        match stop.recv_timeout(interval) {
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
-            _ => return,
-        }
-        let Some(inner) = weak.upgrade() else { return };
-        let store = Store { inner };
-        // A failure is counted in the metrics; a fail-stopped store fails every pass until it
-        // is reopened.
-        let _ = store.sweep();
     }
 }

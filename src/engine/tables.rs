@@ -20,12 +20,12 @@ pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idem
 /// Key of the format marker in [`META`].
 pub(crate) const META_FORMAT: &str = "format";
 
-/// Inbox marks and webhook receipts: `namespace ‖ u16be(len(subscriber)) ‖ subscriber ‖
-/// message id` → `u64be(processed_at) ‖ u64be(forget_at) ‖ checksum` (8 bytes, see
-/// `docs/design.md`; `v2` since the checksum was added), or a longer value starting with
-/// `0x03` that also keeps a terminal rejection's response (docs/FORMAT.md, "Inbox marks";
-/// old 24-byte marks read unchanged). Each mark has an entry of kind
-/// `0x02` in [`EXPIRY`], so sweeps remove it after the inbox retention.
+/// Marks, stored by `engine/marks.rs` (inbox marks and webhook receipts):
+/// `namespace ‖ u16be(len(subscriber)) ‖ subscriber ‖ message id` → `u64be(processed_at) ‖
+/// u64be(forget_at) ‖ checksum` (8 bytes, see `docs/design.md`; `v2` since the checksum was
+/// added), or a longer value starting with `0x03` that also keeps a terminal rejection's
+/// response (docs/FORMAT.md, "Inbox marks"; old 24-byte marks read unchanged). Each mark has
+/// an entry of kind `0x02` in [`EXPIRY`], so sweeps remove it after the inbox retention.
 pub(crate) const INBOX: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idem.inbox.v2");
 
 /// Undelivered outbox events: commit sequence number → encoded event. A row is deleted once
@@ -42,3 +42,17 @@ pub(crate) const META_OUTBOX_SEQ: &str = "outbox.next_seq";
 
 /// Per-entity version high-water marks: entity → `u64be(version) ‖ u64be(skipped)`.
 pub(crate) const VERSIONS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idem.versions.v1");
+
+/// Opens a table in a read transaction; `None` if it was never created. The inbox, outbox
+/// and version tables are created by the first write that uses them, so a store that never
+/// uses them keeps exactly the core tables.
+pub(crate) fn open_optional<K: redb::Key + 'static, V: redb::Value + 'static>(
+    read: &redb::ReadTransaction,
+    definition: TableDefinition<K, V>,
+) -> Result<Option<redb::ReadOnlyTable<K, V>>, redb::TableError> {
+    match read.open_table(definition) {
+        Ok(t) => Ok(Some(t)),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}

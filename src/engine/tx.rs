@@ -1,13 +1,16 @@
-//! The transaction handle given to the caller's closure.
+//! The transaction handle given to the caller's closure, and what that transaction commits
+//! ([`Origin`]).
+
+use std::cell::Cell;
 
 use redb::{
     Key, MultimapTable, MultimapTableDefinition, MultimapTableHandle, Table, TableDefinition,
     TableHandle, Value, WriteTransaction,
 };
 
+use crate::engine::store::Store;
 use crate::engine::tables::RESERVED_PREFIX;
-use crate::error::Error;
-use crate::messaging::outbox::Origin;
+use crate::error::{Abort, Error};
 use crate::model::clock::Timestamp;
 
 /// The write transaction that will also commit the idempotency record. Open your own tables
@@ -15,50 +18,61 @@ use crate::model::clock::Timestamp;
 ///
 /// idem's own tables (names starting with [`RESERVED_PREFIX`]) cannot be opened here.
 pub struct Tx<'t> {
+    /// The store whose write runs this closure: an I/O failure met through this handle latches
+    /// its fail-stop at once, whatever the closure then makes of the error.
+    store: &'t Store,
     txn: &'t WriteTransaction,
     now: Timestamp,
     /// What this transaction commits (a record, an inbox mark, and which generation of it):
     /// the root of the stable ids of the outbox events it pushes.
     origin: Origin<'t>,
-    /// Outbox events pushed so far by this run of the closure.
-    pushed: std::cell::Cell<u32>,
+    /// Work announced so far by this run of the closure (outbox pushes): after the transaction
+    /// commits, the store wakes whoever waits for work ([`crate::engine::signal::Signal`]).
+    announced: Cell<u32>,
 }
 
 impl<'t> Tx<'t> {
-    pub(crate) fn new(txn: &'t WriteTransaction, now: Timestamp, origin: Origin<'t>) -> Self {
+    pub(crate) fn new(
+        store: &'t Store,
+        txn: &'t WriteTransaction,
+        now: Timestamp,
+        origin: Origin<'t>,
+    ) -> Self {
         Tx {
+            store,
             txn,
             now,
             origin,
-            pushed: std::cell::Cell::new(0),
+            announced: Cell::new(0),
         }
     }
 
-    /// The transactional outbox: events pushed here commit with this transaction's writes, or
-    /// not at all. See [`crate::Outbox`].
-    pub fn outbox(&self) -> crate::messaging::outbox::Outbox<'_, 't> {
-        crate::messaging::outbox::Outbox::new(self)
-    }
-
-    /// Per-entity version high-water marks, updated in this transaction. See
-    /// [`crate::Versions`].
-    pub fn versions(&self) -> crate::messaging::order::Versions<'_, 't> {
-        crate::messaging::order::Versions::new(self)
-    }
-
+    /// The redb transaction, for the layers built on the engine (the outbox, version marks).
     pub(crate) fn raw(&self) -> &'t WriteTransaction {
         self.txn
+    }
+
+    /// A redb error met in this transaction, through the store's latch (see
+    /// [`Store::storage`]).
+    pub(crate) fn storage(&self, e: impl Into<redb::Error>) -> Error {
+        self.store.storage(e)
     }
 
     pub(crate) fn origin(&self) -> Origin<'t> {
         self.origin
     }
 
-    /// Numbers the next event pushed by this run of the closure (0, 1, 2, …).
-    pub(crate) fn next_push(&self) -> u32 {
-        let n = self.pushed.get();
-        self.pushed.set(n.saturating_add(1));
+    /// Announces one piece of work for a background worker of the layers above (an outbox
+    /// event for the dispatcher) and numbers it within this run of the closure (0, 1, 2, …).
+    pub(crate) fn announce(&self) -> u32 {
+        let n = self.announced.get();
+        self.announced.set(n.saturating_add(1));
         n
+    }
+
+    /// Whether this run of the closure announced any work.
+    pub(crate) fn announced(&self) -> bool {
+        self.announced.get() > 0
     }
 
     /// Opens (creating if needed) one of the caller's tables in this transaction.
@@ -67,7 +81,7 @@ impl<'t> Tx<'t> {
         definition: TableDefinition<K, V>,
     ) -> Result<Table<'t, K, V>, Error> {
         check_name(definition.name())?;
-        Ok(self.txn.open_table(definition)?)
+        self.txn.open_table(definition).map_err(|e| self.storage(e))
     }
 
     /// Opens (creating if needed) one of the caller's multimap tables in this transaction.
@@ -76,7 +90,9 @@ impl<'t> Tx<'t> {
         definition: MultimapTableDefinition<K, V>,
     ) -> Result<MultimapTable<'t, K, V>, Error> {
         check_name(definition.name())?;
-        Ok(self.txn.open_multimap_table(definition)?)
+        self.txn
+            .open_multimap_table(definition)
+            .map_err(|e| self.storage(e))
     }
 
     /// The store clock's time at which this transaction decided to run.
@@ -93,4 +109,81 @@ fn check_name(name: &str) -> Result<(), Error> {
         });
     }
     Ok(())
+}
+
+// `?` on a redb error in a caller's closure gives `Abort::Store`; the write that runs the closure
+// observes it (latching fail-stop for an I/O failure). There is deliberately no
+// `From<redb::…> for Error`: inside idem every redb error goes through the latch
+// (`Store::storage`, `Store::observe`, `Store::read`) or, where nothing can be latched, through
+// `unlatched` (engine/store.rs).
+macro_rules! redb_into_abort {
+    ($($t:ty),*) => {$(
+        impl From<$t> for Abort {
+            fn from(e: $t) -> Self {
+                Abort::Store(Error::Storage { source: e.into() })
+            }
+        }
+    )*};
+}
+redb_into_abort!(
+    redb::StorageError,
+    redb::TableError,
+    redb::TransactionError,
+    redb::DatabaseError,
+    redb::CompactionError,
+    redb::SetDurabilityError
+);
+
+/// What a transaction commits, as the root of the ids of the events it pushes: the kind of
+/// row, its key, and the instant that names this generation of the row. The generation is
+/// fixed for the life of one intent (a record's `created_at`, kept by takeovers and by
+/// finishing; a mark's `processed_at`) and differs for a new intent that re-uses a key after the
+/// old one was forgotten or purged, so a consumer that still remembers the old intent's event
+/// ids does not drop the new intent's events.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Origin<'a> {
+    kind: OriginKind,
+    key: &'a [u8],
+    generation: Timestamp,
+}
+
+/// The kind of row a transaction commits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OriginKind {
+    /// An idempotency record (`execute`, `Lease::complete_with`).
+    Record,
+    /// An inbox mark or a webhook receipt (`process`, `receive`).
+    Mark,
+}
+
+impl<'a> Origin<'a> {
+    /// The record under `key`, of the intent created at `created_at`.
+    pub(crate) fn record(key: &'a [u8], created_at: Timestamp) -> Self {
+        Origin {
+            kind: OriginKind::Record,
+            key,
+            generation: created_at,
+        }
+    }
+
+    /// The mark (inbox mark or webhook receipt) under `key`, processed at `processed_at`.
+    pub(crate) fn mark(key: &'a [u8], processed_at: Timestamp) -> Self {
+        Origin {
+            kind: OriginKind::Mark,
+            key,
+            generation: processed_at,
+        }
+    }
+
+    pub(crate) fn kind(&self) -> OriginKind {
+        self.kind
+    }
+
+    pub(crate) fn key(&self) -> &'a [u8] {
+        self.key
+    }
+
+    pub(crate) fn generation(&self) -> Timestamp {
+        self.generation
+    }
 }

@@ -9,20 +9,20 @@
 
 use std::collections::HashSet;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use redb::{ReadableDatabase, ReadableTable};
+use redb::ReadableTable;
 
-use crate::engine::commit::Step;
-use crate::engine::store::{Inner, Store, contained};
-use crate::engine::tables::{OUTBOX, OUTBOX_DEAD};
+use crate::engine::boundary::unlatched;
+use crate::engine::commit::{Durable, Step};
+use crate::engine::signal::Signal;
+use crate::engine::store::{Store, WeakStore};
+use crate::engine::tables::{OUTBOX, OUTBOX_DEAD, open_optional};
 use crate::error::{BoxError, Error};
-use crate::messaging::outbox::{
-    AfterFailure, OutboxEvent, Signal, Stored, after_failure, open_optional,
-};
+use crate::messaging::outbox::{AfterFailure, OutboxEvent, OutboxShared, Stored, after_failure};
 use crate::model::clock::Timestamp;
 
 /// Publishes outbox events to a broker (Kafka, NATS, an HTTP endpoint…). Return `Ok` only once
@@ -177,7 +177,7 @@ impl Store {
     /// retries. An event is deleted (delivered) only after `publish` returned Ok. A failed
     /// attempt is retried with exponential backoff and jitter; after
     /// [`DispatcherOptions::max_attempts`] failures the event moves to the dead-letter table
-    /// ([`Store::dead_letters`]), counted in [`crate::Metrics::outbox_dead_lettered`], and holds
+    /// ([`Store::dead_letters`]), counted in [`Store::outbox_metrics`], and holds
     /// back later events of its ordering key until requeued or discarded; other keys go on.
     ///
     /// One dispatcher per store at a time ([`Error::InUse`] otherwise); with
@@ -193,18 +193,17 @@ impl Store {
         options: DispatcherOptions,
     ) -> Result<DispatcherHandle, Error> {
         options.validate()?;
-        let shared = &self.inner.outbox;
+        let shared = self.extension::<OutboxShared>();
         if shared.running.swap(true, Ordering::AcqRel) {
             return Err(Error::InUse {
-                reason:
-                    "an outbox dispatcher is already running for this store (shut it down first)"
-                        .into(),
+                operation: "start_dispatcher",
+                reason: "an outbox dispatcher is already running for this store".into(),
             });
         }
         let stop = Arc::new(AtomicBool::new(false));
-        let signal = shared.signal.clone();
+        let signal = self.work_signal();
         let running = shared.running.clone();
-        let weak = Arc::downgrade(&self.inner);
+        let weak = self.downgrade();
         let thread_stop = stop.clone();
         let thread_signal = signal.clone();
         let mut seed = [0u8; 8];
@@ -231,10 +230,11 @@ impl Store {
                 signal,
                 thread: Some(t),
             }),
-            Err(e) => {
+            Err(source) => {
                 shared.running.store(false, Ordering::Release);
-                Err(Error::Config {
-                    reason: format!("could not start the outbox dispatcher thread: {e}"),
+                Err(Error::Spawn {
+                    what: "idem-dispatcher",
+                    source,
                 })
             }
         }
@@ -251,7 +251,7 @@ impl Drop for Running {
 }
 
 struct Dispatcher<P> {
-    weak: Weak<Inner>,
+    weak: WeakStore,
     publisher: P,
     options: DispatcherOptions,
     stop: Arc<AtomicBool>,
@@ -273,11 +273,10 @@ impl<P: Publisher> Dispatcher<P> {
 
     fn run(&mut self) {
         while !self.stopping() {
-            let seen = *self.signal.count.lock();
-            let Some(inner) = self.weak.upgrade() else {
+            let seen = self.signal.seen();
+            let Some(store) = self.weak.upgrade() else {
                 return;
             };
-            let store = Store { inner };
             // A failed round (storage trouble, a fail-stopped store) is retried after the
             // idle period; the events stay in the table.
             let round = self.round(&store);
@@ -294,10 +293,8 @@ impl<P: Publisher> Dispatcher<P> {
                     .max(Duration::from_millis(1)),
                 _ => self.options.idle_recheck,
             };
-            let mut count = self.signal.count.lock();
-            if *count == seen && !self.stopping() {
-                let _ = self.signal.cv.wait_for(&mut count, wait);
-            }
+            self.signal
+                .wait_unless_changed(seen, wait, || self.stopping());
         }
     }
 
@@ -364,7 +361,7 @@ impl<P: Publisher> Dispatcher<P> {
             });
         }
         self.record(store, &delivered, &failed)?;
-        let shared = &store.inner.outbox;
+        let shared = store.extension::<OutboxShared>();
         shared
             .delivered
             .fetch_add(delivered.len() as u64, Ordering::Relaxed);
@@ -415,24 +412,23 @@ impl<P: Publisher> Dispatcher<P> {
     fn load(&self, store: &Store, now: Timestamp) -> Result<Loaded, Error> {
         // Behind the storage boundary: a damaged page is `CorruptStore` for this round, never
         // a panic that ends the dispatcher thread.
-        contained("reading the outbox", || self.load_rows(store, now))
+        store.read("reading the outbox", |read| self.load_rows(read, now))
     }
 
-    fn load_rows(&self, store: &Store, now: Timestamp) -> Result<Loaded, Error> {
-        let read = store.inner.db.begin_read().map_err(|e| store.storage(e))?;
+    fn load_rows(&self, read: &redb::ReadTransaction, now: Timestamp) -> Result<Loaded, Error> {
         let mut loaded = Loaded {
             rows: Vec::new(),
             held: HashSet::new(),
             next_due: None,
             more: false,
         };
-        let Some(outbox) = open_optional(&read, OUTBOX).map_err(|e| store.storage(e))? else {
+        let Some(outbox) = open_optional(read, OUTBOX).map_err(unlatched)? else {
             return Ok(loaded);
         };
         let dead_keys = &mut loaded.held;
-        if let Some(dead) = open_optional(&read, OUTBOX_DEAD).map_err(|e| store.storage(e))? {
-            for row in dead.iter().map_err(|e| store.storage(e))? {
-                let (_, v) = row.map_err(|e| store.storage(e))?;
+        if let Some(dead) = open_optional(read, OUTBOX_DEAD).map_err(unlatched)? {
+            for row in dead.iter().map_err(unlatched)? {
+                let (_, v) = row.map_err(unlatched)?;
                 if let Ok(s) = Stored::decode(v.value())
                     && let Some(k) = s.ordering_key
                 {
@@ -440,8 +436,8 @@ impl<P: Publisher> Dispatcher<P> {
                 }
             }
         }
-        for row in outbox.iter().map_err(|e| store.storage(e))? {
-            let (seq, v) = row.map_err(|e| store.storage(e))?;
+        for row in outbox.iter().map_err(unlatched)? {
+            let (seq, v) = row.map_err(unlatched)?;
             // A row that does not decode is left in place (inspect it with pending_events).
             let Ok(s) = Stored::decode(v.value()) else {
                 continue;
@@ -470,15 +466,18 @@ impl<P: Publisher> Dispatcher<P> {
 
     /// Deletes delivered rows and records failures, in one write transaction.
     fn record(&self, store: &Store, delivered: &[u64], failed: &[Failed]) -> Result<(), Error> {
-        store.write(false, |txn, now| {
+        store.write(Durable::AsConfigured, |txn, now| {
+            let opening = |e: redb::TableError| store.storage(e);
+            let storage = |e: redb::StorageError| store.storage(e);
             let result = (|| -> Result<(), Error> {
-                let mut outbox = txn.open_table(OUTBOX)?;
+                let mut outbox = txn.open_table(OUTBOX).map_err(opening)?;
                 for seq in delivered {
-                    outbox.remove(*seq)?;
+                    outbox.remove(*seq).map_err(storage)?;
                 }
-                let mut dead = txn.open_table(OUTBOX_DEAD)?;
+                let mut dead = txn.open_table(OUTBOX_DEAD).map_err(opening)?;
                 for f in failed {
-                    let Some(bytes) = outbox.get(f.seq)?.map(|v| v.value().to_vec()) else {
+                    let row = outbox.get(f.seq).map_err(storage)?;
+                    let Some(bytes) = row.map(|v| v.value().to_vec()) else {
                         continue;
                     };
                     let mut stored = Stored::decode(&bytes)?;
@@ -488,11 +487,14 @@ impl<P: Publisher> Dispatcher<P> {
                     match f.action {
                         AfterFailure::Retry(delay) => {
                             stored.next_attempt_at = now.saturating_add(delay).0;
-                            outbox.insert(f.seq, stored.encode()?.as_slice())?;
+                            outbox
+                                .insert(f.seq, stored.encode()?.as_slice())
+                                .map_err(storage)?;
                         }
                         AfterFailure::DeadLetter => {
-                            outbox.remove(f.seq)?;
-                            dead.insert(f.seq, stored.encode()?.as_slice())?;
+                            outbox.remove(f.seq).map_err(storage)?;
+                            dead.insert(f.seq, stored.encode()?.as_slice())
+                                .map_err(storage)?;
                         }
                     }
                 }
@@ -500,7 +502,8 @@ impl<P: Publisher> Dispatcher<P> {
             })();
             match result {
                 Ok(()) => Step::Done(()),
-                Err(e) => Step::Abort(store.observe(e)),
+                // The write observes the error (and latches an I/O failure).
+                Err(e) => Step::Abort(e),
             }
         })
     }

@@ -1,31 +1,21 @@
 //! The inbox (processed-message marks) and webhook receipts.
 //!
-//! A mark is a row of `idem.inbox.v2` keyed by (namespace, subscriber or source, message or
-//! delivery id), written in the same write transaction as the consumer's own writes. Each mark
-//! has an entry of kind [`KIND_INBOX`] in the expiry index at its `forget_at`, so
-//! [`Store::sweep`] removes it after the inbox retention like any expired record.
+//! Built on the engine's marks (`engine/marks.rs`, which stores them, indexes them for expiry
+//! and sweeps them): this file chooses a mark's key — a namespace (inbox or webhook), the
+//! subscriber or source, the message or delivery id — and decides, from the stored mark,
+//! whether a delivery runs or is a duplicate. The mark is written in the same write
+//! transaction as the consumer's own writes; [`Store::sweep`] removes it after the inbox
+//! retention like any expired record.
 
-use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
-
-use crate::engine::commit::Step;
-use crate::engine::expiry::{ExpiryTable, entry_key};
-use crate::engine::store::{Store, contained};
-use crate::engine::tables::{EXPIRY, INBOX};
-use crate::engine::tx::Tx;
+use crate::engine::commit::{Durable, Step};
+use crate::engine::store::Store;
+use crate::engine::tx::{Origin, Tx};
 use crate::error::{Abort, Error, Field};
-use crate::messaging::outbox::{Origin, open_optional};
 use crate::model::clock::Timestamp;
 use crate::model::marks::Mark;
 use crate::model::response::Response;
-use crate::model::rules::inbox::{is_mark_forgotten, processed_mark};
+use crate::model::rules::inbox::processed_mark;
 use crate::model::rules::{InboxDecision, inbox_decide};
-
-/// Expiry-index entry kind of an inbox mark or webhook receipt (its key is in
-/// `idem.inbox.v2`).
-pub(crate) const KIND_INBOX: u8 = 0x02;
-
-/// The state tag stored with an inbox entry in the expiry index.
-const INBOX_TAG: u8 = 0;
 
 /// Key namespace of consumer inbox marks.
 const NS_INBOX: u8 = 0x01;
@@ -191,26 +181,16 @@ impl Store {
     }
 
     fn purge_mark(&self, key: Vec<u8>) -> Result<bool, Error> {
-        self.write(false, |txn, _| {
-            let removed = (|| -> Result<bool, redb::Error> {
-                let mut inbox = txn.open_table(INBOX)?;
-                let old = inbox.remove(key.as_slice())?.map(|v| v.value().to_vec());
-                let Some(old) = old else { return Ok(false) };
-                if let Ok(mark) = Mark::decode(&old) {
-                    let mut expiry = txn.open_table(EXPIRY)?;
-                    expiry.remove(entry_key(mark.forget_at, KIND_INBOX, &key).as_slice())?;
-                }
-                Ok(true)
-            })();
-            match removed {
+        self.write(Durable::AsConfigured, |txn, _| {
+            match self.remove_mark(txn, &key) {
                 Ok(existed) => Step::Done(existed),
-                Err(e) => Step::Abort(self.storage(e)),
+                Err(e) => Step::Abort(e),
             }
         })
     }
 
     fn inbox_key(&self, ns: u8, subscriber: &str, id: &[u8]) -> Result<Vec<u8>, Error> {
-        let limits = &self.inner.config.limits;
+        let limits = &self.config().limits;
         check(Field::Operation, subscriber.len(), limits.max_operation_len)?;
         check(Field::Key, id.len(), limits.max_key_len)?;
         let mut key = Vec::with_capacity(3 + subscriber.len() + id.len());
@@ -220,17 +200,6 @@ impl Store {
         key.extend_from_slice(subscriber.as_bytes());
         key.extend_from_slice(id);
         Ok(key)
-    }
-
-    fn read_mark(&self, key: &[u8]) -> Result<Option<Mark>, Error> {
-        contained("reading an inbox mark", || {
-            let read = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
-            let Some(table) = open_optional(&read, INBOX).map_err(|e| self.storage(e))? else {
-                return Ok(None);
-            };
-            let value = table.get(key).map_err(|e| self.storage(e))?;
-            value.map(|v| Mark::decode(v.value())).transpose()
-        })
     }
 
     fn consume<T, F>(
@@ -247,8 +216,9 @@ impl Store {
         if let Some(duplicate) = duplicate(self.read_mark(&key)?, self.now()) {
             return Ok(duplicate);
         }
-        let retention = self.inner.config.inbox_retention;
-        let result = self.write(false, |txn, now| {
+        let retention = self.config().inbox_retention;
+        let mut announced = false;
+        let result = self.write(Durable::AsConfigured, |txn, now| {
             match self.load_mark(txn, &key) {
                 Ok(mark) => {
                     if let Some(duplicate) = duplicate(mark, now) {
@@ -259,7 +229,9 @@ impl Store {
             }
             // The mark written below is processed at `now`: its generation.
             let origin = Origin::mark(&key, now);
-            let (consumed, rejection) = match self.run_closure(|| f(&Tx::new(txn, now, origin))) {
+            let (result, pushed) = self.run_on_tx(txn, now, origin, &mut f);
+            announced = pushed;
+            let (consumed, rejection) = match result {
                 Ok(v) => (Consumed::Ran(v), None),
                 Err(Abort::Terminal(r)) => {
                     let r = r.mark_failed();
@@ -267,7 +239,7 @@ impl Store {
                     // happened (its closure ran and may have had effects outside the
                     // transaction): an answer over the cap is kept without its body rather than
                     // not at all, so the message is consumed and never runs again.
-                    let kept = r.fitted(self.inner.config.max_response_bytes);
+                    let kept = r.fitted(self.config().max_response_bytes);
                     (Consumed::Rejected(r), Some(kept))
                 }
                 Err(Abort::Retryable(source)) => {
@@ -281,37 +253,10 @@ impl Store {
                 Err(e) => Step::Abort(e),
             }
         });
-        self.wake_dispatcher_if_pushed();
-        result?
-    }
-
-    fn load_mark(&self, txn: &WriteTransaction, key: &[u8]) -> Result<Option<Mark>, Error> {
-        let table = txn.open_table(INBOX).map_err(|e| self.storage(e))?;
-        let value = table.get(key).map_err(|e| self.storage(e))?;
-        value.map(|v| Mark::decode(v.value())).transpose()
-    }
-
-    /// Writes a mark and moves its expiry-index entry, in `txn`.
-    fn put_mark(&self, txn: &WriteTransaction, key: &[u8], mark: &Mark) -> Result<(), Error> {
-        let mut inbox = txn.open_table(INBOX).map_err(|e| self.storage(e))?;
-        let mut expiry = txn.open_table(EXPIRY).map_err(|e| self.storage(e))?;
-        let old = inbox
-            .insert(key, mark.encode().as_slice())
-            .map_err(|e| self.storage(e))?
-            // Only reached after `load_mark` decoded the old mark (or found none).
-            .and_then(|v| Mark::decode(v.value()).ok());
-        if let Some(old) = old {
-            expiry
-                .remove(entry_key(old.forget_at, KIND_INBOX, key).as_slice())
-                .map_err(|e| self.storage(e))?;
+        if announced && result.is_ok() {
+            self.announce_work();
         }
-        expiry
-            .insert(
-                entry_key(mark.forget_at, KIND_INBOX, key).as_slice(),
-                INBOX_TAG,
-            )
-            .map_err(|e| self.storage(e))?;
-        Ok(())
+        result?
     }
 }
 
@@ -324,67 +269,6 @@ fn duplicate<T>(mark: Option<Mark>, now: Timestamp) -> Option<Consumed<T>> {
         }
         InboxDecision::Process => None,
     }
-}
-
-/// What the sweep did with one due inbox entry.
-pub(crate) enum InboxSweep {
-    /// The mark was past `forget_at`: mark and entry deleted.
-    Deleted,
-    /// The entry did not match its mark (none, undecodable, or another instant): fixed.
-    Repaired,
-    /// Not due at `now` (the clock went back): stop the batch.
-    Keep,
-}
-
-/// Handles one due expiry-index entry of kind [`KIND_INBOX`] at `now`.
-pub(crate) fn sweep_inbox_entry(
-    txn: &WriteTransaction,
-    expiry: &mut ExpiryTable<'_>,
-    raw: &[u8],
-    key: &[u8],
-    now: Timestamp,
-) -> Result<InboxSweep, redb::Error> {
-    let mut inbox = txn.open_table(INBOX)?;
-    // An undecodable mark is left in place (reading it is an error, never "absent"); only its
-    // index entry is dropped, so the sweep does not revisit it.
-    let mark = inbox.get(key)?.and_then(|v| Mark::decode(v.value()).ok());
-    let Some(mark) = mark else {
-        expiry.remove(raw)?;
-        return Ok(InboxSweep::Repaired);
-    };
-    let expected = entry_key(mark.forget_at, KIND_INBOX, key);
-    if expected != raw {
-        expiry.remove(raw)?;
-        expiry.insert(expected.as_slice(), INBOX_TAG)?;
-        return Ok(InboxSweep::Repaired);
-    }
-    if !is_mark_forgotten(&mark, now) {
-        return Ok(InboxSweep::Keep);
-    }
-    inbox.remove(key)?;
-    expiry.remove(raw)?;
-    Ok(InboxSweep::Deleted)
-}
-
-/// The expiry-index entries every stored inbox mark must have (for `check_expiry_index`), and
-/// the keys of marks that do not decode (their entries are tolerated, like a corrupt record's).
-pub(crate) type ExpectedInbox = (Vec<(Vec<u8>, u8)>, Vec<Vec<u8>>);
-
-pub(crate) fn expected_inbox_entries(
-    read: &redb::ReadTransaction,
-) -> Result<ExpectedInbox, redb::Error> {
-    let (mut out, mut undecodable) = (Vec::new(), Vec::new());
-    let Some(inbox) = open_optional(read, INBOX)? else {
-        return Ok((out, undecodable));
-    };
-    for row in inbox.iter()? {
-        let (k, v) = row?;
-        match Mark::decode(v.value()) {
-            Ok(mark) => out.push((entry_key(mark.forget_at, KIND_INBOX, k.value()), INBOX_TAG)),
-            Err(_) => undecodable.push(k.value().to_vec()),
-        }
-    }
-    Ok((out, undecodable))
 }
 
 fn check(field: Field, len: usize, max: usize) -> Result<(), Error> {

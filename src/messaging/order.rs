@@ -1,13 +1,13 @@
 //! Order-aware handling: per-entity version high-water marks, updated in the caller's
 //! transaction, so an event older than one already applied is skipped, never applied.
 
-use redb::{ReadableDatabase, ReadableTable};
+use redb::ReadableTable;
 
-use crate::engine::store::{Store, contained};
-use crate::engine::tables::VERSIONS;
+use crate::engine::boundary::unlatched;
+use crate::engine::store::Store;
+use crate::engine::tables::{VERSIONS, open_optional};
 use crate::engine::tx::Tx;
 use crate::error::Error;
-use crate::messaging::outbox::open_optional;
 use crate::model::marks::HighWaterMark;
 use crate::model::rules::VersionCheck;
 use crate::model::rules::versions::advance;
@@ -18,24 +18,30 @@ pub struct Versions<'a, 't> {
     tx: &'a Tx<'t>,
 }
 
-impl<'a, 't> Versions<'a, 't> {
-    pub(crate) fn new(tx: &'a Tx<'t>) -> Self {
-        Versions { tx }
+impl<'t> Tx<'t> {
+    /// Per-entity version high-water marks, updated in this transaction. See [`Versions`].
+    pub fn versions(&self) -> Versions<'_, 't> {
+        Versions { tx: self }
     }
+}
 
+impl<'a, 't> Versions<'a, 't> {
     /// Checks `version` against `entity`'s high-water mark in this transaction: a newer version
     /// moves the mark and answers [`VersionCheck::Apply`] (apply the event in the same
     /// closure); an older or equal one answers [`VersionCheck::Stale`] and counts the skip.
     /// Both commit with the closure's other writes, or not at all.
     pub fn advance(&self, entity: impl AsRef<[u8]>, version: u64) -> Result<VersionCheck, Error> {
         let entity = entity.as_ref();
-        let mut table = self.tx.raw().open_table(VERSIONS)?;
-        let stored = match table.get(entity)? {
+        let tx = self.tx;
+        let mut table = tx.raw().open_table(VERSIONS).map_err(|e| tx.storage(e))?;
+        let stored = match table.get(entity).map_err(|e| tx.storage(e))? {
             Some(v) => Some(HighWaterMark::decode(v.value())?),
             None => None,
         };
         let (check, next) = advance(stored, version);
-        table.insert(entity, next.encode().as_slice())?;
+        table
+            .insert(entity, next.encode().as_slice())
+            .map_err(|e| tx.storage(e))?;
         Ok(check)
     }
 }
@@ -46,12 +52,11 @@ impl Store {
         &self,
         entity: impl AsRef<[u8]>,
     ) -> Result<Option<HighWaterMark>, Error> {
-        contained("reading a version high-water mark", || {
-            let read = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
-            let Some(table) = open_optional(&read, VERSIONS).map_err(|e| self.storage(e))? else {
+        self.read("reading a version high-water mark", |read| {
+            let Some(table) = open_optional(read, VERSIONS).map_err(unlatched)? else {
                 return Ok(None);
             };
-            let value = table.get(entity.as_ref()).map_err(|e| self.storage(e))?;
+            let value = table.get(entity.as_ref()).map_err(unlatched)?;
             value.map(|v| HighWaterMark::decode(v.value())).transpose()
         })
     }

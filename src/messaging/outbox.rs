@@ -7,19 +7,18 @@
 //! holds dead letters under their original sequence number, so a requeued event goes back to
 //! its original place in its ordering key's stream.
 
-use std::cell::Cell;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex};
 use redb::{ReadableTable, ReadableTableMetadata, WriteTransaction};
 use serde::{Deserialize, Serialize};
 
-use crate::engine::commit::Step;
-use crate::engine::store::{Store, contained};
-use crate::engine::tables::{META, META_OUTBOX_SEQ, OUTBOX, OUTBOX_DEAD};
-use crate::engine::tx::Tx;
+use crate::engine::boundary::unlatched;
+use crate::engine::commit::{Durable, Step};
+use crate::engine::read_only::ReadOnlyStore;
+use crate::engine::store::Store;
+use crate::engine::tables::{META, META_OUTBOX_SEQ, OUTBOX, OUTBOX_DEAD, open_optional};
+use crate::engine::tx::{Origin, OriginKind, Tx};
 use crate::error::Error;
 use crate::model::clock::Timestamp;
 use crate::model::keys::hex;
@@ -33,47 +32,6 @@ const CTX_EVENT_ID_RECORD: &str = "idem 2026-11-30 outbox event id from an idemp
 const CTX_EVENT_ID_MARK: &str = "idem 2026-11-30 outbox event id from an inbox mark v2";
 /// blake3 `derive_key` context of event ids derived from a caller-supplied identity.
 const CTX_EVENT_ID_CALLER: &str = "idem 2026-11-30 outbox event id from caller identity v1";
-
-/// What a transaction commits, as the root of the ids of the events it pushes: the kind of
-/// row, its key, and the instant that names this generation of the row. The generation is
-/// fixed for the life of one intent (a record's `created_at`, kept by takeovers and by
-/// finishing; a mark's `processed_at`) and differs for a new intent that re-uses a key after the
-/// old one was forgotten or purged, so a consumer that still remembers the old intent's event
-/// ids does not drop the new intent's events.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Origin<'a> {
-    kind: OriginKind,
-    key: &'a [u8],
-    generation: Timestamp,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum OriginKind {
-    /// An idempotency record (`execute`, `Lease::complete_with`).
-    Record,
-    /// An inbox mark or a webhook receipt (`process`, `receive`).
-    Mark,
-}
-
-impl<'a> Origin<'a> {
-    /// The record under `key`, of the intent created at `created_at`.
-    pub(crate) fn record(key: &'a [u8], created_at: Timestamp) -> Self {
-        Origin {
-            kind: OriginKind::Record,
-            key,
-            generation: created_at,
-        }
-    }
-
-    /// The inbox mark (or webhook receipt) under `key`, processed at `processed_at`.
-    pub(crate) fn mark(key: &'a [u8], processed_at: Timestamp) -> Self {
-        Origin {
-            kind: OriginKind::Mark,
-            key,
-            generation: processed_at,
-        }
-    }
-}
 
 /// Version byte in front of every stored event.
 const EVENT_FORMAT: u8 = 1;
@@ -262,21 +220,25 @@ pub struct Outbox<'a, 't> {
     tx: &'a Tx<'t>,
 }
 
-impl<'a, 't> Outbox<'a, 't> {
-    pub(crate) fn new(tx: &'a Tx<'t>) -> Self {
-        Outbox { tx }
+impl<'t> Tx<'t> {
+    /// The transactional outbox: events pushed here commit with this transaction's writes, or
+    /// not at all. See [`Outbox`].
+    pub fn outbox(&self) -> Outbox<'_, 't> {
+        Outbox { tx: self }
     }
+}
 
+impl<'a, 't> Outbox<'a, 't> {
     /// Appends `event`; it commits with this transaction's other writes or not at all, and
     /// the dispatcher is woken as soon as the transaction commits. Returns its stable id.
     pub fn push(&self, event: Event) -> Result<EventId, Error> {
-        let n = self.tx.next_push();
+        // Each push is work announced to the dispatcher, numbered within this closure's run.
+        let n = self.tx.announce();
         let id = match &event.identity {
             Some(identity) => event_id_from_identity(identity),
             None => event_id_from_origin(self.tx.origin(), n),
         };
-        let txn = self.tx.raw();
-        let seq = next_seq(txn)?;
+        let seq = next_seq(self.tx)?;
         let stored = Stored {
             id: id.0,
             topic: event.topic,
@@ -289,9 +251,14 @@ impl<'a, 't> Outbox<'a, 't> {
             last_error: None,
             failed_at: 0,
         };
-        let mut outbox = txn.open_table(OUTBOX)?;
-        outbox.insert(seq, stored.encode()?.as_slice())?;
-        let _ = PUSHED.try_with(|p| p.set(true));
+        let mut outbox = self
+            .tx
+            .raw()
+            .open_table(OUTBOX)
+            .map_err(|e| self.tx.storage(e))?;
+        outbox
+            .insert(seq, stored.encode()?.as_slice())
+            .map_err(|e| self.tx.storage(e))?;
         Ok(id)
     }
 }
@@ -301,14 +268,15 @@ impl<'a, 't> Outbox<'a, 't> {
 /// (docs/FORMAT.md, "Outbox event ids"). The context separates the kinds; the length prefix
 /// and the fixed widths make the input unambiguous within a kind.
 pub(crate) fn event_id_from_origin(origin: Origin<'_>, n: u32) -> EventId {
-    let context = match origin.kind {
+    let context = match origin.kind() {
         OriginKind::Record => CTX_EVENT_ID_RECORD,
         OriginKind::Mark => CTX_EVENT_ID_MARK,
     };
+    let key = origin.key();
     let mut h = blake3::Hasher::new_derive_key(context);
-    h.update(&(origin.key.len() as u64).to_be_bytes());
-    h.update(origin.key);
-    h.update(&origin.generation.0.to_be_bytes());
+    h.update(&(key.len() as u64).to_be_bytes());
+    h.update(key);
+    h.update(&origin.generation().0.to_be_bytes());
     h.update(&n.to_be_bytes());
     EventId(*h.finalize().as_bytes())
 }
@@ -318,10 +286,10 @@ pub(crate) fn event_id_from_identity(identity: &[u8]) -> EventId {
     EventId(blake3::derive_key(CTX_EVENT_ID_CALLER, identity))
 }
 
-/// Takes the next sequence number from the store's metadata, in `txn`.
-fn next_seq(txn: &WriteTransaction) -> Result<u64, Error> {
-    let mut meta = txn.open_table(META)?;
-    let current = match meta.get(META_OUTBOX_SEQ)? {
+/// Takes the next sequence number from the store's metadata, in `tx`'s transaction.
+fn next_seq(tx: &Tx<'_>) -> Result<u64, Error> {
+    let mut meta = tx.raw().open_table(META).map_err(|e| tx.storage(e))?;
+    let current = match meta.get(META_OUTBOX_SEQ).map_err(|e| tx.storage(e))? {
         Some(v) => match <[u8; 8]>::try_from(v.value()) {
             Ok(b) => u64::from_be_bytes(b),
             Err(_) => {
@@ -335,7 +303,8 @@ fn next_seq(txn: &WriteTransaction) -> Result<u64, Error> {
     meta.insert(
         META_OUTBOX_SEQ,
         current.saturating_add(1).to_be_bytes().as_slice(),
-    )?;
+    )
+    .map_err(|e| tx.storage(e))?;
     Ok(current)
 }
 
@@ -343,8 +312,8 @@ fn next_seq(txn: &WriteTransaction) -> Result<u64, Error> {
 /// [`Store`] and the read-only store, each behind the storage boundary.
 pub(crate) fn outbox_stats_in(read: &redb::ReadTransaction) -> Result<OutboxStats, Error> {
     let count = |def| -> Result<u64, Error> {
-        match open_optional(read, def)? {
-            Some(t) => Ok(t.len()?),
+        match open_optional(read, def).map_err(unlatched)? {
+            Some(t) => t.len().map_err(unlatched),
             None => Ok(0),
         }
     };
@@ -359,12 +328,12 @@ pub(crate) fn pending_events_in(
     read: &redb::ReadTransaction,
     limit: usize,
 ) -> Result<Vec<OutboxEvent>, Error> {
-    let Some(table) = open_optional(read, OUTBOX)? else {
+    let Some(table) = open_optional(read, OUTBOX).map_err(unlatched)? else {
         return Ok(Vec::new());
     };
     let mut out = Vec::new();
-    for row in table.iter()?.take(limit) {
-        let (seq, v) = row?;
+    for row in table.iter().map_err(unlatched)?.take(limit) {
+        let (seq, v) = row.map_err(unlatched)?;
         out.push(Stored::decode(v.value())?.public(seq.value()));
     }
     Ok(out)
@@ -375,12 +344,12 @@ pub(crate) fn dead_letters_in(
     read: &redb::ReadTransaction,
     limit: usize,
 ) -> Result<Vec<DeadLetter>, Error> {
-    let Some(table) = open_optional(read, OUTBOX_DEAD)? else {
+    let Some(table) = open_optional(read, OUTBOX_DEAD).map_err(unlatched)? else {
         return Ok(Vec::new());
     };
     let mut out = Vec::new();
-    for row in table.iter()?.take(limit) {
-        let (seq, v) = row?;
+    for row in table.iter().map_err(unlatched)?.take(limit) {
+        let (seq, v) = row.map_err(unlatched)?;
         let stored = Stored::decode(v.value())?;
         out.push(DeadLetter {
             event: stored.public(seq.value()),
@@ -391,94 +360,72 @@ pub(crate) fn dead_letters_in(
     Ok(out)
 }
 
-/// Opens a table in a read transaction; `None` if it was never created. The inbox, outbox
-/// and version tables are created by the first write that uses them, so a store that never
-/// uses them keeps exactly the core tables.
-pub(crate) fn open_optional<K: redb::Key + 'static, V: redb::Value + 'static>(
-    read: &redb::ReadTransaction,
-    definition: redb::TableDefinition<K, V>,
-) -> Result<Option<redb::ReadOnlyTable<K, V>>, redb::TableError> {
-    match read.open_table(definition) {
-        Ok(t) => Ok(Some(t)),
-        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
-thread_local! {
-    /// Set by a push on this thread; read and cleared by the write call that ran the closure.
-    static PUSHED: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Shared between the store, its dispatcher thread and the dispatcher handle.
+/// The outbox's state in memory, one per store ([`Store::extension`]): the dispatcher's counters
+/// and the one-dispatcher guard.
 #[derive(Default)]
 pub(crate) struct OutboxShared {
-    pub signal: Arc<Signal>,
     pub delivered: AtomicU64,
     pub failures: AtomicU64,
     pub dead_lettered: AtomicU64,
-    /// True while a dispatcher runs for this store (at most one may).
-    pub running: Arc<AtomicBool>,
+    /// True while a dispatcher runs for this store (at most one may). Shared with the
+    /// dispatcher thread, which clears it when it ends.
+    pub running: std::sync::Arc<AtomicBool>,
 }
 
-/// A wake-up counter and its condition variable.
-#[derive(Default, Debug)]
-pub(crate) struct Signal {
-    pub count: Mutex<u64>,
-    pub cv: Condvar,
-}
-
-impl Signal {
-    pub(crate) fn notify(&self) {
-        let mut c = self.count.lock();
-        *c = c.wrapping_add(1);
-        self.cv.notify_all();
-    }
+/// The outbox dispatcher's counters since the store was opened ([`Store::outbox_metrics`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct OutboxMetrics {
+    /// Outbox events published and marked delivered by the dispatcher.
+    pub delivered: u64,
+    /// Publish attempts that failed (the event was retried later or dead-lettered).
+    pub publish_failures: u64,
+    /// Events moved to the dead-letter table after their last attempt failed.
+    pub dead_lettered: u64,
 }
 
 impl Store {
-    /// After a write call: wakes the dispatcher if the closure this thread just ran pushed
-    /// outbox events (a push that was rolled back only causes a spurious, harmless wake-up).
-    pub(crate) fn wake_dispatcher_if_pushed(&self) {
-        if PUSHED.try_with(|p| p.replace(false)).unwrap_or(false) {
-            self.inner.outbox.signal.notify();
+    /// The outbox dispatcher's counters since open: events delivered, publish attempts that
+    /// failed, events dead-lettered. In-memory counters only, no I/O. For the rows waiting in
+    /// the tables see [`Store::outbox_stats`].
+    pub fn outbox_metrics(&self) -> OutboxMetrics {
+        let shared = self.extension::<OutboxShared>();
+        OutboxMetrics {
+            delivered: shared.delivered.load(Ordering::Relaxed),
+            publish_failures: shared.failures.load(Ordering::Relaxed),
+            dead_lettered: shared.dead_lettered.load(Ordering::Relaxed),
         }
     }
 
     /// Counts undelivered events and dead letters (redb keeps the counts: no scan).
     pub fn outbox_stats(&self) -> Result<OutboxStats, Error> {
-        contained("counting the outbox", || {
-            let read = self.begin_read()?;
-            outbox_stats_in(&read).map_err(|e| self.observe(e))
-        })
+        self.read("counting the outbox", outbox_stats_in)
     }
 
     /// The first `limit` undelivered events, in commit order.
     pub fn pending_events(&self, limit: usize) -> Result<Vec<OutboxEvent>, Error> {
-        contained("reading the outbox", || {
-            let read = self.begin_read()?;
-            pending_events_in(&read, limit).map_err(|e| self.observe(e))
-        })
+        self.read("reading the outbox", |read| pending_events_in(read, limit))
     }
 
     /// The first `limit` dead letters, oldest event first.
     pub fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, Error> {
-        contained("reading the dead letters", || {
-            let read = self.begin_read()?;
-            dead_letters_in(&read, limit).map_err(|e| self.observe(e))
+        self.read("reading the dead letters", |read| {
+            dead_letters_in(read, limit)
         })
     }
 
     /// Moves the dead letter `seq` back into the outbox at its original place in commit order,
     /// with its attempts reset, and wakes the dispatcher. Returns whether it existed.
     pub fn requeue_dead_letter(&self, seq: u64) -> Result<bool, Error> {
-        let moved = self.write(false, |txn, _| match requeue_in(txn, seq) {
-            Ok(true) => Step::Done(true),
-            Ok(false) => Step::Clean(false),
-            Err(e) => Step::Abort(e),
+        let moved = self.write(Durable::AsConfigured, |txn, _| {
+            match self.requeue_in(txn, seq) {
+                Ok(true) => Step::Done(true),
+                Ok(false) => Step::Clean(false),
+                Err(e) => Step::Abort(e),
+            }
         })?;
         if moved {
-            self.inner.outbox.signal.notify();
+            self.announce_work();
         }
         Ok(moved)
     }
@@ -486,7 +433,7 @@ impl Store {
     /// Deletes the dead letter `seq` for good (it is never published; later events with its
     /// ordering key are no longer held back). Returns whether it existed.
     pub fn discard_dead_letter(&self, seq: u64) -> Result<bool, Error> {
-        let removed = self.write(false, |txn, _| {
+        let removed = self.write(Durable::AsConfigured, |txn, _| {
             let removed = txn
                 .open_table(OUTBOX_DEAD)
                 .and_then(|mut t| Ok(t.remove(seq)?.is_some()));
@@ -497,23 +444,48 @@ impl Store {
             }
         })?;
         if removed {
-            self.inner.outbox.signal.notify();
+            self.announce_work();
         }
         Ok(removed)
     }
 }
 
-fn requeue_in(txn: &WriteTransaction, seq: u64) -> Result<bool, Error> {
-    let mut dead = txn.open_table(OUTBOX_DEAD)?;
-    let Some(bytes) = dead.remove(seq)?.map(|v| v.value().to_vec()) else {
-        return Ok(false);
-    };
-    let mut stored = Stored::decode(&bytes)?;
-    stored.attempts = 0;
-    stored.next_attempt_at = 0;
-    let mut outbox = txn.open_table(OUTBOX)?;
-    outbox.insert(seq, stored.encode()?.as_slice())?;
-    Ok(true)
+impl ReadOnlyStore {
+    /// Undelivered outbox events and dead letters (like [`Store::outbox_stats`]).
+    pub fn outbox_stats(&self) -> Result<OutboxStats, Error> {
+        self.read("counting the outbox", outbox_stats_in)
+    }
+
+    /// The first `limit` undelivered events, in commit order (like [`Store::pending_events`]).
+    pub fn pending_events(&self, limit: usize) -> Result<Vec<OutboxEvent>, Error> {
+        self.read("reading the outbox", |read| pending_events_in(read, limit))
+    }
+
+    /// The first `limit` dead letters, oldest event first (like [`Store::dead_letters`]).
+    pub fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, Error> {
+        self.read("reading the dead letters", |read| {
+            dead_letters_in(read, limit)
+        })
+    }
+}
+
+impl Store {
+    /// Moves the dead letter `seq` back into the outbox, inside `txn`.
+    fn requeue_in(&self, txn: &WriteTransaction, seq: u64) -> Result<bool, Error> {
+        let mut dead = txn.open_table(OUTBOX_DEAD).map_err(|e| self.storage(e))?;
+        let removed = dead.remove(seq).map_err(|e| self.storage(e))?;
+        let Some(bytes) = removed.map(|v| v.value().to_vec()) else {
+            return Ok(false);
+        };
+        let mut stored = Stored::decode(&bytes)?;
+        stored.attempts = 0;
+        stored.next_attempt_at = 0;
+        let mut outbox = txn.open_table(OUTBOX).map_err(|e| self.storage(e))?;
+        outbox
+            .insert(seq, stored.encode()?.as_slice())
+            .map_err(|e| self.storage(e))?;
+        Ok(true)
+    }
 }
 
 /// What to do with an event whose publish attempt number `attempts` (1-based) just failed.

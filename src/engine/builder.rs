@@ -1,0 +1,595 @@
+//! Opening a store: the settings ([`Config`]) and their documented defaults
+//! ([`StoreBuilder`]), the durability modes ([`Durability`]), the three ways to open a file,
+//! and the checks an open makes (idem's format marker, an empty file, redb's open errors).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redb::{ReadableDatabase, ReadableTable, StorageBackend};
+
+use crate::engine::boundary::{catch_storage_panic, unlatched};
+use crate::engine::commit::GroupConfig;
+use crate::engine::read_only::ReadOnlyStore;
+use crate::engine::store::Store;
+use crate::engine::tables::{EXPIRY, META, META_FORMAT, RECORDS};
+use crate::error::Error;
+use crate::model::clock::{Clock, SystemClock};
+use crate::model::record::FORMAT_VERSION;
+#[cfg(doc)]
+use crate::model::response::Outcome;
+use crate::model::retention::{Retention, RetentionPolicy, Windows};
+use crate::model::scope::Limits;
+
+/// Settings, fixed when the store opens. See [`StoreBuilder`] for defaults.
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub retention: Retention,
+    pub retention_overrides: HashMap<String, Retention>,
+    pub tombstone_horizon: Duration,
+    pub lease_duration: Duration,
+    pub retry_after_cap: Duration,
+    pub limits: Limits,
+    pub max_response_bytes: usize,
+    pub sweep_interval: Option<Duration>,
+    pub sweep_batch: usize,
+    pub inbox_retention: Duration,
+}
+
+impl Config {
+    /// The response window and the forget horizon of `operation`'s records, counted from the
+    /// moment an intent finishes. The horizon is never shorter than the response window.
+    pub(crate) fn windows_for(&self, operation: &str) -> Windows {
+        let r = self
+            .retention_overrides
+            .get(operation)
+            .unwrap_or(&self.retention);
+        Windows::of(r, self.tombstone_horizon)
+    }
+}
+
+/// Builds a [`Store`]. Every setting has a documented default:
+///
+/// | setting | default |
+/// |---|---|
+/// | [`retention`](Self::retention) / [`retention_policy`](Self::retention_policy) | 24 h (Stripe keeps keys ≥ 24 h) |
+/// | [`retention_for`](Self::retention_for) / [`retention_policy_for`](Self::retention_policy_for) | none (per-operation override) |
+/// | [`tombstone_horizon`](Self::tombstone_horizon) | 7 days |
+/// | [`sweep_interval`](Self::sweep_interval) | off: no background sweeper (call [`Store::sweep`]) |
+/// | [`sweep_batch`](Self::sweep_batch) | 1,000 records per sweep write transaction |
+/// | [`lease_duration`](Self::lease_duration) | 30 s |
+/// | [`retry_after_cap`](Self::retry_after_cap) | 1 s |
+/// | [`limits`](Self::limits) | key ≤ 255 B, tenant ≤ 128 B, operation ≤ 128 B |
+/// | [`max_response_bytes`](Self::max_response_bytes) | 64 KiB |
+/// | [`clock`](Self::clock) | [`SystemClock`] |
+/// | [`cache_size`](Self::cache_size) | redb's default |
+/// | [`durability`](Self::durability) | [`Durability::Immediate`]: fsync before every answer |
+/// | [`max_batch`](Self::max_batch) | 1,024 requests per shared commit |
+/// | [`max_queue`](Self::max_queue) | 4,096 requests waiting for the next commit |
+/// | [`queue_timeout`](Self::queue_timeout) | 5 s, then [`Error::Busy`] |
+/// | [`multi_process`](Self::multi_process) | off: one process opens the file |
+/// | [`inbox_retention`](Self::inbox_retention) | 7 days (inbox marks and webhook receipts) |
+///
+/// Three ways to open a file:
+///
+/// | open | missing file | empty (0-byte) file | redb file without idem's marker | writes |
+/// |---|---|---|---|---|
+/// | [`open`](Self::open) | new store | new store | made an idem store | yes (recovers a crashed file) |
+/// | [`open_existing`](Self::open_existing) | [`Error::Storage`] | [`Error::CorruptStore`] | [`Error::CorruptStore`] (the file untouched, unless a crash left it to recover) | yes (recovers a crashed file) |
+/// | [`open_read_only`](Self::open_read_only) | [`Error::Storage`] | [`Error::CorruptStore`] | [`Error::CorruptStore`] | never ([`Error::NeedsRecovery`] for a crashed file) |
+///
+/// An empty file is a new store for [`open`](Self::open) because a service may create the file
+/// before the store opens it (`tempfile`, `touch`, a deployment step). A damaged file is
+/// [`Error::CorruptStore`] for all three, never a panic: a panic redb raises while reading
+/// damaged pages is contained (docs/design.md, "Damaged files").
+#[derive(Debug, Clone)]
+pub struct StoreBuilder {
+    config: Config,
+    clock: Arc<dyn Clock>,
+    cache_size: Option<usize>,
+    durability: Durability,
+    group: GroupConfig,
+    multi_process: bool,
+}
+
+/// When a committed answer is on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Durability {
+    /// Every commit is fsynced before any caller in its batch gets an answer. An answer you
+    /// received survives any crash. The default.
+    Immediate,
+    /// Commits are not fsynced; a background thread fsyncs every `interval` (and the store
+    /// fsyncs when its last handle is dropped). **Loss window:** if the process or the machine
+    /// dies, the answers of the commits made in the last `interval` before the crash (plus the
+    /// time one fsync takes) may be lost, together with the caller writes of those same
+    /// transactions. What is lost is lost whole: a lost flow-A intent lost its effect too and
+    /// runs again on retry (no double effect); a lost flow-B completion is retried and reaches
+    /// the provider with the same downstream key. Not available with
+    /// [`StoreBuilder::multi_process`].
+    Periodic(Duration),
+}
+
+impl Default for StoreBuilder {
+    fn default() -> Self {
+        StoreBuilder {
+            config: Config {
+                retention: Retention::plain(Duration::from_secs(24 * 3600)),
+                retention_overrides: HashMap::new(),
+                tombstone_horizon: Duration::from_secs(7 * 24 * 3600),
+                lease_duration: Duration::from_secs(30),
+                retry_after_cap: Duration::from_secs(1),
+                limits: Limits::default(),
+                max_response_bytes: 64 * 1024,
+                sweep_interval: None,
+                sweep_batch: 1000,
+                inbox_retention: Duration::from_secs(7 * 24 * 3600),
+            },
+            clock: Arc::new(SystemClock),
+            cache_size: None,
+            durability: Durability::Immediate,
+            group: GroupConfig {
+                max_batch: 1024,
+                max_queue: 4096,
+                queue_timeout: Duration::from_secs(5),
+            },
+            multi_process: false,
+        }
+    }
+}
+
+impl StoreBuilder {
+    /// A builder with the defaults above.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How long a finished record is replayed in full after it finished (its response
+    /// window); then it is a tombstone until the [`tombstone_horizon`](Self::tombstone_horizon).
+    /// Choose the longest of your client-retry, queue-redrive, webhook-replay, operator-replay
+    /// and settlement windows, or state them with [`retention_policy`](Self::retention_policy).
+    /// Must be at least the lease duration.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.config.retention = Retention::plain(retention);
+        self
+    }
+
+    /// A retention for one operation, overriding [`retention`](Self::retention). Its tombstone
+    /// horizon is the store's.
+    pub fn retention_for(mut self, operation: impl Into<String>, retention: Duration) -> Self {
+        self.config
+            .retention_overrides
+            .insert(operation.into(), Retention::plain(retention));
+        self
+    }
+
+    /// The default retention as named windows: the longest one is the retention. A horizon set
+    /// on the policy replaces the store's [`tombstone_horizon`](Self::tombstone_horizon) for
+    /// operations without an override.
+    pub fn retention_policy(mut self, policy: RetentionPolicy) -> Self {
+        self.config.retention = Retention::of(&policy);
+        self
+    }
+
+    /// The retention of one operation as named windows, overriding the default.
+    pub fn retention_policy_for(
+        mut self,
+        operation: impl Into<String>,
+        policy: RetentionPolicy,
+    ) -> Self {
+        self.config
+            .retention_overrides
+            .insert(operation.into(), Retention::of(&policy));
+        self
+    }
+
+    /// How long after an intent finished its key stays bound, counted like the retention. After
+    /// the response window the record is a tombstone (fingerprint, status, resource pointer, no
+    /// body) until this horizon: a late retry gets [`Outcome::Expired`] instead of running
+    /// again, and a different payload is still [`Error::PayloadMismatch`]. After it the key is
+    /// free. A horizon not longer than an operation's retention means no tombstone phase for
+    /// it. Default 7 days.
+    pub fn tombstone_horizon(mut self, horizon: Duration) -> Self {
+        self.config.tombstone_horizon = horizon;
+        self
+    }
+
+    /// Runs a sweep pass ([`Store::sweep`]) every `interval` on a background thread, which
+    /// stops when the last handle to the store is dropped. Default: no background sweeper.
+    pub fn sweep_interval(mut self, interval: Duration) -> Self {
+        self.config.sweep_interval = Some(interval);
+        self
+    }
+
+    /// The most records one sweep write transaction shrinks or deletes (a claim waits behind at
+    /// most one such batch). Default 1,000.
+    pub fn sweep_batch(mut self, records: usize) -> Self {
+        self.config.sweep_batch = records;
+        self
+    }
+
+    /// How long a flow-B lease lives without a heartbeat.
+    pub fn lease_duration(mut self, lease: Duration) -> Self {
+        self.config.lease_duration = lease;
+        self
+    }
+
+    /// The longest `retry_after` hint given with an in-flight answer (the hint is the lease's
+    /// remaining time, capped by this).
+    pub fn retry_after_cap(mut self, cap: Duration) -> Self {
+        self.config.retry_after_cap = cap;
+        self
+    }
+
+    /// Size limits on tenant, operation and key.
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.config.limits = limits;
+        self
+    }
+
+    /// The largest stored response (body plus resource pointer), in bytes.
+    pub fn max_response_bytes(mut self, bytes: usize) -> Self {
+        self.config.max_response_bytes = bytes;
+        self
+    }
+
+    /// The clock every expiry and lease decision reads (inject a [`crate::ManualClock`] in
+    /// tests).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// redb's page cache size in bytes.
+    pub fn cache_size(mut self, bytes: usize) -> Self {
+        self.cache_size = Some(bytes);
+        self
+    }
+
+    /// When a committed answer reaches the disk (see [`Durability`] for the exact loss window
+    /// of the relaxed mode).
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// The most requests that share one write transaction and one fsync.
+    pub fn max_batch(mut self, requests: usize) -> Self {
+        self.group.max_batch = requests;
+        self
+    }
+
+    /// The most requests that may wait for the next commit; beyond it callers block up to
+    /// [`queue_timeout`](Self::queue_timeout), then get [`Error::Busy`].
+    pub fn max_queue(mut self, requests: usize) -> Self {
+        self.group.max_queue = requests;
+        self
+    }
+
+    /// How long a caller waits for room in a full queue before [`Error::Busy`].
+    pub fn queue_timeout(mut self, wait: Duration) -> Self {
+        self.group.queue_timeout = wait;
+        self
+    }
+
+    /// Lets several processes open the same file at once (redb's `MultiWriter` mode, Linux,
+    /// macOS and Windows). Each process batches its own callers; processes take turns for the
+    /// writer. Requires [`Durability::Immediate`].
+    pub fn multi_process(mut self, enabled: bool) -> Self {
+        self.multi_process = enabled;
+        self
+    }
+
+    /// How long an inbox mark ([`Store::process`]) or a webhook receipt ([`Store::receive`])
+    /// keeps answering `Duplicate` after the message was processed; then [`Store::sweep`]
+    /// removes it and a redelivery would be processed again. Choose it longer than the
+    /// longest redelivery window of the broker or webhook sender (GitHub: 3 days). Default
+    /// 7 days.
+    pub fn inbox_retention(mut self, retention: Duration) -> Self {
+        self.config.inbox_retention = retention;
+        self
+    }
+
+    fn validate(&self) -> Result<(), Error> {
+        if self.group.max_batch == 0 || self.group.max_queue == 0 {
+            return Err(Error::Config {
+                reason: "max_batch and max_queue must be at least 1".into(),
+            });
+        }
+        if let Durability::Periodic(interval) = self.durability {
+            if interval.is_zero() {
+                return Err(Error::Config {
+                    reason: "Durability::Periodic needs a non-zero interval; use Durability::Immediate to fsync every commit".into(),
+                });
+            }
+            if self.multi_process {
+                return Err(Error::Config {
+                    reason: "Durability::Periodic is not available with multi_process: redb refuses non-durable commits when several processes share a file".into(),
+                });
+            }
+        }
+        let c = &self.config;
+        c.limits.validate()?;
+        if c.lease_duration.is_zero() {
+            return Err(Error::Config {
+                reason: "lease_duration is zero; give leases time to finish (default 30 s)".into(),
+            });
+        }
+        let retentions = std::iter::once((None, &c.retention)).chain(
+            c.retention_overrides
+                .iter()
+                .map(|(op, r)| (Some(op.as_str()), r)),
+        );
+        for (operation, r) in retentions {
+            if r.response < c.lease_duration {
+                let whose = match operation {
+                    None => "the default retention".to_owned(),
+                    Some(op) => format!("the retention of operation {op:?}"),
+                };
+                let window = match r.window {
+                    Some(_) if r.response.is_zero() => " (its policy sets no window)".to_owned(),
+                    Some(w) => format!(" (its longest window is {w})"),
+                    None => String::new(),
+                };
+                return Err(Error::Config {
+                    reason: format!(
+                        "{whose} is {:?}{window}, shorter than the lease duration ({:?}): a record must outlive its lease; lengthen the retention or shorten the lease",
+                        r.response, c.lease_duration
+                    ),
+                });
+            }
+        }
+        if c.inbox_retention.is_zero() {
+            return Err(Error::Config {
+                reason: "inbox_retention is zero; inbox marks must outlive the broker's redelivery window (default 7 days)".into(),
+            });
+        }
+        if c.sweep_batch == 0 {
+            return Err(Error::Config {
+                reason: "sweep_batch is 0; a sweep must be allowed at least one record per transaction (default 1,000)".into(),
+            });
+        }
+        if c.sweep_interval.is_some_and(|i| i.is_zero()) {
+            return Err(Error::Config {
+                reason: "sweep_interval is zero; give the background sweeper a period (e.g. one minute), or leave it unset and call Store::sweep".into(),
+            });
+        }
+        if c.max_response_bytes > MAX_RESPONSE_CEILING {
+            return Err(Error::Config {
+                reason: format!(
+                    "max_response_bytes is {}; the ceiling is {MAX_RESPONSE_CEILING}: store a pointer instead of a large body",
+                    c.max_response_bytes
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn redb_builder(&self) -> redb::Builder {
+        let mut b = redb::Database::builder();
+        if let Some(bytes) = self.cache_size {
+            b.set_cache_size(bytes);
+        }
+        if self.multi_process {
+            b.set_concurrency_mode(redb::ConcurrencyMode::MultiWriter);
+        }
+        b
+    }
+
+    /// Opens (or creates) the store file at `path`.
+    ///
+    /// A missing file and an **empty (0-byte) file** are both a new store: a service may create
+    /// the file before the store opens it (with `tempfile`, `touch`, or a deployment step), and
+    /// idem initialises it. Any other file must be an idem store: a file that is not a redb
+    /// database, or that redb finds damaged, is [`Error::CorruptStore`] (and left as it was).
+    /// Use [`open_existing`](Self::open_existing) to refuse to create a store, and
+    /// [`open_read_only`](Self::open_read_only) to read a file without writing it.
+    pub fn open(self, path: impl AsRef<Path>) -> Result<Store, Error> {
+        self.validate()?;
+        let path = path.as_ref();
+        contain_open(|| {
+            let db = self.redb_builder().create(path).map_err(open_error)?;
+            Store::init(db, self, Create::Yes)
+        })
+    }
+
+    /// Opens an existing store for writing, like [`open`](Self::open), but never creates one:
+    /// a missing file is [`Error::Storage`] (not found), and an empty file or a redb database
+    /// without idem's format marker is [`Error::CorruptStore`] ("not an idem store"), each left
+    /// as it was: the marker is checked through a read-only open before the file is opened for
+    /// writing (which rewrites redb's header). Only a file left by a crash, which does not open
+    /// read-only, is recovered first — redb's recovery writes — and its marker checked after.
+    /// For operators' tools (the `idem` CLI), which must not turn a wrong path into a new store.
+    pub fn open_existing(self, path: impl AsRef<Path>) -> Result<Store, Error> {
+        self.validate()?;
+        let path = path.as_ref();
+        contain_open(|| {
+            refuse_empty(path)?;
+            // Any failure of the read-only open (a crashed file, another process holding it) is
+            // left to the open for writing to handle or report, as before.
+            if let Ok(db) = self.redb_builder().open_read_only(path) {
+                check_marker(&db.begin_read().map_err(unlatched)?)?;
+            }
+            let db = self.redb_builder().open(path).map_err(open_error)?;
+            Store::init(db, self, Create::No)
+        })
+    }
+
+    /// Opens an existing store for reading only: nothing is ever written to the file (no
+    /// open-time commit, no recovery), and redb's shared lock is taken instead of the exclusive
+    /// one, so several readers may open the file at once — but not while a process has it open
+    /// for writing (that open fails with [`Error::Storage`], "already open"), except in
+    /// [`multi_process`](Self::multi_process) mode, where the reader shares the file with the
+    /// writers and sees their commits.
+    ///
+    /// Refused, each with the file left as it was:
+    /// - a missing file ([`Error::Storage`], not found);
+    /// - an empty file, a file that is not a redb database, or a redb database without idem's
+    ///   format marker ([`Error::CorruptStore`]: not an idem store);
+    /// - a file that was not closed cleanly ([`Error::NeedsRecovery`]): redb must recover it,
+    ///   which writes; open it for writing once (the service, [`StoreBuilder::open`]) or check a
+    ///   copy (`idem check`).
+    ///
+    /// Settings that only concern writes (retention, leases, durability, sweeps, group commit)
+    /// are ignored; the clock, the limits and the cache size apply.
+    pub fn open_read_only(self, path: impl AsRef<Path>) -> Result<ReadOnlyStore, Error> {
+        let path = path.as_ref();
+        contain_open(|| {
+            refuse_empty(path)?;
+            let db = self
+                .redb_builder()
+                .open_read_only(path)
+                .map_err(open_error)?;
+            check_marker(&db.begin_read().map_err(unlatched)?)?;
+            Ok(ReadOnlyStore::new(db, self.clock, self.config.limits))
+        })
+    }
+
+    /// Opens (or creates) a store on a custom redb storage backend (an in-memory or
+    /// fault-injecting backend in tests).
+    pub fn open_with_backend(self, backend: impl StorageBackend) -> Result<Store, Error> {
+        self.validate()?;
+        contain_open(|| {
+            let db = self
+                .redb_builder()
+                .create_with_backend(backend)
+                .map_err(open_error)?;
+            Store::init(db, self, Create::Yes)
+        })
+    }
+}
+/// Whether opening may write idem's tables and format marker into a redb file without them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Create {
+    Yes,
+    No,
+}
+
+/// An empty file is not a store (for the opens that never create one). redb would say so too,
+/// but in its own words; this names the case.
+fn refuse_empty(path: &Path) -> Result<(), Error> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() && m.len() == 0 => Err(Error::CorruptStore {
+            reason: "the file is empty (0 bytes): not an idem store".into(),
+        }),
+        // Anything else (a missing file, a directory, no permission) is redb's open to report.
+        _ => Ok(()),
+    }
+}
+
+/// Opening a file: a panic raised by redb while it reads a damaged file (its header, its
+/// allocator state, idem's metadata table) is [`Error::CorruptStore`], never a panic of the
+/// caller. Nothing of the caller runs inside.
+fn contain_open<T>(open: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> {
+    catch_storage_panic(open).unwrap_or_else(|p| Err(p.into_error("opening the file")))
+}
+
+/// What opening the file failed with. A file that is not a redb database, is shorter than its
+/// own header says, or that redb's recovery found damaged is [`Error::CorruptStore`]: retrying
+/// never helps, and the message says what to do. A read-only open of a file that needs
+/// recovery is [`Error::NeedsRecovery`]. Anything else (permissions, a missing directory, the
+/// file already open, a failing disk) stays [`Error::Storage`].
+fn open_error(e: redb::DatabaseError) -> Error {
+    use std::io::ErrorKind;
+    match e {
+        redb::DatabaseError::Storage(redb::StorageError::Io(io))
+            if matches!(io.kind(), ErrorKind::InvalidData | ErrorKind::UnexpectedEof) =>
+        {
+            Error::CorruptStore {
+                reason: format!("the file is not a readable redb database: {io}"),
+            }
+        }
+        redb::DatabaseError::Storage(redb::StorageError::Corrupted(what)) => Error::CorruptStore {
+            reason: format!("redb found the file damaged: {what}"),
+        },
+        redb::DatabaseError::RepairAborted => Error::NeedsRecovery,
+        redb::DatabaseError::UpgradeRequired(version) => Error::CorruptStore {
+            reason: format!(
+                "the file is in redb's file format {version}, which this redb (4.x) does not read; upgrade it with the redb release that wrote it"
+            ),
+        },
+        other => unlatched(other),
+    }
+}
+
+/// Ceiling for `max_response_bytes`: records are meant to be small.
+const MAX_RESPONSE_CEILING: usize = 16 * 1024 * 1024;
+/// Checks idem's format marker from a read transaction: a redb file without it is not an idem
+/// store.
+pub(crate) fn check_marker(read: &redb::ReadTransaction) -> Result<(), Error> {
+    let not_a_store = || Error::CorruptStore {
+        reason: "the file is a redb database without idem's format marker: not an idem store"
+            .into(),
+    };
+    let meta = match read.open_table(META) {
+        Ok(meta) => meta,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Err(not_a_store()),
+        Err(e) => return Err(unlatched(e)),
+    };
+    match meta.get(META_FORMAT).map_err(unlatched)? {
+        Some(marker) => format_marker(marker.value()),
+        None => Err(not_a_store()),
+    }
+}
+
+/// The stored format marker must be this build's format version.
+fn format_marker(marker: &[u8]) -> Result<(), Error> {
+    match marker {
+        [v] if *v == FORMAT_VERSION => Ok(()),
+        [v] => Err(Error::UnsupportedFormat {
+            found: *v,
+            supported: FORMAT_VERSION,
+        }),
+        other => Err(Error::CorruptStore {
+            reason: format!("format marker is {} bytes, expected 1", other.len()),
+        }),
+    }
+}
+impl Store {
+    /// Opens (or creates) a store at `path` with the default settings. A missing or empty
+    /// file becomes a new store; see [`StoreBuilder::open`].
+    pub fn open(path: impl AsRef<Path>) -> Result<Store, Error> {
+        StoreBuilder::new().open(path)
+    }
+
+    /// A builder for non-default settings.
+    pub fn builder() -> StoreBuilder {
+        StoreBuilder::new()
+    }
+
+    fn init(db: redb::Database, b: StoreBuilder, create: Create) -> Result<Store, Error> {
+        let mut instance = [0u8; 8];
+        getrandom::fill(&mut instance).map_err(|e| Error::Random {
+            reason: e.to_string(),
+        })?;
+        if create == Create::No {
+            // Before any write: a redb file without idem's tables is not turned into a store.
+            check_marker(&db.begin_read().map_err(unlatched)?)?;
+        }
+        // Create the tables and check (or write) the format marker. Nothing was acknowledged
+        // yet and no store exists to latch: a failure here is a plain storage error (open
+        // again).
+        let txn = db.begin_write().map_err(unlatched)?;
+        {
+            let mut meta = txn.open_table(META).map_err(unlatched)?;
+            let found = meta
+                .get(META_FORMAT)
+                .map_err(unlatched)?
+                .map(|v| v.value().to_vec());
+            match found.as_deref() {
+                None => {
+                    meta.insert(META_FORMAT, [FORMAT_VERSION].as_slice())
+                        .map_err(unlatched)?;
+                }
+                Some(marker) => format_marker(marker)?,
+            }
+            txn.open_table(RECORDS).map_err(unlatched)?;
+            txn.open_table(EXPIRY).map_err(unlatched)?;
+        }
+        txn.commit().map_err(unlatched)?;
+        let store = Store::new(db, b.config, b.clock, b.durability, b.group, instance);
+        store.start_background()?;
+        Ok(store)
+    }
+}
