@@ -24,10 +24,11 @@ use std::sync::{Barrier, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use idem::format::{Record, State};
+use idem::keys::Fingerprint;
 use idem::redb::{self, ReadableTable, TableDefinition};
-use idem::{
-    Begin, Fingerprint, Metrics, Outcome, Record, Request, Response, Scope, State, Store, Timestamp,
-};
+use idem::store::Metrics;
+use idem::{Begin, Outcome, Request, Response, Scope, Store, Timestamp};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 // ---- what every system stores -------------------------------------------------------------

@@ -35,8 +35,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use idem::clock::ManualClock;
 use idem::redb::{ReadableTableMetadata, TableDefinition, TableStats};
-use idem::{Durability, ManualClock, Outcome, Request, Response, Scope, Store, Timestamp};
+use idem::{Durability, Outcome, Request, Response, Scope, Store, Timestamp};
 
 /// The caller's own table: one tiny write per claim of the claimers, in the claim's transaction.
 const EFFECTS: TableDefinition<&[u8], u64> = TableDefinition::new("effects");

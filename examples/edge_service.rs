@@ -64,9 +64,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use clap::Parser;
+use idem::Store;
 use idem::http::{Idempotency, IdempotencyLayer, PROBLEM_JSON, Recorded, problem_response};
+use idem::outbox::{DispatcherHandle, DispatcherOptions, Event, OutboxEvent};
 use idem::redb::{ReadableTable, TableDefinition};
-use idem::{DispatcherHandle, DispatcherOptions, Event, OutboxEvent, Store};
 use serde_json::{Value, json};
 
 /// Payment id → the payment as JSON (it carries its tenant).
@@ -577,7 +578,7 @@ pub fn start_dispatcher(
     delivered: Delivered,
 ) -> Result<DispatcherHandle, idem::Error> {
     store.start_dispatcher(
-        move |event: &OutboxEvent| -> Result<(), idem::BoxError> {
+        move |event: &OutboxEvent| -> Result<(), idem::error::BoxError> {
             use std::io::Write;
             let mut out = std::io::stdout().lock();
             writeln!(out, "edge_service: {}", describe(event))?;
@@ -591,7 +592,7 @@ pub fn start_dispatcher(
 
 /// Store reads run on the blocking pool: they touch the disk.
 async fn read<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, idem::BoxError> + Send + 'static,
+    f: impl FnOnce() -> Result<T, idem::error::BoxError> + Send + 'static,
 ) -> Result<T, Response> {
     let failed = |detail: String| {
         problem_response(

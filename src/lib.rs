@@ -47,48 +47,96 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+// The layers (docs/design.md, "Map"). Imports point one way: faces → messaging → engine →
+// model; `error` is shared (tests/layers_import_one_way.rs checks the direction).
 pub(crate) mod engine;
-pub(crate) mod error;
-#[cfg(feature = "http")]
-pub mod http;
+pub mod error;
 pub(crate) mod messaging;
 pub(crate) mod model;
 
-pub use engine::expiry::Stats;
-
+// ---- The everyday API: what a service names in most calls. ----
 pub use engine::builder::{Durability, StoreBuilder};
 pub use engine::lease::{Begin, Lease};
-pub use engine::maintenance::Metrics;
-
-pub use engine::read_only::ReadOnlyStore;
 pub use engine::store::Store;
-pub use engine::sweep::SweepReport;
-pub use engine::tables::RESERVED_PREFIX;
 pub use engine::tx::Tx;
-pub use error::{Abort, BoxError, Error, Field};
-pub use messaging::dispatch::{DispatcherHandle, DispatcherOptions, Publisher};
-pub use messaging::inbox::{Processed, Receipt};
-pub use messaging::order::Versions;
-pub use messaging::outbox::{DeadLetter, Event, EventId, Outbox, OutboxEvent, OutboxStats};
-#[cfg(feature = "webhooks")]
-pub use messaging::webhook;
-pub use model::clock::{Clock, ManualClock, SystemClock, Timestamp};
-pub use model::keys::{DownstreamKey, Fingerprint};
-pub use model::keys::{activity_key, compensation_key, derive_key};
-pub use model::marks::{HighWaterMark, Mark};
-pub use model::record::{FORMAT_VERSION, HolderToken, Record, State};
+pub use error::{Abort, Error};
+pub use model::clock::Timestamp;
 pub use model::response::{Outcome, Resource, Response, Tombstone};
 pub use model::retention::RetentionPolicy;
-pub use model::rules::{
-    Decision, InboxDecision, SweepAction, VersionCheck, decide, heartbeat_deadline, holds_lease,
-    inbox_decide, is_expired, is_forgotten, sweep_action, sweep_due, version_check,
-};
-pub use model::scope::{Limits, Request, Scope};
+pub use model::scope::{Request, Scope};
+/// Re-export of the redb version idem is built on, so callers name the same table types.
+pub use redb;
+// ---- Everything else, by topic. ----
+
+/// Opening and running a store: its settings, figures and maintenance answers, and the
+/// read-only view of a file.
+pub mod store {
+    pub use crate::engine::builder::{Durability, StoreBuilder};
+    pub use crate::engine::expiry::Stats;
+    pub use crate::engine::maintenance::Metrics;
+    pub use crate::engine::read_only::ReadOnlyStore;
+    pub use crate::engine::store::Store;
+    pub use crate::engine::sweep::SweepReport;
+    pub use crate::model::retention::RetentionPolicy;
+    pub use crate::model::scope::Limits;
+}
+
+/// Time: the store's clock (injectable, so expiry is tested without sleeping).
+pub mod clock {
+    pub use crate::model::clock::{Clock, ManualClock, SystemClock, Timestamp};
+}
+
+/// Request fingerprints and downstream keys (for the calls a step makes to other systems).
+pub mod keys {
+    pub use crate::model::keys::{
+        DownstreamKey, Fingerprint, activity_key, compensation_key, derive_key,
+    };
+}
+
+/// The pure rules every engine applies, as functions of stored values and time (no I/O):
+/// for a reference model, a test, or to explain an answer.
+pub mod rules {
+    pub use crate::model::rules::{
+        Decision, InboxDecision, SweepAction, VersionCheck, decide, heartbeat_deadline,
+        holds_lease, inbox_decide, is_expired, is_forgotten, sweep_action, sweep_due,
+        version_check,
+    };
+}
+
+/// What is stored: records and their states, the format version, the reserved table prefix
+/// (docs/FORMAT.md gives every byte).
+pub mod format {
+    pub use crate::engine::tables::RESERVED_PREFIX;
+    pub use crate::model::record::{FORMAT_VERSION, HolderToken, Record, State};
+}
+
+/// The transactional outbox: events committed with the business writes, and the dispatcher
+/// that publishes them in order, at least once.
+pub mod outbox {
+    pub use crate::messaging::dispatch::{DispatcherHandle, DispatcherOptions, Publisher};
+    pub use crate::messaging::outbox::{
+        DeadLetter, Event, EventId, Outbox, OutboxEvent, OutboxMetrics, OutboxStats,
+    };
+}
+
+/// The inbox: processed-message marks (`Store::process`), webhook receipts
+/// (`Store::receive`), and per-entity version marks that skip out-of-order events.
+pub mod inbox {
+    pub use crate::messaging::inbox::{Processed, Receipt};
+    pub use crate::messaging::order::Versions;
+    pub use crate::model::marks::{HighWaterMark, Mark};
+}
+
+/// Webhook signature verification (GitHub `X-Hub-Signature-256`, Standard Webhooks).
+#[cfg(feature = "webhooks")]
+pub mod webhook {
+    pub use crate::messaging::webhook::*;
+}
+
+#[cfg(feature = "http")]
+pub mod http;
 
 /// README.md's code blocks compile and run as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
-
-/// Re-export of the redb version idem is built on, so callers name the same table types.
-pub use redb;

@@ -15,7 +15,8 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use damage::{PAGE, build_store, damage};
-use idem::{Clock, Error, ManualClock, Store, Timestamp};
+use idem::clock::{Clock, ManualClock};
+use idem::{Error, Store, Timestamp};
 
 const RECORDS_N: usize = 800;
 const SEEDS: u64 = 60;

@@ -15,11 +15,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::*;
+use idem::clock::ManualClock;
+use idem::error::BoxError;
+use idem::outbox::{DispatcherOptions, Event, OutboxEvent};
 use idem::redb::{ReadableTable, TableDefinition};
-use idem::{
-    BoxError, DispatcherOptions, Error, Event, ManualClock, OutboxEvent, Outcome, Response, Scope,
-    Store, Timestamp,
-};
+use idem::{Error, Outcome, Response, Scope, Store, Timestamp};
 
 fn scope() -> Scope {
     Scope::new("t", "op")

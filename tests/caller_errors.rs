@@ -8,8 +8,9 @@ use std::cell::Cell;
 use std::io;
 
 use common::*;
+use idem::format::State;
 use idem::redb::TableDefinition;
-use idem::{Abort, Error, Response, Scope, State};
+use idem::{Abort, Error, Response, Scope};
 
 #[test]
 fn retryable_abort_leaves_no_record_and_no_writes_and_the_retry_runs_again() {

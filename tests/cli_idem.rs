@@ -212,12 +212,13 @@ fn outbox_stats_list_requeue_discard() {
         let _ = store
             .execute(req, |tx| {
                 tx.outbox().push(
-                    idem::Event::new("payments", "secret-payload-0")
+                    idem::outbox::Event::new("payments", "secret-payload-0")
                         .ordering_key("pay_0")
                         .header("type", "payment.captured"),
                 )?;
-                tx.outbox()
-                    .push(idem::Event::new("payments", "secret-payload-1").ordering_key("pay_1"))?;
+                tx.outbox().push(
+                    idem::outbox::Event::new("payments", "secret-payload-1").ordering_key("pay_1"),
+                )?;
                 Ok(Response::new(201, "ok"))
             })
             .unwrap();
@@ -225,10 +226,10 @@ fn outbox_stats_list_requeue_discard() {
         // A broker that is always down, and one attempt allowed: both events die.
         let dispatcher = store
             .start_dispatcher(
-                |_: &idem::OutboxEvent| -> Result<(), idem::BoxError> {
+                |_: &idem::outbox::OutboxEvent| -> Result<(), idem::error::BoxError> {
                     Err("broker down\nline two".into())
                 },
-                idem::DispatcherOptions::new().max_attempts(1),
+                idem::outbox::DispatcherOptions::new().max_attempts(1),
             )
             .unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);

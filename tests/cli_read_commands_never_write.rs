@@ -20,7 +20,8 @@ use std::process::Output;
 use std::time::SystemTime;
 
 use damage::{BUILT_AT, build_store, key};
-use idem::{ManualClock, Request, Response, Scope, Store};
+use idem::clock::ManualClock;
+use idem::{Request, Response, Scope, Store};
 use idem_cli::idem;
 
 /// The file's bytes and modification time.

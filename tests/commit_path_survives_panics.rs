@@ -11,9 +11,10 @@ use std::thread;
 use std::time::Duration;
 
 use common::*;
+use idem::clock::{Clock, ManualClock};
 use idem::redb::StorageBackend;
 use idem::redb::backends::InMemoryBackend;
-use idem::{Clock, Error, ManualClock, Outcome, Response, Store, Timestamp};
+use idem::{Error, Outcome, Response, Store, Timestamp};
 
 /// A clock that panics when read on the thread named "victim".
 #[derive(Debug, Clone)]

@@ -4,7 +4,8 @@
 mod common;
 
 use common::{Harness, bump, effects, req};
-use idem::{Response, activity_key, compensation_key, derive_key};
+use idem::Response;
+use idem::keys::{activity_key, compensation_key, derive_key};
 
 #[test]
 fn a_compensation_that_runs_twice_has_one_effect() {

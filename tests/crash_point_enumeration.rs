@@ -26,10 +26,12 @@ use std::thread;
 use std::time::Duration;
 
 use common::*;
-use idem::{
-    Begin, BoxError, DispatcherOptions, Event, EventId, ManualClock, OutboxEvent, Outcome,
-    Processed, Response, Scope, State, Store,
-};
+use idem::clock::ManualClock;
+use idem::error::BoxError;
+use idem::format::State;
+use idem::inbox::Processed;
+use idem::outbox::{DispatcherOptions, Event, EventId, OutboxEvent};
+use idem::{Begin, Outcome, Response, Scope, Store};
 
 fn open(backend: impl idem::redb::StorageBackend, clock: &ManualClock) -> Store {
     Store::builder()

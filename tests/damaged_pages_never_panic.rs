@@ -22,7 +22,8 @@ use std::time::Duration;
 
 use common::*;
 use damage::{PAGE, build_store, damage};
-use idem::{Durability, Error, ManualClock, Request, Response, Scope, Store, Timestamp};
+use idem::clock::ManualClock;
+use idem::{Durability, Error, Request, Response, Scope, Store, Timestamp};
 
 /// Records in the store: enough for several levels of redb's B-trees, few enough for a quick
 /// test in a debug build (the CLI test, tests/cli_damaged_file_never_panics.rs, uses 3,000).

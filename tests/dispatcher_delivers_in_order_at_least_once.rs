@@ -15,9 +15,10 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::{Harness, bump, effects, req};
-use idem::{
-    BoxError, DispatcherOptions, Error, Event, EventId, OutboxEvent, Processed, Response, Store,
-};
+use idem::error::BoxError;
+use idem::inbox::Processed;
+use idem::outbox::{DispatcherOptions, Event, EventId, OutboxEvent};
+use idem::{Error, Response, Store};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -482,7 +483,7 @@ fn a_held_backlog_larger_than_a_batch_does_not_starve_other_keys() {
 fn power_loss_after_publish_before_the_mark_republishes_with_the_same_id() {
     let consumer = Harness::new();
     let backend = common::CrashBackend::default();
-    let clock = idem::ManualClock::new(common::T0);
+    let clock = idem::clock::ManualClock::new(common::T0);
     let open = |b: common::CrashBackend| {
         Store::builder()
             .clock(clock.clone())

@@ -7,7 +7,8 @@
 //! by `open_existing` without a byte changed (before: redb's open for writing had rewritten its
 //! header by the time the marker was checked).
 
-use idem::{Error, ReadOnlyStore, Scope, Store};
+use idem::store::ReadOnlyStore;
+use idem::{Error, Scope, Store};
 
 #[cfg(feature = "cli")]
 fn idem(file: &std::path::Path, args: &[&str]) -> std::process::Output {

@@ -14,7 +14,9 @@ use std::thread;
 use std::time::Duration;
 
 use common::*;
-use idem::{Abort, Event, EventId, Processed, Response, Scope, Store, Tx};
+use idem::inbox::Processed;
+use idem::outbox::{Event, EventId};
+use idem::{Abort, Response, Scope, Store, Tx};
 
 /// Pushes two events and returns their ids.
 fn push_two(tx: &Tx<'_>) -> Result<Vec<EventId>, Abort> {
@@ -136,7 +138,7 @@ fn a_message_processed_again_after_its_mark_was_forgotten_or_purged_gets_new_eve
     disjoint(&second, &third);
     // The same for a webhook receipt.
     let hook = |store: &Store| match store.receive("github", "d-1", push_two).expect("receive") {
-        idem::Receipt::Accepted(ids) => ids,
+        idem::inbox::Receipt::Accepted(ids) => ids,
         other => panic!("expected Accepted, got {other:?}"),
     };
     let before = hook(store);

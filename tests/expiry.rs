@@ -8,7 +8,8 @@ use std::cell::Cell;
 use std::time::Duration;
 
 use common::*;
-use idem::{Abort, Begin, Error, Outcome, Response, Scope, Store, is_expired, is_forgotten};
+use idem::rules::{is_expired, is_forgotten};
+use idem::{Abort, Begin, Error, Outcome, Response, Scope, Store};
 
 const HOUR: Duration = Duration::from_secs(3600);
 const MS: Duration = Duration::from_millis(1);

@@ -10,7 +10,8 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use idem::{Abort, Begin, Response, Scope, Stats, Store};
+use idem::store::Stats;
+use idem::{Abort, Begin, Response, Scope, Store};
 
 const SECOND: Duration = Duration::from_secs(1);
 

@@ -9,7 +9,8 @@ use idem::redb::StorageBackend;
 use idem::redb::backends::InMemoryBackend;
 use std::time::Duration;
 
-use idem::{Begin, Error, ManualClock, Outcome, Request, Response, Scope, Store, Timestamp};
+use idem::clock::ManualClock;
+use idem::{Begin, Error, Outcome, Request, Response, Scope, Store, Timestamp};
 
 /// An in-memory backend whose writes and syncs fail while `failing` is set. The bytes live in
 /// an `Arc`, so a "reopen" can build a new backend over the same image.

@@ -143,7 +143,7 @@ async fn outbox(addr: SocketAddr, tenant: &str) -> (u64, u64, u64) {
     (n("pending"), n("dead"), n("delivered"))
 }
 
-fn header<'a>(event: &'a idem::OutboxEvent, name: &str) -> Option<&'a str> {
+fn header<'a>(event: &'a idem::outbox::OutboxEvent, name: &str) -> Option<&'a str> {
     event
         .headers
         .iter()
@@ -371,7 +371,7 @@ fn assert_problem(r: &Reply, status: u16, what: &str) -> Value {
 
 /// Writes `f`'s rows straight into the example's tables, as data an older version of the
 /// service (or a bug) could have left.
-fn seed(store: &idem::Store, f: impl Fn(&idem::Tx<'_>) -> Result<(), idem::BoxError>) {
+fn seed(store: &idem::Store, f: impl Fn(&idem::Tx<'_>) -> Result<(), idem::error::BoxError>) {
     let request = idem::Request::new(idem::Scope::new("seed", "seed"), "seed", &()).unwrap();
     let outcome = store
         .execute(request, |tx| {

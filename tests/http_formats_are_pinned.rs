@@ -17,8 +17,9 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderName, HeaderValue, Request, StatusCode};
 use axum::routing::any;
+use idem::format::State;
 use idem::http::IdempotencyLayer;
-use idem::{Begin, Scope, State, Store};
+use idem::{Begin, Scope, Store};
 
 mod http_fixtures;
 use http_fixtures::send;

@@ -15,8 +15,10 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::http::StatusCode;
+use idem::clock::{Clock, ManualClock};
+use idem::format::State;
 use idem::http::IdempotencyLayer;
-use idem::{Clock, ManualClock, Request, Response, Scope, State, Store, Timestamp};
+use idem::{Request, Response, Scope, Store, Timestamp};
 use tokio::sync::Notify;
 use tower::ServiceExt;
 

@@ -421,7 +421,8 @@ async fn complete_with_commits_the_handlers_writes_with_the_answer_or_neither() 
 
 #[tokio::test]
 async fn after_the_retention_a_retry_gets_the_status_and_location_without_a_body() {
-    use idem::{ManualClock, Timestamp};
+    use idem::Timestamp;
+    use idem::clock::ManualClock;
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(Timestamp(1_000_000));
     let store = Store::builder()

@@ -7,7 +7,8 @@ mod common;
 use std::time::Duration;
 
 use common::{Harness, bump, effects};
-use idem::{Abort, Error, Processed};
+use idem::inbox::Processed;
+use idem::{Abort, Error};
 
 #[test]
 fn redelivery_after_a_crash_before_the_ack_is_a_duplicate() {
@@ -407,11 +408,11 @@ fn a_purged_webhook_receipt_runs_again() {
     let hook = |tx: &idem::Tx<'_>| bump(tx, "hook");
     assert!(matches!(
         s.receive("github", "d-1", hook).unwrap(),
-        idem::Receipt::Accepted(())
+        idem::inbox::Receipt::Accepted(())
     ));
     assert!(matches!(
         s.receive("github", "d-1", hook).unwrap(),
-        idem::Receipt::Duplicate { .. }
+        idem::inbox::Receipt::Duplicate { .. }
     ));
     assert!(s.purge_webhook_receipt("github", "d-1").unwrap());
     assert!(
@@ -420,7 +421,7 @@ fn a_purged_webhook_receipt_runs_again() {
     );
     assert!(matches!(
         s.receive("github", "d-1", hook).unwrap(),
-        idem::Receipt::Accepted(())
+        idem::inbox::Receipt::Accepted(())
     ));
     assert_eq!(effects(s, "hook"), 2);
     s.check_expiry_index().unwrap();

@@ -8,7 +8,10 @@ use std::cell::Cell;
 use std::time::Duration;
 
 use common::*;
-use idem::{Error, FORMAT_VERSION, Field, Limits, Response, Scope, Store};
+use idem::error::Field;
+use idem::format::FORMAT_VERSION;
+use idem::store::Limits;
+use idem::{Error, Response, Scope, Store};
 
 #[track_caller]
 fn assert_empty<T: std::fmt::Debug>(result: Result<T, Error>, expected: Field) {
@@ -345,7 +348,7 @@ fn a_record_with_an_unknown_version_is_unsupported() {
                 Error::UnsupportedFormat {
                     found: 9,
                     supported
-                } if *supported == idem::FORMAT_VERSION
+                } if *supported == idem::format::FORMAT_VERSION
             ),
             "expected UnsupportedFormat {{ found: 9 }}, got {e:?}"
         );
@@ -395,7 +398,7 @@ fn a_retry_after_cap_below_one_millisecond_is_refused_or_harmless() {
     for cap in [Duration::ZERO, Duration::from_micros(500)] {
         let dir = tempfile::tempdir().expect("tempdir");
         let opened = Store::builder()
-            .clock(idem::ManualClock::new(T0))
+            .clock(idem::clock::ManualClock::new(T0))
             .retry_after_cap(cap)
             .open(dir.path().join("idem.redb"));
         let store = match opened {

@@ -19,9 +19,11 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use idem::{
-    Error, Event, ManualClock, Outcome, Processed, Response, Scope, State, Store, Timestamp,
-};
+use idem::clock::ManualClock;
+use idem::format::State;
+use idem::inbox::Processed;
+use idem::outbox::Event;
+use idem::{Error, Outcome, Response, Scope, Store, Timestamp};
 
 fn open(backend: impl idem::redb::StorageBackend, clock: &ManualClock) -> Store {
     Store::builder()

@@ -10,7 +10,8 @@ use std::thread;
 use std::time::Duration;
 
 use common::*;
-use idem::{Abort, Begin, Error, Request, Response, Scope, State, Store};
+use idem::format::State;
+use idem::{Abort, Begin, Error, Request, Response, Scope, Store};
 
 const LEASE: Duration = Duration::from_secs(30);
 const WAIT: Duration = Duration::from_secs(10);
@@ -19,7 +20,7 @@ fn charge() -> Request {
     req("t1", "charge", "pay-1", b"amount=100")
 }
 
-fn stored(store: &Store) -> Option<idem::Record> {
+fn stored(store: &Store) -> Option<idem::format::Record> {
     store
         .get(&Scope::new("t1", "charge"), "pay-1")
         .expect("get")

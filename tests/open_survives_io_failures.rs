@@ -30,7 +30,11 @@ use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use common::*;
-use idem::{Begin, Error, Event, ManualClock, Outcome, Processed, Response, Scope, State, Store};
+use idem::clock::ManualClock;
+use idem::format::State;
+use idem::inbox::Processed;
+use idem::outbox::Event;
+use idem::{Begin, Error, Outcome, Response, Scope, Store};
 
 const CLAIMS: usize = 5;
 

@@ -4,7 +4,9 @@
 mod common;
 
 use common::{Harness, bump, effects};
-use idem::{Abort, Processed, VersionCheck};
+use idem::Abort;
+use idem::inbox::Processed;
+use idem::rules::VersionCheck;
 
 const STATUS: idem::redb::TableDefinition<&str, u64> =
     idem::redb::TableDefinition::new("test.order_status_version");
@@ -22,7 +24,7 @@ fn deliver(h: &Harness, delivery: &str, version: u64) -> VersionCheck {
         })
         .unwrap();
     match r {
-        idem::Receipt::Accepted(c) => c,
+        idem::inbox::Receipt::Accepted(c) => c,
         other => panic!("unexpected {other:?}"),
     }
 }

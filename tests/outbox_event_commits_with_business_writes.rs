@@ -4,7 +4,8 @@
 mod common;
 
 use common::{Harness, acquired, bump, effects, req};
-use idem::{Abort, Event, Response};
+use idem::outbox::Event;
+use idem::{Abort, Response};
 
 #[test]
 fn business_write_and_event_are_both_committed() {

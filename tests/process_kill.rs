@@ -26,8 +26,9 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::{EFFECTS, XorShift};
+use idem::format::State;
 use idem::redb::ReadableTable;
-use idem::{Outcome, Request, Response, Scope, State, Store};
+use idem::{Outcome, Request, Response, Scope, Store};
 
 const CHILD_ENV: &str = "IDEM_KILL_CHILD";
 const START_ENV: &str = "IDEM_KILL_START";

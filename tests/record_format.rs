@@ -13,13 +13,13 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
+use idem::clock::ManualClock;
+use idem::format::{FORMAT_VERSION, HolderToken, Record, State};
+use idem::keys::Fingerprint;
 use idem::redb::{
     ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle,
 };
-use idem::{
-    Begin, Error, FORMAT_VERSION, Fingerprint, HolderToken, ManualClock, Record, Request, Resource,
-    Response, Scope, State, Store, Timestamp, Tombstone,
-};
+use idem::{Begin, Error, Request, Resource, Response, Scope, Store, Timestamp, Tombstone};
 
 /// 2026-01-01T00:00:00Z in milliseconds since the Unix epoch.
 const T0: u64 = 1_767_225_600_000;
@@ -699,11 +699,17 @@ fn golden_event_ids() -> Vec<(&'static str, String, String, &'static str)> {
         .execute(
             Request::from_canonical_bytes(Scope::new("t", "op"), "k", b"x"),
             |tx| {
-                pushed.push(tx.outbox().push(idem::Event::new("e", b"0".to_vec()))?);
-                pushed.push(tx.outbox().push(idem::Event::new("e", b"1".to_vec()))?);
                 pushed.push(
                     tx.outbox()
-                        .push(idem::Event::new("e", b"2".to_vec()).identity("k"))?,
+                        .push(idem::outbox::Event::new("e", b"0".to_vec()))?,
+                );
+                pushed.push(
+                    tx.outbox()
+                        .push(idem::outbox::Event::new("e", b"1".to_vec()))?,
+                );
+                pushed.push(
+                    tx.outbox()
+                        .push(idem::outbox::Event::new("e", b"2".to_vec()).identity("k"))?,
                 );
                 Ok(Response::new(200, "ok"))
             },
@@ -712,7 +718,10 @@ fn golden_event_ids() -> Vec<(&'static str, String, String, &'static str)> {
     assert!(matches!(outcome, idem::Outcome::Executed(_)), "{outcome:?}");
     store
         .process("t", SPELLING_MESSAGE_ID, |tx| {
-            pushed.push(tx.outbox().push(idem::Event::new("e", b"m".to_vec()))?);
+            pushed.push(
+                tx.outbox()
+                    .push(idem::outbox::Event::new("e", b"m".to_vec()))?,
+            );
             Ok(())
         })
         .expect("process");
@@ -795,7 +804,7 @@ fn stored_marks() -> Vec<(Vec<u8>, Vec<u8>)> {
                 ))
             })
             .expect("process");
-        assert!(matches!(r, idem::Processed::Rejected(_)), "{r:?}");
+        assert!(matches!(r, idem::inbox::Processed::Rejected(_)), "{r:?}");
     });
     let read = db.begin_read().expect("read");
     let inbox = read.open_table(INBOX).expect("inbox table");

@@ -6,8 +6,9 @@ mod common;
 use std::cell::Cell;
 
 use common::*;
+use idem::format::RESERVED_PREFIX;
 use idem::redb::{MultimapTableDefinition, TableDefinition};
-use idem::{Error, RESERVED_PREFIX, Response, Scope, Store};
+use idem::{Error, Response, Scope, Store};
 
 #[track_caller]
 fn assert_reserved<T: std::fmt::Debug>(result: Result<T, Error>, expected_name: &str) {

@@ -12,7 +12,7 @@ use idem::{Outcome, Response, RetentionPolicy, Scope, Store};
 const HOUR: Duration = Duration::from_secs(3600);
 const DAY: Duration = Duration::from_secs(24 * 3600);
 
-fn claim(store: &Store, op: &str) -> idem::Record {
+fn claim(store: &Store, op: &str) -> idem::format::Record {
     executed(store.execute(req("t", op, "k", b"p"), |_| Ok(Response::new(201, "ok"))));
     store
         .get(&Scope::new("t", op), "k")

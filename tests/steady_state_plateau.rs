@@ -13,7 +13,8 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use idem::{Durability, Response, Stats};
+use idem::store::Stats;
+use idem::{Durability, Response};
 
 const HOUR: Duration = Duration::from_secs(3600);
 const CLAIMS_PER_HOUR: u32 = 20;

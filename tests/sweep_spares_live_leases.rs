@@ -7,7 +7,8 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use idem::{Error, Response, Scope, State, Store};
+use idem::format::State;
+use idem::{Error, Response, Scope, Store};
 
 const LEASE: Duration = Duration::from_secs(30);
 const MS: Duration = Duration::from_millis(1);

@@ -10,7 +10,8 @@ use std::cell::Cell;
 use std::time::Duration;
 
 use common::*;
-use idem::{Abort, Begin, Error, Outcome, Response, Scope, State, Store, Tombstone};
+use idem::format::State;
+use idem::{Abort, Begin, Error, Outcome, Response, Scope, Store, Tombstone};
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
 const MS: Duration = Duration::from_millis(1);
@@ -28,7 +29,7 @@ fn create(store: &Store, payload: &[u8], runs: &Cell<u32>) -> Result<Outcome, Er
     })
 }
 
-fn stored(store: &Store) -> Option<idem::Record> {
+fn stored(store: &Store) -> Option<idem::format::Record> {
     store
         .get(&Scope::new("t1", "create_order"), "order-1")
         .expect("get")

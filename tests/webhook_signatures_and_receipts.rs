@@ -8,8 +8,9 @@ mod common;
 use std::time::Duration;
 
 use common::{Harness, bump, effects};
+use idem::Timestamp;
+use idem::inbox::Receipt;
 use idem::webhook::{StandardWebhooks, WebhookError, verify_github};
-use idem::{Receipt, Timestamp};
 
 const GH_SECRET: &[u8] = b"It's a Secret to Everybody";
 const GH_BODY: &[u8] = b"Hello, World!";

@@ -39,9 +39,10 @@ use std::process::ExitCode;
 use std::sync::Mutex;
 
 use clap::{Parser, Subcommand};
-use idem::{
-    DeadLetter, Error, ReadOnlyStore, Record, Scope, State, Store, StoreBuilder, Timestamp,
-};
+use idem::format::{Record, State};
+use idem::outbox::DeadLetter;
+use idem::store::ReadOnlyStore;
+use idem::{Error, Scope, Store, StoreBuilder, Timestamp};
 
 /// Inspect and maintain an idem store file.
 #[derive(Parser)]

@@ -100,6 +100,7 @@ impl Store {
     /// A token that can be upgraded exactly while this store's background sweeper thread runs
     /// (`None` without one): lets tests see the thread end when the store is dropped.
     #[doc(hidden)]
+    #[cfg(feature = "__internal_whitebox")]
     pub fn sweeper_liveness(&self) -> Option<Weak<()>> {
         self.background().threads.lock().sweeper_alive.clone()
     }

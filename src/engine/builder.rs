@@ -234,7 +234,7 @@ impl StoreBuilder {
         self
     }
 
-    /// The clock every expiry and lease decision reads (inject a [`crate::ManualClock`] in
+    /// The clock every expiry and lease decision reads (inject a [`crate::clock::ManualClock`] in
     /// tests).
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(clock);

@@ -145,6 +145,7 @@ impl Store {
     /// tolerated). Returns a
     /// description of the first mismatches. O(records) time and memory: for tests and fuzzers.
     #[doc(hidden)]
+    #[cfg(feature = "__internal_whitebox")]
     pub fn check_expiry_index(&self) -> Result<(), String> {
         self.expiry_index_verdict()
             .unwrap_or_else(|e| Err(e.to_string()))
@@ -215,7 +216,7 @@ fn check_expiry_index_in(read: &redb::ReadTransaction) -> Result<Result<(), Stri
     )))
 }
 
-/// [`Store::stats`] from a read transaction (a [`Store`] or a [`crate::ReadOnlyStore`]).
+/// [`Store::stats`] from a read transaction (a [`Store`] or a [`crate::store::ReadOnlyStore`]).
 pub(crate) fn stats_in(read: &redb::ReadTransaction, now: Timestamp) -> Result<Stats, Error> {
     let records = read.open_table(RECORDS).map_err(unlatched)?;
     let expiry = read.open_table(EXPIRY).map_err(unlatched)?;

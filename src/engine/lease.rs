@@ -36,7 +36,7 @@ pub enum Begin {
 /// The right to finish one intent, held by exactly one attempt at a time.
 ///
 /// Every call re-reads the record inside a write transaction and proceeds only if the record
-/// still carries this lease's holder token ([`crate::holds_lease`]). Once the lease lapsed and
+/// still carries this lease's holder token ([`crate::rules::holds_lease`]). Once the lease lapsed and
 /// another attempt took the key over, every call here fails with [`Error::LeaseLost`] and
 /// changes nothing: a stale holder can never complete or overwrite a newer one.
 ///
@@ -125,7 +125,7 @@ impl Lease {
 
     /// Extends the lease to the store's lease duration from now, and returns the new deadline.
     /// A lapsed lease that nobody took over can still be extended. A heartbeat never lowers
-    /// the deadline ([`crate::heartbeat_deadline`]): if the clock moved backwards, the deadline
+    /// the deadline ([`crate::rules::heartbeat_deadline`]): if the clock moved backwards, the deadline
     /// already granted stays, so no other attempt can take the key over before it.
     pub fn heartbeat(&mut self) -> Result<Timestamp, Error> {
         let store = &self.store;

@@ -272,8 +272,8 @@ impl Store {
     }
 
     /// The stored record for `key` in `scope`, exactly as stored (it may be past its
-    /// `expires_at` or `forget_at` if no sweep has run since; see [`crate::is_expired`] and
-    /// [`crate::is_forgotten`]). For inspection and tests; never needed to
+    /// `expires_at` or `forget_at` if no sweep has run since; see [`crate::rules::is_expired`] and
+    /// [`crate::rules::is_forgotten`]). For inspection and tests; never needed to
     /// use the store correctly.
     pub fn get(&self, scope: &Scope, key: impl AsRef<[u8]>) -> Result<Option<Record>, Error> {
         let key = self.admit_key(scope, key)?;
@@ -866,7 +866,8 @@ pub(crate) fn admit_key(
     scope: &Scope,
     key: impl AsRef<[u8]>,
 ) -> Result<Vec<u8>, Error> {
-    let request = Request::with_fingerprint(scope.clone(), key, crate::Fingerprint([0; 32]));
+    let request =
+        Request::with_fingerprint(scope.clone(), key, crate::model::keys::Fingerprint([0; 32]));
     limits.check(&request)?;
     Ok(record_key(&request))
 }

@@ -2,7 +2,7 @@
 //! `forget_at`, by range scans of the expiry index, in bounded write transactions that go
 //! through group commit like every other write.
 //!
-//! A sweep never changes an answer: [`crate::decide`] already treats every record by its stored
+//! A sweep never changes an answer: [`crate::rules::decide`] already treats every record by its stored
 //! instants, and [`crate::model::rules::sweep_action`] only deletes what `decide` treats as absent
 //! and only shrinks what it answers as `Expired`. Sweeps free space; correctness never waits
 //! for them.
@@ -51,7 +51,7 @@ impl SweepReport {
     }
 }
 
-/// Totals over every pass since open, for [`crate::Metrics`].
+/// Totals over every pass since open, for [`crate::store::Metrics`].
 #[derive(Debug, Default)]
 pub(crate) struct SweepTotals {
     pub passes: u64,
@@ -84,7 +84,7 @@ impl Store {
     /// Answers never depend on sweeps (every decision reads the stored instants); sweeping
     /// bounds the file. Passes on one store run one at a time. Without a background sweeper
     /// ([`sweep_interval`](crate::StoreBuilder::sweep_interval)), call this periodically. A
-    /// failure is returned (and counted in [`crate::Metrics::sweep_failures`]); what the
+    /// failure is returned (and counted in [`crate::store::Metrics::sweep_failures`]); what the
     /// committed batches did stays done.
     pub fn sweep(&self) -> Result<SweepReport, Error> {
         self.sweep_with_progress(|_| {})

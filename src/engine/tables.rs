@@ -6,7 +6,7 @@ use redb::TableDefinition;
 /// Tables whose names start with this are idem's; [`crate::Tx`] refuses to open them.
 pub const RESERVED_PREFIX: &str = "idem.";
 
-/// Record key (docs/FORMAT.md, "Record key") → encoded [`crate::Record`].
+/// Record key (docs/FORMAT.md, "Record key") → encoded [`crate::format::Record`].
 pub(crate) const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idem.records.v1");
 
 /// The expiry index (docs/FORMAT.md, "Expiry index"): `u64be(due) ‖ kind ‖ key` → the state tag

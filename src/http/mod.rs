@@ -31,7 +31,7 @@
 //!   Structured Field string (`"abc"`) or a bare key (`abc`, visible ASCII without `"` `,` `;`
 //!   `\` or whitespace); two lines, a list, parameters or a malformed value is `400` (see
 //!   `docs/HTTP.md` for the grammar). Key, tenant and operation are checked against the store's
-//!   [`crate::Limits`] before the body is read;
+//!   [`crate::store::Limits`] before the body is read;
 //! - **once the handler ran, the key never runs it again** for the record's lifetime: an answer
 //!   over the store's `max_response_bytes` is recorded without its body and replayed with
 //!   [`IDEMPOTENT_BODY_OMITTED`]; a handler that panics, whose response body fails, or whose

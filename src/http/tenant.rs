@@ -30,7 +30,7 @@ pub enum InvalidTenant {
     /// The tenant is empty.
     #[error("the tenant is empty")]
     Empty,
-    /// The tenant is longer than the store's limit ([`crate::Limits::max_tenant_len`]).
+    /// The tenant is longer than the store's limit ([`crate::store::Limits::max_tenant_len`]).
     #[error("the tenant is {len} bytes, over the store's limit of {max} (Limits::max_tenant_len)")]
     TooLong {
         /// Its length in bytes.
@@ -47,7 +47,7 @@ pub enum InvalidTenant {
 ///
 /// For a service's own tenant extractor on the routes the layer does not cover (reads), so
 /// that every route takes the same tenants; pass the store's
-/// [`crate::Limits::max_tenant_len`] (`examples/edge_service.rs` does this).
+/// [`crate::store::Limits::max_tenant_len`] (`examples/edge_service.rs` does this).
 pub fn tenant_from_header(
     headers: &HeaderMap,
     name: &HeaderName,

@@ -28,7 +28,7 @@ use crate::model::clock::Timestamp;
 /// Publishes outbox events to a broker (Kafka, NATS, an HTTP endpoint…). Return `Ok` only once
 /// the broker has accepted the event: the event is then marked delivered and never published
 /// again (unless the process dies before the mark is committed, in which case it is published
-/// again with the same [`crate::EventId`]). An `Err` (or a panic) counts as a failed attempt.
+/// again with the same [`crate::outbox::EventId`]). An `Err` (or a panic) counts as a failed attempt.
 ///
 /// A closure `FnMut(&OutboxEvent) -> Result<(), BoxError>` is a publisher.
 pub trait Publisher: Send + 'static {

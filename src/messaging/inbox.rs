@@ -94,7 +94,7 @@ impl Store {
     /// the whole response.
     ///
     /// The subscriber is limited like an operation and the message id like a key
-    /// ([`crate::Limits`]; errors name them `operation` and `idempotency key`). Marks live for
+    /// ([`crate::store::Limits`]; errors name them `operation` and `idempotency key`). Marks live for
     /// [`crate::StoreBuilder::inbox_retention`]; [`Store::sweep`] removes older ones. `f` may
     /// run more than once per call (same contract as [`Store::execute`]).
     pub fn process<T, F>(

@@ -6,10 +6,10 @@
 
 use std::path::{Path, PathBuf};
 
+use idem::clock::ManualClock;
 use idem::redb::{ReadableDatabase, TableDefinition};
 use idem::{
-    Begin, Error, Lease, ManualClock, Outcome, Request, Response, Scope, Store, StoreBuilder,
-    Timestamp,
+    Begin, Error, Lease, Outcome, Request, Response, Scope, Store, StoreBuilder, Timestamp,
 };
 use tempfile::TempDir;
 

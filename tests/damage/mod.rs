@@ -5,7 +5,8 @@
 use std::path::Path;
 use std::time::Duration;
 
-use idem::{Abort, Durability, ManualClock, Request, Response, Scope, Store, Timestamp};
+use idem::clock::ManualClock;
+use idem::{Abort, Durability, Request, Response, Scope, Store, Timestamp};
 
 /// redb's page size (the default, which idem uses).
 pub const PAGE: usize = 4096;
@@ -108,14 +109,14 @@ pub fn build_messaging_store(path: &Path, n: usize) -> Vec<u8> {
         for i in 0..n {
             let processed = store.process("sub", key(i), |tx| -> Result<(), Abort> {
                 tx.outbox().push(
-                    idem::Event::new("topic", body(i).into_bytes())
+                    idem::outbox::Event::new("topic", body(i).into_bytes())
                         .ordering_key(format!("k{}", i % 9)),
                 )?;
                 tx.versions().advance(format!("entity-{i:05}"), i as u64)?;
                 Ok(())
             });
             assert!(
-                matches!(processed, Ok(idem::Processed::Processed(()))),
+                matches!(processed, Ok(idem::inbox::Processed::Processed(()))),
                 "{processed:?}"
             );
         }

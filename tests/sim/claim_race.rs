@@ -9,7 +9,7 @@
 //! leases die with the process), and a crash inside an executing closure.
 //!
 //! The model keeps, per intent, the record the store must hold, written by rules stated here
-//! independently of `src/` (it does not call [`idem::decide`] to predict; it checks that
+//! independently of `src/` (it does not call [`idem::rules::decide`] to predict; it checks that
 //! `decide` agrees with it). After every step it checks:
 //! - the store's record equals the model's, field for field (holder tokens included);
 //! - effects (the caller's table) equal the model's count, and an intent never executes twice
@@ -25,9 +25,11 @@
 use std::time::Duration;
 
 use arbitrary::{Arbitrary, Unstructured};
+use idem::clock::{Clock, ManualClock};
+use idem::format::{Record, State};
+use idem::keys::{DownstreamKey, Fingerprint};
 use idem::{
-    Abort, Begin, Clock, DownstreamKey, Error, Fingerprint, Lease, ManualClock, Outcome, Record,
-    Request, Response, Scope, State, Store, Timestamp, Tombstone,
+    Abort, Begin, Error, Lease, Outcome, Request, Response, Scope, Store, Timestamp, Tombstone,
 };
 
 use super::backend::CrashBackend;
@@ -154,7 +156,7 @@ struct Sim {
     intents: Vec<Intent>,
     seq: u64,
     /// Every holder token ever handed out: fencing needs each attempt's to be new.
-    holders: std::collections::HashSet<idem::HolderToken>,
+    holders: std::collections::HashSet<idem::format::HolderToken>,
 }
 
 /// The model's own rule (docs/design.md, decision order), written independently of `decide`.
@@ -599,7 +601,7 @@ impl Sim {
         // A heartbeat never lowers a deadline (the clock may have moved backwards).
         let deadline = ts(now, LEASE_MS).max(*lease_deadline);
         assert_eq!(
-            idem::heartbeat_deadline(*lease_deadline, now, Duration::from_millis(LEASE_MS)),
+            idem::rules::heartbeat_deadline(*lease_deadline, now, Duration::from_millis(LEASE_MS)),
             deadline,
             "heartbeat_deadline agrees with the model"
         );
@@ -753,17 +755,20 @@ impl Sim {
 
     fn agrees_with_decide(&self, intent: usize, fp: &Fingerprint, expected: &Expect) {
         let record = self.intents[intent].record.as_ref();
-        let decided = match idem::decide(record, fp, self.now()) {
-            idem::Decision::Claim => Expect::Claim,
-            idem::Decision::Takeover { attempt } => Expect::Takeover(attempt),
-            idem::Decision::Replay(r) => Expect::Replay(r.clone()),
-            d @ idem::Decision::Expired { .. } => {
+        let decided = match idem::rules::decide(record, fp, self.now()) {
+            idem::rules::Decision::Claim => Expect::Claim,
+            idem::rules::Decision::Takeover { attempt } => Expect::Takeover(attempt),
+            idem::rules::Decision::Replay(r) => Expect::Replay(r.clone()),
+            d @ idem::rules::Decision::Expired { .. } => {
                 Expect::Expired(d.tombstone().expect("Expired has a tombstone"))
             }
-            idem::Decision::InFlight { lease_deadline } => Expect::InFlight(lease_deadline),
-            idem::Decision::Mismatch => Expect::Mismatch,
+            idem::rules::Decision::InFlight { lease_deadline } => Expect::InFlight(lease_deadline),
+            idem::rules::Decision::Mismatch => Expect::Mismatch,
         };
-        assert_eq!(&decided, expected, "idem::decide disagrees with the model");
+        assert_eq!(
+            &decided, expected,
+            "idem::rules::decide disagrees with the model"
+        );
     }
 
     /// The invariants that hold after every step.
@@ -794,7 +799,7 @@ impl Sim {
                 .iter()
                 .flatten()
                 .filter(|h| h.intent == n)
-                .filter(|h| idem::holds_lease(stored.as_ref(), &h.lease.holder(), now))
+                .filter(|h| idem::rules::holds_lease(stored.as_ref(), &h.lease.holder(), now))
                 .count();
             assert!(holders <= 1, "{holders} leases hold {}", label(n));
         }

@@ -30,10 +30,14 @@ use std::time::Duration;
 
 use super::effects::bump;
 use arbitrary::{Arbitrary, Unstructured};
+use idem::clock::ManualClock;
+use idem::format::State;
+use idem::inbox::Processed;
+use idem::outbox::Event;
 use idem::redb::StorageBackend;
 use idem::{
-    Begin, Error, Event, ManualClock, Outcome, Processed, Request, Response, RetentionPolicy,
-    Scope, State, Store, StoreBuilder, Timestamp,
+    Begin, Error, Outcome, Request, Response, RetentionPolicy, Scope, Store, StoreBuilder,
+    Timestamp,
 };
 
 /// The manual clock's start (2023-11-14).

@@ -8,7 +8,8 @@
 //! "Checksum"). Random bytes almost never carry a right checksum, so only the second form lets
 //! the fuzzer reach the body decoder.
 
-use idem::{Error, FORMAT_VERSION, Record};
+use idem::Error;
+use idem::format::{FORMAT_VERSION, Record};
 
 /// The record checksum's blake3 key-derivation context (docs/FORMAT.md, "Checksum").
 const CHECKSUM_CONTEXT: &str = "idem 2026-11-30 record checksum v2";
