@@ -783,7 +783,7 @@ fn export_line(
     line["created_at_ms"] = record.created_at.as_millis().into();
     line["expires_at_ms"] = record.expires_at.as_millis().into();
     line["forget_at_ms"] = record.forget_at.as_millis().into();
-    line["expired"] = (record.expires_at <= now).into();
+    line["expired"] = idem::rules::is_expired(&record, now).into();
     let (state, response) = match &record.state {
         State::Pending {
             lease_deadline,
