@@ -1,9 +1,41 @@
 //! Typed errors. Every message says what went wrong and what the caller should do next.
 
 use std::error::Error as StdError;
+use std::sync::Arc;
 
 /// A boxed error from the caller's own code, carried through [`Error::Aborted`].
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// An error of the storage engine under the store, kept whole: its message, its `source()`
+/// chain, and the engine's own error value (a `redb::Error` for a file store), reachable with
+/// [`downcast_ref`](Self::downcast_ref). Cheap to clone: the callers of one failed batch share it.
+#[derive(Debug, Clone)]
+pub struct StorageError(Arc<dyn StdError + Send + Sync + 'static>);
+
+impl StorageError {
+    /// Wraps a storage engine's error.
+    pub fn new(error: impl StdError + Send + Sync + 'static) -> Self {
+        StorageError(Arc::new(error))
+    }
+
+    /// The engine's error, if it is a `T` (e.g. `redb::Error`).
+    pub fn downcast_ref<T: StdError + 'static>(&self) -> Option<&T> {
+        self.0.downcast_ref::<T>()
+    }
+}
+
+impl std::fmt::Display for StorageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The engine's message exactly: this type only carries it.
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl StdError for StorageError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.0.source()
+    }
+}
 
 /// Which part of a scoped key a validation error is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -195,8 +227,9 @@ pub enum Error {
         "the commit failed and its outcome is unknown ({source}); the store has stopped accepting writes: drop every clone of the Store and every Lease, reopen the file, and retry with the same key"
     )]
     OutcomeUnknown {
-        /// The storage error (shared by every caller whose request was in the failed batch).
-        source: std::sync::Arc<redb::Error>,
+        /// The storage engine's error (shared by every caller whose request was in the failed
+        /// batch).
+        source: StorageError,
     },
 
     /// The write queue stayed full for the configured wait: the store is overloaded. Nothing
@@ -230,8 +263,9 @@ pub enum Error {
     /// The storage engine reported an error.
     #[error("storage error: {source}")]
     Storage {
-        /// redb's error.
-        source: redb::Error,
+        /// The storage engine's error (a `redb::Error` for a file store:
+        /// [`StorageError::downcast_ref`]).
+        source: StorageError,
     },
 
     /// A write call (execute, begin, a lease call) was made on a store from inside a closure
@@ -299,46 +333,5 @@ fn in_use_message(operation: &str, reason: &str) -> String {
         _ => format!(
             "{operation} needs exclusive use of the store, but {reason}: finish or release every Lease, drop every other Store clone and every read transaction, then call {operation} again"
         ),
-    }
-}
-
-/// How a caller's closure ends without success. Returned as the `Err` of a closure passed to
-/// [`crate::Store::execute`] or [`crate::Lease::complete_with`].
-///
-/// | variant | stored | caller's writes | a retry with the same key |
-/// |---|---|---|---|
-/// | `Ok(response)` (not an `Abort`) | Completed + response | committed | replays the response |
-/// | [`Abort::Terminal`] | Failed + response | committed | replays the failure |
-/// | [`Abort::Retryable`] | nothing | rolled back | runs again |
-/// | [`Abort::Store`] | nothing | rolled back | runs again (after a reopen if fail-stopped) |
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum Abort {
-    /// A transient failure (a timeout, a lock, an unavailable dependency): nothing is recorded
-    /// and the key stays free so the retry runs again.
-    Retryable(BoxError),
-    /// A final business failure (e.g. "card declined"): the response is recorded as Failed and
-    /// replayed to every retry, like a stored error in Stripe's API. The caller's writes made in
-    /// the same closure are committed with it.
-    Terminal(crate::Response),
-    /// An error from the store or the storage engine (e.g. from `?` on a table operation).
-    Store(Error),
-}
-
-impl Abort {
-    /// A retryable abort from any error.
-    pub fn retryable(error: impl Into<BoxError>) -> Self {
-        Abort::Retryable(error.into())
-    }
-
-    /// A terminal failure whose response is stored and replayed.
-    pub fn terminal(response: crate::Response) -> Self {
-        Abort::Terminal(response)
-    }
-}
-
-impl From<Error> for Abort {
-    fn from(e: Error) -> Self {
-        Abort::Store(e)
     }
 }

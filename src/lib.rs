@@ -59,9 +59,9 @@ pub use engine::builder::{Durability, StoreBuilder};
 pub use engine::lease::{Begin, Lease};
 pub use engine::store::Store;
 pub use engine::tx::Tx;
-pub use error::{Abort, Error};
+pub use error::Error;
 pub use model::clock::Timestamp;
-pub use model::response::{Outcome, Resource, Response, Tombstone};
+pub use model::response::{Abort, Outcome, Resource, Response, Tombstone};
 pub use model::retention::RetentionPolicy;
 pub use model::scope::{Request, Scope};
 /// Re-export of the redb version idem is built on, so callers name the same table types.

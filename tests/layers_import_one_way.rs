@@ -5,6 +5,8 @@
 //!   the crate root's re-exports (`crate::Store` is the engine's store).
 //! - `src/engine` never names messaging or a face (a second engine must not need them either).
 //! - `src/messaging` never names a face.
+//! - `src/error.rs`, below every layer, imports nothing of the crate and no redb type: a storage
+//!   engine's error travels in it as an engine-neutral `StorageError`.
 //!
 //! The check reads the source text, so it also catches paths in doc links and comments: a
 //! layer's docs should not send a reader upwards either.
@@ -124,6 +126,31 @@ fn messaging_names_no_face() {
     assert!(
         found.is_empty(),
         "src/messaging must not reach a face:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_error_type_imports_no_layer_and_no_storage_engine() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("src")
+        .join("error.rs");
+    let text = std::fs::read_to_string(&path).expect("src/error.rs is readable");
+    let found: Vec<String> = text
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| {
+            let code = line.trim_start();
+            !code.starts_with("//")
+                && (code.contains("use crate")
+                    || code.contains("crate::")
+                    || code.contains("redb::"))
+        })
+        .map(|(n, line)| format!("src/error.rs:{}: {}", n + 1, line.trim()))
+        .collect();
+    assert!(
+        found.is_empty(),
+        "src/error.rs must stay a leaf:\n{}",
         found.join("\n")
     );
 }

@@ -54,7 +54,9 @@ fn opening_idems_record_table_is_refused_and_the_execute_writes_nothing() {
                 record_key("t", "op", b"existing").as_slice(),
                 b"junk".as_slice(),
             )
-            .map_err(|e| Error::Storage { source: e.into() })?;
+            .map_err(|e| Error::Storage {
+                source: idem::error::StorageError::new(e),
+            })?;
         Ok(())
     });
     assert_reserved(r, "idem.records.v1");

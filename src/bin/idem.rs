@@ -293,20 +293,23 @@ fn builder(cli: &Cli) -> StoreBuilder {
     Store::builder().multi_process(cli.multi_process)
 }
 
+/// The redb error under a storage error, if that is what `e` is.
+fn redb_cause(e: &Error) -> Option<&idem::redb::Error> {
+    match e {
+        Error::Storage { source } => source.downcast_ref::<idem::redb::Error>(),
+        _ => None,
+    }
+}
+
 /// What an open failed with, for the operator.
 fn open_failed(cli: &Cli, e: &Error) -> Failure {
     let file = cli.file.display();
     let msg = e.to_string();
-    let io_kind = match e {
-        Error::Storage {
-            source: idem::redb::Error::Io(io),
-        } => Some(io.kind()),
+    let io_kind = match redb_cause(e) {
+        Some(idem::redb::Error::Io(io)) => Some(io.kind()),
         _ => None,
     };
-    if let Error::Storage {
-        source: idem::redb::Error::DatabaseAlreadyOpen,
-    } = e
-    {
+    if let Some(idem::redb::Error::DatabaseAlreadyOpen) = redb_cause(e) {
         format!(
             "{file}: {msg}\n  another process holds this file (redb allows one process per file): \
              stop it, or run both in multi-process mode (--multi-process here, \
@@ -389,9 +392,7 @@ fn copy_of_file(cli: &Cli) -> Result<(Removed, bool), Failure> {
     let file = cli.file.display();
     let lock = match builder(cli).open_read_only(&cli.file) {
         Ok(store) => Some(store),
-        Err(Error::Storage {
-            source: idem::redb::Error::DatabaseAlreadyOpen,
-        }) => {
+        Err(e) if matches!(redb_cause(&e), Some(idem::redb::Error::DatabaseAlreadyOpen)) => {
             return Err(format!(
                 "{file}: another process has this file open for writing: stop it first, or \
                  pass --in-place together with --multi-process"

@@ -9,7 +9,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use crate::engine::read_only::ReadOnlyStore;
 #[cfg(doc)]
 use crate::engine::store::Store;
-use crate::error::Error;
+use crate::error::{Error, StorageError};
 
 // ---- The storage boundary: panics from redb on damaged data ----
 //
@@ -108,7 +108,14 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
 /// Anywhere else — a write's work above all, whose errors may be answered without reaching
 /// the write's own `observe` — use [`Store::storage`].
 pub(crate) fn unlatched(e: impl Into<redb::Error>) -> Error {
-    Error::Storage { source: e.into() }
+    Error::Storage {
+        source: redb_error(e),
+    }
+}
+
+/// A redb error as the engine-neutral [`StorageError`] that [`Error`] carries.
+pub(crate) fn redb_error(e: impl Into<redb::Error>) -> StorageError {
+    StorageError::new(e.into())
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
 
 use crate::engine::background::Background;
-use crate::engine::boundary::{caller_code, contained, unlatched};
+use crate::engine::boundary::{caller_code, contained, redb_error, unlatched};
 #[cfg(doc)]
 use crate::engine::builder::StoreBuilder;
 use crate::engine::builder::{Config, Durability};
@@ -33,9 +33,10 @@ use crate::engine::signal::Signal;
 use crate::engine::sweep::SweepTotals;
 use crate::engine::tables::{EXPIRY, RECORDS};
 use crate::engine::tx::{Origin, Tx};
-use crate::error::{Abort, Error};
+use crate::error::Error;
 use crate::model::clock::{Clock, Timestamp};
 use crate::model::record::{HolderToken, Record, State};
+use crate::model::response::Abort;
 use crate::model::response::{Outcome, Response, Tombstone};
 use crate::model::rules::instants::{self, Attempt};
 use crate::model::rules::{Decision, decide};
@@ -610,7 +611,9 @@ impl Store {
     pub(crate) fn begin_batch_txn(&self) -> Result<WriteTransaction, Error> {
         let latched = |e: redb::Error| {
             self.latch(&e);
-            Error::Storage { source: e }
+            Error::Storage {
+                source: redb_error(e),
+            }
         };
         let mut txn = self.inner.db.begin_write().map_err(|e| latched(e.into()))?;
         if self.relaxed_durability() {
@@ -749,7 +752,7 @@ impl Store {
             let source: redb::Error = e.into();
             self.latch(&source);
             return Err(Error::OutcomeUnknown {
-                source: Arc::new(source),
+                source: redb_error(source),
             });
         }
         Ok(())
@@ -773,13 +776,21 @@ impl Store {
 
     /// Wraps a redb error, latching fail-stop when it is an I/O-level failure.
     pub(crate) fn storage(&self, e: impl Into<redb::Error>) -> Error {
-        self.observe(Error::Storage { source: e.into() })
+        self.observe(Error::Storage {
+            source: redb_error(e),
+        })
     }
 
     /// Latches fail-stop if `e` reports an I/O-level failure; returns `e`.
     pub(crate) fn observe(&self, e: Error) -> Error {
         match &e {
-            Error::Storage { source } if is_io_failure(source) => self.latch(source),
+            Error::Storage { source }
+                if source
+                    .downcast_ref::<redb::Error>()
+                    .is_some_and(is_io_failure) =>
+            {
+                self.latch(source)
+            }
             Error::OutcomeUnknown { source } => self.latch(source),
             _ => {}
         }

@@ -10,8 +10,9 @@ use redb::{
 
 use crate::engine::store::Store;
 use crate::engine::tables::RESERVED_PREFIX;
-use crate::error::{Abort, Error};
+use crate::error::Error;
 use crate::model::clock::Timestamp;
+use crate::model::response::Abort;
 
 /// The write transaction that will also commit the idempotency record. Open your own tables
 /// on it: your writes and the record commit together or not at all.
@@ -120,7 +121,9 @@ macro_rules! redb_into_abort {
     ($($t:ty),*) => {$(
         impl From<$t> for Abort {
             fn from(e: $t) -> Self {
-                Abort::Store(Error::Storage { source: e.into() })
+                Abort::Store(Error::Storage {
+                    source: crate::engine::boundary::redb_error(e),
+                })
             }
         }
     )*};

@@ -131,6 +131,7 @@ pub(super) async fn blocking<T: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::StorageError;
     use crate::{Begin, Request, Scope, Store};
 
     fn claimed(store: &Store) -> Lease {
@@ -176,7 +177,9 @@ mod tests {
             Error::Aborted {
                 source: "retry".into(),
             },
-            Error::Storage { source: io() },
+            Error::Storage {
+                source: StorageError::new(io()),
+            },
         ] {
             assert!(transient(&e), "{e}");
         }
@@ -186,7 +189,7 @@ mod tests {
                 cause: "disk".into(),
             },
             Error::OutcomeUnknown {
-                source: Arc::new(io()),
+                source: StorageError::new(io()),
             },
             Error::CorruptStore {
                 reason: "page".into(),

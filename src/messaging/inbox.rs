@@ -10,9 +10,10 @@
 use crate::engine::commit::{Durable, Step};
 use crate::engine::store::Store;
 use crate::engine::tx::{Origin, Tx};
-use crate::error::{Abort, Error, Field};
+use crate::error::{Error, Field};
 use crate::model::clock::Timestamp;
 use crate::model::marks::Mark;
+use crate::model::response::Abort;
 use crate::model::response::Response;
 use crate::model::rules::inbox::processed_mark;
 use crate::model::rules::{InboxDecision, inbox_decide};

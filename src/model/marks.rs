@@ -16,7 +16,7 @@ pub struct Mark {
     pub processed_at: Timestamp,
     /// From this instant the mark is treated as absent (and swept).
     pub forget_at: Timestamp,
-    /// The response of [`Abort::Terminal`](crate::error::Abort::Terminal) when the first
+    /// The response of [`Abort::Terminal`](crate::model::response::Abort::Terminal) when the first
     /// handling rejected the message (`Processed::Rejected`, `Receipt::Rejected`), answered
     /// again to every redelivery;
     /// `None` when it was processed (and for marks written before rejections were kept).

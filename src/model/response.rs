@@ -1,6 +1,9 @@
-//! What is stored and replayed: a minimal response.
+//! What is stored and replayed: a minimal response; and how a caller's closure ends without one
+//! (`Abort`).
 
 use std::time::Duration;
+
+use crate::error::{BoxError, Error};
 
 /// A pointer to the resource an operation created or touched (e.g. `("order", "ord_123")`), so
 /// a late retry can be answered with "already done: here is where it is".
@@ -59,7 +62,7 @@ impl Response {
     }
 
     /// True when this response records a terminal failure
-    /// ([`Abort::Terminal`](crate::error::Abort::Terminal) or `Lease::fail`): the intent is
+    /// ([`Abort::Terminal`](crate::model::response::Abort::Terminal) or `Lease::fail`): the intent is
     /// finished and will not run again.
     pub fn is_failure(&self) -> bool {
         self.failed
@@ -147,7 +150,7 @@ impl Tombstone {
     }
 
     /// True when the intent ended in a terminal failure
-    /// ([`Abort::Terminal`](crate::error::Abort::Terminal), `Lease::fail`).
+    /// ([`Abort::Terminal`](crate::model::response::Abort::Terminal), `Lease::fail`).
     pub fn is_failure(&self) -> bool {
         self.failed
     }
@@ -158,7 +161,7 @@ impl Tombstone {
 #[must_use]
 pub enum Outcome {
     /// The closure ran now and its result was committed with its writes. A terminal failure
-    /// ([`Abort::Terminal`](crate::error::Abort::Terminal)) also ends here, with
+    /// ([`Abort::Terminal`](crate::model::response::Abort::Terminal)) also ends here, with
     /// [`Response::is_failure`] true.
     Executed(Response),
     /// The intent had already finished: the stored response, byte for byte. The closure did
@@ -197,5 +200,46 @@ impl Outcome {
             Outcome::Expired(t) => Some(t),
             _ => None,
         }
+    }
+}
+
+/// How a caller's closure ends without success. Returned as the `Err` of a closure passed to
+/// `Store::execute` or `Lease::complete_with`.
+///
+/// | variant | stored | caller's writes | a retry with the same key |
+/// |---|---|---|---|
+/// | `Ok(response)` (not an `Abort`) | Completed + response | committed | replays the response |
+/// | [`Abort::Terminal`] | Failed + response | committed | replays the failure |
+/// | [`Abort::Retryable`] | nothing | rolled back | runs again |
+/// | [`Abort::Store`] | nothing | rolled back | runs again (after a reopen if fail-stopped) |
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Abort {
+    /// A transient failure (a timeout, a lock, an unavailable dependency): nothing is recorded
+    /// and the key stays free so the retry runs again.
+    Retryable(BoxError),
+    /// A final business failure (e.g. "card declined"): the response is recorded as Failed and
+    /// replayed to every retry, like a stored error in Stripe's API. The caller's writes made in
+    /// the same closure are committed with it.
+    Terminal(Response),
+    /// An error from the store or the storage engine (e.g. from `?` on a table operation).
+    Store(Error),
+}
+
+impl Abort {
+    /// A retryable abort from any error.
+    pub fn retryable(error: impl Into<BoxError>) -> Self {
+        Abort::Retryable(error.into())
+    }
+
+    /// A terminal failure whose response is stored and replayed.
+    pub fn terminal(response: Response) -> Self {
+        Abort::Terminal(response)
+    }
+}
+
+impl From<Error> for Abort {
+    fn from(e: Error) -> Self {
+        Abort::Store(e)
     }
 }
