@@ -9,6 +9,10 @@ pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 /// An error of the storage engine under the store, kept whole: its message, its `source()`
 /// chain, and the engine's own error value (a `redb::Error` for a file store), reachable with
 /// [`downcast_ref`](Self::downcast_ref). Cheap to clone: the callers of one failed batch share it.
+///
+/// It is a transparent carrier: its message is the engine error's, and its
+/// [`source`](StdError::source) is the engine error's source, so an error-chain walk sees the
+/// engine error's text but not its type; use `downcast_ref` to match on it.
 #[derive(Debug, Clone)]
 pub struct StorageError(Arc<dyn StdError + Send + Sync + 'static>);
 
@@ -311,7 +315,8 @@ pub enum Error {
 
 impl Error {
     /// True when retrying the same request later may succeed (`Aborted`, `OutcomeUnknown` after
-    /// a reopen, `FailStopped` after a reopen, transient storage errors).
+    /// a reopen, `FailStopped` after a reopen, transient storage errors, `Spawn` once the process
+    /// has threads to spare).
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
@@ -320,6 +325,7 @@ impl Error {
                 | Error::OutcomeUnknown { .. }
                 | Error::FailStopped { .. }
                 | Error::Storage { .. }
+                | Error::Spawn { .. }
         )
     }
 }

@@ -59,6 +59,7 @@ pub use engine::builder::{Durability, StoreBuilder};
 pub use engine::lease::{Begin, Lease};
 pub use engine::store::Store;
 pub use engine::tx::Tx;
+#[doc(inline)]
 pub use error::Error;
 pub use model::clock::Timestamp;
 pub use model::response::{Abort, Outcome, Resource, Response, Tombstone};
@@ -127,11 +128,9 @@ pub mod inbox {
     pub use crate::model::marks::{HighWaterMark, Mark};
 }
 
-/// Webhook signature verification (GitHub `X-Hub-Signature-256`, Standard Webhooks).
 #[cfg(feature = "webhooks")]
-pub mod webhook {
-    pub use crate::messaging::webhook::*;
-}
+#[doc(inline)]
+pub use messaging::webhook;
 
 #[cfg(feature = "http")]
 pub mod http;

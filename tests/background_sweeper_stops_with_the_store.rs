@@ -5,6 +5,10 @@
 //! The waits below are bounded polls for another thread, never sleeps that make simulated time
 //! pass.
 
+// White-box hooks (`Store::check_expiry_index`, `Store::sweeper_liveness`): compiled only with the internal feature, which
+// this repository's own tests always have (Cargo.toml's dev-dependency on the package itself).
+#![cfg(feature = "__internal_whitebox")]
+
 mod common;
 
 use std::sync::Weak;

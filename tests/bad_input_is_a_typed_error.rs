@@ -7,6 +7,10 @@
 //! decoder alone in `record_format`). Every bad-input case, here or elsewhere, with the test that
 //! pins it, is listed in docs/RELIABILITY.md, "Bad-input index".
 
+// White-box hooks (`Store::check_expiry_index`): compiled only with the internal feature, which
+// this repository's own tests always have (Cargo.toml's dev-dependency on the package itself).
+#![cfg(feature = "__internal_whitebox")]
+
 mod common;
 
 use std::cell::Cell;

@@ -2,6 +2,10 @@
 //! other clone, no live lease, no open read transaction, each refused with `Error::InUse` and
 //! no change — and leaves a store that works as before, background threads included.
 
+// White-box hooks (`Store::check_expiry_index`, `Store::sweeper_liveness`): compiled only with the internal feature, which
+// this repository's own tests always have (Cargo.toml's dev-dependency on the package itself).
+#![cfg(feature = "__internal_whitebox")]
+
 mod common;
 
 use std::time::Duration;

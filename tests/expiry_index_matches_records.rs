@@ -5,6 +5,10 @@
 //! fuzzer checks too.) A damaged record's entry that can no longer be located is dropped by the
 //! sweep.
 
+// White-box hooks (`Store::check_expiry_index`): compiled only with the internal feature, which
+// this repository's own tests always have (Cargo.toml's dev-dependency on the package itself).
+#![cfg(feature = "__internal_whitebox")]
+
 mod common;
 
 use std::time::Duration;

@@ -3,6 +3,10 @@
 //! (`tests/sim/<target>.rs`), on stable, without libFuzzer: a regression is caught wherever
 //! `cargo test` runs. A file that panics is named in the failure.
 
+// White-box hooks (the white-box hooks of tests/sim): compiled only with the internal feature, which
+// this repository's own tests always have (Cargo.toml's dev-dependency on the package itself).
+#![cfg(feature = "__internal_whitebox")]
+
 mod sim;
 
 use std::path::{Path, PathBuf};

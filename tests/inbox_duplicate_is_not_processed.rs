@@ -2,6 +2,10 @@
 //! redelivery (one effect); a failing closure leaves neither the mark nor its writes; marks
 //! expire through the sweep.
 
+// White-box hooks (`Store::check_expiry_index`): compiled only with the internal feature, which
+// this repository's own tests always have (Cargo.toml's dev-dependency on the package itself).
+#![cfg(feature = "__internal_whitebox")]
+
 mod common;
 
 use std::time::Duration;

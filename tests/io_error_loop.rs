@@ -14,6 +14,10 @@
 //!
 //! Each test prints how many failure points it tried; run with `--nocapture` to see them.
 
+// White-box hooks (`Store::check_expiry_index`): compiled only with the internal feature, which
+// this repository's own tests always have (Cargo.toml's dev-dependency on the package itself).
+#![cfg(feature = "__internal_whitebox")]
+
 mod common;
 
 use std::time::Duration;

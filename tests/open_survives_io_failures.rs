@@ -24,6 +24,10 @@
 //! plus idem's table/marker commit) and how many failure points were tried; run with
 //! `--nocapture` to see them.
 
+// White-box hooks (`Store::check_expiry_index`): compiled only with the internal feature, which
+// this repository's own tests always have (Cargo.toml's dev-dependency on the package itself).
+#![cfg(feature = "__internal_whitebox")]
+
 mod common;
 
 use std::collections::BTreeMap;

@@ -13,6 +13,10 @@
 //! `IDEM_KILL_ROUNDS` sets the number of kills (default 40; a slow machine stops the default run
 //! after 60 s, never below 20 kills; e.g. 200 for a long run, which has no time limit), and
 //! `IDEM_KILL_SEED` the seed of the random delays (default: from the clock; printed).
+
+// White-box hooks (`Store::check_expiry_index`): compiled only with the internal feature, which
+// this repository's own tests always have (Cargo.toml's dev-dependency on the package itself).
+#![cfg(feature = "__internal_whitebox")]
 #![cfg(unix)]
 
 use std::collections::{HashMap, HashSet};

@@ -8,6 +8,10 @@
 //! made one at a time, so the run (and the file) is the same every time. Relaxed durability keeps
 //! it fast; the file is a real redb file on disk.
 
+// White-box hooks (`Store::check_expiry_index`): compiled only with the internal feature, which
+// this repository's own tests always have (Cargo.toml's dev-dependency on the package itself).
+#![cfg(feature = "__internal_whitebox")]
+
 mod common;
 
 use std::time::Duration;

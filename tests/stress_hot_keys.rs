@@ -4,6 +4,10 @@
 //! with the key's body, exactly one answer per key is `Executed`, and there is exactly one
 //! effect per key.
 
+// White-box hooks (`Store::check_expiry_index`): compiled only with the internal feature, which
+// this repository's own tests always have (Cargo.toml's dev-dependency on the package itself).
+#![cfg(feature = "__internal_whitebox")]
+
 mod common;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -2,6 +2,10 @@
 //! each through the same commit path as claims; an idle pass writes nothing; the metrics report
 //! every pass. Claims made while a pass runs in the background all complete.
 
+// White-box hooks (`Store::check_expiry_index`): compiled only with the internal feature, which
+// this repository's own tests always have (Cargo.toml's dev-dependency on the package itself).
+#![cfg(feature = "__internal_whitebox")]
+
 mod common;
 
 use std::sync::atomic::{AtomicBool, Ordering};

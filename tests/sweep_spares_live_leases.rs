@@ -2,6 +2,10 @@
 //! its lease deadline, and heartbeats move both); a lease record past its `expires_at` — the
 //! attempt died and nobody took over — is deleted, and its old holder is fenced out.
 
+// White-box hooks (`Store::check_expiry_index`): compiled only with the internal feature, which
+// this repository's own tests always have (Cargo.toml's dev-dependency on the package itself).
+#![cfg(feature = "__internal_whitebox")]
+
 mod common;
 
 use std::time::Duration;

@@ -4,6 +4,10 @@
 //! tombstone horizon the key is free and the retry runs. The answers are the same whether the
 //! sweep has physically shrunk and deleted the record or not.
 
+// White-box hooks (`Store::check_expiry_index`): compiled only with the internal feature, which
+// this repository's own tests always have (Cargo.toml's dev-dependency on the package itself).
+#![cfg(feature = "__internal_whitebox")]
+
 mod common;
 
 use std::cell::Cell;

@@ -15,7 +15,7 @@ use crate::model::rules::holds_lease;
 use crate::model::rules::instants;
 use crate::model::scope::Request;
 
-/// The answer to [`crate::Store::begin`].
+/// The answer to [`Store::begin`].
 #[derive(Debug)]
 #[must_use]
 pub enum Begin {

@@ -14,7 +14,7 @@
 //! | `signal.rs` | the work-announced signal a background worker of the layers above waits on |
 //! | `tables.rs` | every table definition, with versioned names, and `open_optional` |
 //! | `expiry.rs` | the expiry index (one entry per record or mark), [`Stats`](expiry::Stats), the index check |
-//! | `marks.rs` | marks (inbox marks, webhook receipts): their stored layout and checksum, their index entries, their sweep |
+//! | `marks.rs` | marks (inbox marks, webhook receipts): their storage, their index entries, their sweep (the value and its byte layout are `model/marks.rs`) |
 //! | `sweep.rs` | sweep passes in bounded batches ([`SweepReport`](sweep::SweepReport)) |
 //! | `lease.rs` | flow B's fenced [`Lease`](lease::Lease) and [`Begin`](lease::Begin) |
 //! | `background.rs` | the flusher and the sweeper threads: one shared tick loop |

@@ -33,7 +33,7 @@ use crate::engine::signal::Signal;
 use crate::engine::sweep::SweepTotals;
 use crate::engine::tables::{EXPIRY, RECORDS};
 use crate::engine::tx::{Origin, Tx};
-use crate::error::Error;
+use crate::error::{Error, StorageError};
 use crate::model::clock::{Clock, Timestamp};
 use crate::model::record::{HolderToken, Record, State};
 use crate::model::response::Abort;
@@ -784,13 +784,7 @@ impl Store {
     /// Latches fail-stop if `e` reports an I/O-level failure; returns `e`.
     pub(crate) fn observe(&self, e: Error) -> Error {
         match &e {
-            Error::Storage { source }
-                if source
-                    .downcast_ref::<redb::Error>()
-                    .is_some_and(is_io_failure) =>
-            {
-                self.latch(source)
-            }
+            Error::Storage { source } if is_io_failure_in(source) => self.latch(source),
             Error::OutcomeUnknown { source } => self.latch(source),
             _ => {}
         }
@@ -837,6 +831,46 @@ fn is_io_failure(e: &redb::Error) -> bool {
             | redb::Error::DatabaseClosed
             | redb::Error::TransactionPoisoned
     )
+}
+
+/// Whether a storage error reports an I/O-level failure, whichever redb error type it wraps:
+/// idem wraps `redb::Error`, but a caller's closure may build `Error::Storage` from the error a
+/// table call gave it (a `redb::StorageError`, `TableError`, `CommitError`, ...), and such an
+/// I/O failure must latch fail-stop all the same.
+fn is_io_failure_in(source: &StorageError) -> bool {
+    use redb::StorageError as S;
+    let storage = |e: &S| {
+        matches!(
+            e,
+            S::Io(_) | S::PreviousIo | S::Corrupted(_) | S::LockPoisoned(_) | S::DatabaseClosed
+        )
+    };
+    if let Some(e) = source.downcast_ref::<redb::Error>() {
+        return is_io_failure(e);
+    }
+    if let Some(e) = source.downcast_ref::<S>() {
+        return storage(e);
+    }
+    if let Some(redb::TableError::Storage(e)) = source.downcast_ref() {
+        return storage(e);
+    }
+    if let Some(redb::TransactionError::Storage(e)) = source.downcast_ref() {
+        return storage(e);
+    }
+    if let Some(redb::DatabaseError::Storage(e)) = source.downcast_ref() {
+        return storage(e);
+    }
+    if let Some(redb::CompactionError::Storage(e)) = source.downcast_ref() {
+        return storage(e);
+    }
+    if let Some(redb::SavepointError::Storage(e)) = source.downcast_ref() {
+        return storage(e);
+    }
+    match source.downcast_ref::<redb::CommitError>() {
+        Some(redb::CommitError::Storage(e)) => storage(e),
+        Some(redb::CommitError::TransactionPoisoned) => true,
+        _ => false,
+    }
 }
 
 /// The record stored under `key`, from a read transaction (a [`Store`] or a [`ReadOnlyStore`]).

@@ -1,6 +1,8 @@
-//! The HTTP face (feature `http`): a tower [`Layer`](tower::Layer) that makes any axum/hyper/tower service
-//! honour the `Idempotency-Key` request header (IETF draft-ietf-httpapi-idempotency-key-header,
-//! still a draft: the contract below is ours, documented in `docs/HTTP.md`).
+//! The HTTP face (feature `http`): a tower [`Layer`](tower::Layer) that makes any
+//! axum/hyper/tower service honour the `Idempotency-Key` request header.
+//!
+//! The header is an IETF draft (draft-ietf-httpapi-idempotency-key-header); the contract below
+//! is ours, documented in `docs/HTTP.md`.
 //!
 //! ```no_run
 //! use axum::{Router, routing::post};
