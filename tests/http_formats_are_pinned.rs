@@ -11,7 +11,12 @@
 //! docs/FORMAT.md must be exactly what that decoder prints for the golden values. To reprint
 //! them after an intended format change (which needs a new tag, see docs/FORMAT.md):
 //! `cargo test --all-features --test http_formats_are_pinned -- --ignored --nocapture print_http_format_dumps`.
+
 #![cfg(feature = "http")]
+
+mod common;
+
+use common::dump::{format_md, hex_row, printable};
 
 use axum::Router;
 use axum::body::Body;
@@ -30,31 +35,8 @@ const CONTEXT: &str = "idem 2026-11-30 request fingerprint: canonical bytes v1";
 /// The tag that opens every fingerprint input.
 const TAG: &[u8] = b"idem-http-v1";
 
-/// The text of docs/FORMAT.md, which the golden values are checked against.
-fn format_md() -> String {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/FORMAT.md");
-    std::fs::read_to_string(path).expect("docs/FORMAT.md exists")
-}
-
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Bytes as space-separated lowercase hex pairs.
-fn hex_row(bytes: &[u8]) -> String {
-    let hex: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    hex.join(" ")
-}
-
-/// Printable ASCII as itself, anything else as `\xNN`.
-fn printable(bytes: &[u8]) -> String {
-    bytes
-        .iter()
-        .map(|&b| match b {
-            0x20..=0x7e => char::from(b).to_string(),
-            _ => format!("\\x{b:02x}"),
-        })
-        .collect()
 }
 
 /// One annotated run of bytes of a dump.

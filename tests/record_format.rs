@@ -11,6 +11,10 @@
 //! To regenerate the dumps after an intended format change:
 //! `cargo test --test record_format -- --ignored --nocapture print_format_dumps`.
 
+mod common;
+
+use common::dump::{format_md, hex_row, printable};
+
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use idem::clock::ManualClock;
@@ -27,12 +31,6 @@ const DAY_MS: u64 = 86_400_000;
 
 /// The blake3 key-derivation context of the record checksum (docs/FORMAT.md, "Checksum").
 const CHECKSUM_CONTEXT: &str = "idem 2026-11-30 record checksum v2";
-
-/// The text of docs/FORMAT.md, which the golden values are checked against.
-fn format_md() -> String {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/FORMAT.md");
-    std::fs::read_to_string(path).expect("docs/FORMAT.md exists")
-}
 
 /// Runs `write` on a fresh store in `dir` at `T0`, closes it, and reopens the file with redb.
 fn written_at_t0(dir: &tempfile::TempDir, write: impl FnOnce(&Store)) -> idem::redb::Database {
@@ -1112,17 +1110,6 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Printable ASCII as itself, anything else as `\xNN`.
-fn printable(bytes: &[u8]) -> String {
-    bytes
-        .iter()
-        .map(|&b| match b {
-            0x20..=0x7e => char::from(b).to_string(),
-            _ => format!("\\x{b:02x}"),
-        })
-        .collect()
-}
-
 /// Decodes a record value following docs/FORMAT.md alone (no postcard, no serde), returning
 /// the annotated fields and the record.
 fn walk(bytes: &[u8]) -> Result<(Vec<Seg>, Record), String> {
@@ -1231,12 +1218,6 @@ fn walk(bytes: &[u8]) -> Result<(Vec<Seg>, Record), String> {
         state,
     };
     Ok((r.segs, record))
-}
-
-/// Bytes as space-separated lowercase hex pairs.
-fn hex_row(bytes: &[u8]) -> String {
-    let hex: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    hex.join(" ")
 }
 
 /// The annotated dump of a golden value, as it appears in docs/FORMAT.md.

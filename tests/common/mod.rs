@@ -183,6 +183,7 @@ mod effects;
 #[allow(unused_imports)] // Not every test uses every helper.
 pub use effects::{EFFECTS, all_effects, bump};
 
+pub mod dump;
 mod rng;
 #[allow(unused_imports)] // Not every test draws random values.
 pub use rng::{XorShift, random_bytes};

@@ -1,0 +1,25 @@
+//! Helpers of the golden-format tests (record_format, http_formats_are_pinned): the text of
+//! docs/FORMAT.md their values are checked against, and the two ways its dumps print bytes.
+
+/// The text of docs/FORMAT.md, which the golden values are checked against.
+pub fn format_md() -> String {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/FORMAT.md");
+    std::fs::read_to_string(path).expect("docs/FORMAT.md exists")
+}
+
+/// Bytes as space-separated lowercase hex pairs.
+pub fn hex_row(bytes: &[u8]) -> String {
+    let hex: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    hex.join(" ")
+}
+
+/// Printable ASCII as itself, anything else as `\xNN`.
+pub fn printable(bytes: &[u8]) -> String {
+    bytes
+        .iter()
+        .map(|&b| match b {
+            0x20..=0x7e => char::from(b).to_string(),
+            _ => format!("\\x{b:02x}"),
+        })
+        .collect()
+}
