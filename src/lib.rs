@@ -114,9 +114,11 @@ pub mod format {
 /// The transactional outbox: events committed with the business writes, and the dispatcher
 /// that publishes them in order, at least once.
 pub mod outbox {
-    pub use crate::messaging::dispatch::{DispatcherHandle, DispatcherOptions, Publisher};
-    pub use crate::messaging::outbox::{
-        DeadLetter, Event, EventId, Outbox, OutboxEvent, OutboxMetrics, OutboxStats,
+    pub use crate::messaging::dispatch::DispatcherHandle;
+    pub use crate::messaging::outbox::Outbox;
+    pub use crate::model::outbox::{
+        DeadLetter, DispatcherOptions, Event, EventId, OutboxEvent, OutboxMetrics, OutboxStats,
+        Publisher,
     };
 }
 

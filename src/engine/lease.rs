@@ -4,10 +4,11 @@ use std::time::Duration;
 
 use crate::engine::commit::{Durable, Step};
 use crate::engine::store::Store;
-use crate::engine::tx::{Origin, Tx};
+use crate::engine::tx::Tx;
 use crate::error::Error;
 use crate::model::clock::Timestamp;
 use crate::model::keys::DownstreamKey;
+use crate::model::outbox::Origin;
 use crate::model::record::{HolderToken, Record};
 use crate::model::response::Abort;
 use crate::model::response::{Response, Tombstone};

@@ -1,5 +1,4 @@
-//! The transaction handle given to the caller's closure, and what that transaction commits
-//! ([`Origin`]).
+//! The transaction handle given to the caller's closure.
 
 use std::cell::Cell;
 
@@ -12,6 +11,7 @@ use crate::engine::store::Store;
 use crate::engine::tables::RESERVED_PREFIX;
 use crate::error::Error;
 use crate::model::clock::Timestamp;
+use crate::model::outbox::Origin;
 use crate::model::response::Abort;
 
 /// The write transaction that will also commit the idempotency record. Open your own tables
@@ -136,57 +136,3 @@ redb_into_abort!(
     redb::CompactionError,
     redb::SetDurabilityError
 );
-
-/// What a transaction commits, as the root of the ids of the events it pushes: the kind of
-/// row, its key, and the instant that names this generation of the row. The generation is
-/// fixed for the life of one intent (a record's `created_at`, kept by takeovers and by
-/// finishing; a mark's `processed_at`) and differs for a new intent that re-uses a key after the
-/// old one was forgotten or purged, so a consumer that still remembers the old intent's event
-/// ids does not drop the new intent's events.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Origin<'a> {
-    kind: OriginKind,
-    key: &'a [u8],
-    generation: Timestamp,
-}
-
-/// The kind of row a transaction commits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum OriginKind {
-    /// An idempotency record (`execute`, `Lease::complete_with`).
-    Record,
-    /// An inbox mark or a webhook receipt (`process`, `receive`).
-    Mark,
-}
-
-impl<'a> Origin<'a> {
-    /// The record under `key`, of the intent created at `created_at`.
-    pub(crate) fn record(key: &'a [u8], created_at: Timestamp) -> Self {
-        Origin {
-            kind: OriginKind::Record,
-            key,
-            generation: created_at,
-        }
-    }
-
-    /// The mark (inbox mark or webhook receipt) under `key`, processed at `processed_at`.
-    pub(crate) fn mark(key: &'a [u8], processed_at: Timestamp) -> Self {
-        Origin {
-            kind: OriginKind::Mark,
-            key,
-            generation: processed_at,
-        }
-    }
-
-    pub(crate) fn kind(&self) -> OriginKind {
-        self.kind
-    }
-
-    pub(crate) fn key(&self) -> &'a [u8] {
-        self.key
-    }
-
-    pub(crate) fn generation(&self) -> Timestamp {
-        self.generation
-    }
-}

@@ -9,10 +9,11 @@
 
 use crate::engine::commit::{Durable, Step};
 use crate::engine::store::Store;
-use crate::engine::tx::{Origin, Tx};
+use crate::engine::tx::Tx;
 use crate::error::{Error, Field};
 use crate::model::clock::Timestamp;
 use crate::model::marks::Mark;
+use crate::model::outbox::Origin;
 use crate::model::response::Abort;
 use crate::model::response::Response;
 use crate::model::rules::inbox::processed_mark;

@@ -8,8 +8,8 @@
 //! | file | owns |
 //! |---|---|
 //! | `inbox.rs` | `Store::process` and `Store::receive` (at most once per message or delivery), the mark keys (namespace, subscriber or source, id), purging a mark |
-//! | `outbox.rs` | the transactional outbox (`Tx::outbox`, events, their stable ids and stored layout), its inspection and dead-letter operations, its counters (`Store::outbox_metrics`), retry backoff |
-//! | `dispatch.rs` | the dispatcher thread that publishes committed events, in order per key, at least once |
+//! | `outbox.rs` | the transactional outbox on redb (`Tx::outbox`: a push stores the model's event row under the next sequence number), its inspection and dead-letter operations, its counters (`Store::outbox_metrics`); the events, their ids, layout and retry backoff are the model's (`model/outbox.rs`) |
+//! | `dispatch.rs` | the dispatcher thread that publishes committed events, in order per key, at least once (the `Publisher` contract and its options are the model's) |
 //! | `order.rs` | per-entity version high-water marks (`Tx::versions`) |
 //! | `webhook.rs` | webhook signature verification (feature `webhooks`) |
 

@@ -7,6 +7,8 @@
 //!   activity, compensation keys);
 //! - `marks`: the messaging layer's stored values (inbox marks, version high-water marks) and
 //!   their encodings;
+//! - `outbox`: outbox events, their stable ids and stored layout, the origin a transaction's
+//!   events derive their ids from, retry backoff, and the publisher contract;
 //! - `record`: the stored record, its states and its versioned encoding;
 //! - `response`: the stored response, its tombstone, and the outcome a caller gets;
 //! - `retention`: retention policies and the windows a finished intent is kept for;
@@ -17,6 +19,7 @@
 pub(crate) mod clock;
 pub(crate) mod keys;
 pub(crate) mod marks;
+pub(crate) mod outbox;
 pub(crate) mod record;
 pub(crate) mod response;
 pub(crate) mod retention;
