@@ -1,7 +1,5 @@
 //! Flow B's fenced lease.
 
-use std::time::Duration;
-
 use crate::engine::commit::{Durable, Step};
 use crate::engine::store::Store;
 use crate::engine::tx::Tx;
@@ -11,29 +9,15 @@ use crate::model::keys::DownstreamKey;
 use crate::model::outbox::Origin;
 use crate::model::record::{HolderToken, Record};
 use crate::model::response::Abort;
-use crate::model::response::{Response, Tombstone};
+use crate::model::response::Response;
 use crate::model::rules::holds_lease;
 use crate::model::rules::instants;
 use crate::model::scope::Request;
 
-/// The answer to [`Store::begin`].
-#[derive(Debug)]
-#[must_use]
-pub enum Begin {
-    /// This attempt holds the lease: do the external work, then [`Lease::complete`] or
-    /// [`Lease::fail`]. [`Lease::takeover_of`] tells whether an earlier attempt held it first.
-    Acquired(Lease),
-    /// The intent had already finished: its stored response.
-    Replayed(Response),
-    /// Another attempt holds a live lease.
-    InFlight {
-        /// Suggested wait before retrying.
-        retry_after: Duration,
-    },
-    /// The intent already finished and its response window is over: only its [`Tombstone`]
-    /// is left. Do not make the external call again (see [`crate::Outcome::Expired`]).
-    Expired(Tombstone),
-}
+/// The answer to [`Store::begin`]: `Acquired(Lease)`, `Replayed(Response)`, `InFlight { retry_after }`
+/// or `Expired(Tombstone)`. Generic over the lease type so every engine answers with the same enum
+/// (the PostgreSQL engine's is `Begin<PgLease>`); here it is this engine's [`Lease`].
+pub type Begin<L = Lease> = crate::model::response::Begin<L>;
 
 /// The right to finish one intent, held by exactly one attempt at a time.
 ///

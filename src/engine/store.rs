@@ -197,9 +197,9 @@ impl Store {
     }
 
     /// Flow B: claims the key with a lease for work that calls the outside world. Returns
-    /// [`Begin::Acquired`] with a [`Lease`] (the attempt may now make the external call, using
-    /// [`Lease::downstream_key`]), or the stored result ([`Begin::Replayed`], or
-    /// [`Begin::Expired`] past the retention), or [`Begin::InFlight`]; a different
+    /// `Begin::Acquired` with a [`Lease`] (the attempt may now make the external call, using
+    /// [`Lease::downstream_key`]), or the stored result (`Begin::Replayed`, or
+    /// `Begin::Expired` past the retention), or `Begin::InFlight`; a different
     /// payload is [`Error::PayloadMismatch`]. Fails fast; see [`Store::begin_wait`] to wait.
     pub fn begin(&self, request: Request) -> Result<Begin, Error> {
         let key = self.admit(&request)?;
@@ -245,7 +245,7 @@ impl Store {
 
     /// Like [`Store::begin`], but when another attempt is in flight, waits up to `max_wait` for
     /// it to finish (returning its result), release (acquiring the key) or lapse (taking it
-    /// over). Returns [`Begin::InFlight`] if it is still in flight after `max_wait`. Woken at
+    /// over). Returns `Begin::InFlight` if it is still in flight after `max_wait`. Woken at
     /// once when a lease of this store is finished, released or purged; re-checks every 20 ms
     /// to notice a lapsing lease or another process's commit. `Duration::MAX` waits without a
     /// deadline. Refused with [`Error::Reentrant`] inside a closure of the same store (the

@@ -203,6 +203,26 @@ impl Outcome {
     }
 }
 
+/// The answer to a flow-B claim (`Store::begin`, and the same call of every engine), generic
+/// over the engine's lease type `L` (at the crate root, `Begin` means `Begin<Lease>`).
+#[derive(Debug)]
+#[must_use]
+pub enum Begin<L> {
+    /// This attempt holds the lease: do the external work, then complete or fail the lease.
+    /// Its `takeover_of` tells whether an earlier attempt held it first.
+    Acquired(L),
+    /// The intent had already finished: its stored response.
+    Replayed(Response),
+    /// Another attempt holds a live lease.
+    InFlight {
+        /// Suggested wait before retrying.
+        retry_after: Duration,
+    },
+    /// The intent already finished and its response window is over: only its [`Tombstone`]
+    /// is left. Do not make the external call again (see [`Outcome::Expired`]).
+    Expired(Tombstone),
+}
+
 /// How a caller's closure ends without success. Returned as the `Err` of a closure passed to
 /// `Store::execute` or `Lease::complete_with`.
 ///
