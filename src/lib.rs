@@ -53,6 +53,7 @@ pub(crate) mod engine;
 pub mod error;
 pub(crate) mod messaging;
 pub(crate) mod model;
+pub(crate) mod runtime;
 
 // ---- The everyday API: what a service names in most calls. ----
 pub use engine::builder::{Durability, StoreBuilder};

@@ -1,8 +1,11 @@
 //! The folders of `src/` are the layers, and imports point one way only:
-//! faces (`http/`, `bin/`) → `messaging/` → `engine/` → `model/` (and the shared `error.rs`).
+//! faces (`http/`, `bin/`) → `messaging/` → `engine/` → `runtime/` → `model/` (and the shared
+//! `error.rs`).
 //!
 //! - `src/model` is pure: it never names redb, the engine, messaging or a face, not even through
 //!   the crate root's re-exports (`crate::Store` is the engine's store).
+//! - `src/runtime` (the thread machinery engines run on: the group-commit protocol, signals)
+//!   never names a storage engine, messaging or a face.
 //! - `src/engine` never names messaging or a face (a second engine must not need them either).
 //! - `src/messaging` never names a face.
 //! - `src/error.rs`, below every layer, imports nothing of the crate and no redb type: a storage
@@ -105,6 +108,22 @@ fn the_model_names_no_storage_no_messaging_and_no_face() {
     assert!(
         found.is_empty(),
         "src/model must stay pure:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_runtime_names_no_storage_no_messaging_and_no_face() {
+    let forbidden: Vec<&str> = ENGINE
+        .iter()
+        .chain(MESSAGING)
+        .chain(FACES)
+        .copied()
+        .collect();
+    let found = violations("runtime", &forbidden);
+    assert!(
+        found.is_empty(),
+        "src/runtime must not name a storage engine or a layer above it:\n{}",
         found.join("\n")
     );
 }

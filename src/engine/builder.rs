@@ -133,6 +133,8 @@ impl Default for StoreBuilder {
                 max_batch: 1024,
                 max_queue: 4096,
                 queue_timeout: Duration::from_secs(5),
+                // redb has one writer: one batch at a time.
+                lanes: 1,
             },
             multi_process: false,
         }

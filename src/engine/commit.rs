@@ -1,15 +1,9 @@
-//! Group commit: concurrent writers share one redb write transaction and one fsync.
+//! Group commit on redb: concurrent writers share one redb write transaction and one fsync.
 //!
 //! Every caller runs its own work on its own thread (closures need neither `Send` nor
 //! `'static`); what moves between threads is the write transaction itself, passed as a baton.
-//!
-//! Protocol (one [`Group`] per store):
-//! - A caller that finds the group idle becomes the leader at once: a lone request opens its
-//!   transaction and commits immediately, with no timer and no thread hand-off.
-//! - A caller that finds the group active queues up. Batching comes only from callers that
-//!   arrive while a batch is running or committing.
-//! - When a batch has committed, its last member hands leadership to the oldest queued caller,
-//!   which drains the queue (up to `max_batch`) into the next batch and opens its transaction.
+//! Who leads, queues and is answered is the protocol of `runtime/group.rs` (one lane: redb has
+//! one writer); this file is its redb driver:
 //! - Within a batch the transaction visits members in order; each member runs its work (which
 //!   re-reads records inside the shared transaction, so two requests for one key in a batch
 //!   behave exactly as if serialised), then passes it on. The last member commits and tells
@@ -25,19 +19,23 @@
 //!   a thread that will signal it: every member is either queued (signalled by a leader), or in
 //!   a batch (signalled by the baton or the committer).
 
-use std::collections::VecDeque;
 use std::panic::resume_unwind;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering;
 
-use parking_lot::{Condvar, Mutex};
 use redb::WriteTransaction;
 
 use crate::engine::boundary::{Panicked, catch_storage_panic};
 use crate::engine::store::Store;
 use crate::error::Error;
 use crate::model::clock::Timestamp;
+use crate::runtime::group;
+pub(crate) use crate::runtime::group::GroupConfig;
+
+/// The protocol's state for redb (one lane: redb has one writer).
+pub(crate) type Group = group::Group<Baton, ()>;
+type Member = group::Member<Baton, ()>;
+type Signal = group::Signal<Baton>;
 
 /// What a member's work reports.
 pub(crate) enum Step<T> {
@@ -61,176 +59,14 @@ pub(crate) enum Durable {
     Forced,
 }
 
-/// Commit-path settings.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct GroupConfig {
-    pub max_batch: usize,
-    pub max_queue: usize,
-    pub queue_timeout: Duration,
-}
-
-/// Counters of the commit path (monotonic since open).
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    pub commits: AtomicU64,
-    pub committed_ops: AtomicU64,
-    pub reruns: AtomicU64,
-    pub busy: AtomicU64,
-}
-
-pub(crate) struct Group {
-    state: Mutex<GroupState>,
-    /// Signalled when queued callers are taken into a batch (room for backpressured callers).
-    space: Condvar,
-    pub(crate) config: GroupConfig,
-    pub(crate) counters: Counters,
-}
-
-struct GroupState {
-    /// A thread owns the writer: a batch is being formed, run or committed.
-    active: bool,
-    queue: VecDeque<Arc<Member>>,
-}
-
-pub(crate) struct Member {
-    signal: Mutex<Signal>,
-    cv: Condvar,
-    /// This member asks for an fsync even in a relaxed durability mode.
-    durable: bool,
-}
-
-enum Signal {
-    Wait,
-    Lead,
-    /// Boxed: a redb write transaction is several hundred bytes; the baton moves by pointer.
-    Turn(Box<Baton>),
-    Committed,
-    Failed(Error),
-}
-
-struct Baton {
+/// The baton: the batch's write transaction and where the batch stands.
+pub(crate) struct Baton {
     txn: WriteTransaction,
     batch: Vec<Arc<Member>>,
     pos: usize,
     durable: bool,
     /// Some member kept writes in the transaction.
     dirty: bool,
-}
-
-impl Member {
-    fn new(durable: bool) -> Arc<Self> {
-        Arc::new(Member {
-            signal: Mutex::new(Signal::Wait),
-            cv: Condvar::new(),
-            durable,
-        })
-    }
-
-    fn send(&self, s: Signal) {
-        *self.signal.lock() = s;
-        self.cv.notify_one();
-    }
-
-    fn wait(&self) -> Signal {
-        let mut g = self.signal.lock();
-        loop {
-            match std::mem::replace(&mut *g, Signal::Wait) {
-                Signal::Wait => self.cv.wait(&mut g),
-                s => return s,
-            }
-        }
-    }
-}
-
-impl Group {
-    pub(crate) fn new(config: GroupConfig) -> Self {
-        Group {
-            state: Mutex::new(GroupState {
-                active: false,
-                queue: VecDeque::new(),
-            }),
-            space: Condvar::new(),
-            config,
-            counters: Counters::default(),
-        }
-    }
-
-    /// Enters the group: `Lead` if it was idle, otherwise queued (`Wait`), waiting up to
-    /// `queue_timeout` for room in a full queue.
-    fn join(&self, me: &Arc<Member>) -> Result<Signal, Error> {
-        let mut g = self.state.lock();
-        let deadline = Instant::now().checked_add(self.config.queue_timeout);
-        loop {
-            if !g.active {
-                g.active = true;
-                return Ok(Signal::Lead);
-            }
-            // A durability request (the flusher) is never turned away: it bounds the loss
-            // window of Durability::Periodic.
-            if g.queue.len() < self.config.max_queue || me.durable {
-                g.queue.push_back(me.clone());
-                return Ok(Signal::Wait);
-            }
-            let timed_out = match deadline {
-                Some(d) => self.space.wait_until(&mut g, d).timed_out(),
-                None => {
-                    self.space.wait(&mut g);
-                    false
-                }
-            };
-            if timed_out && g.active && g.queue.len() >= self.config.max_queue {
-                self.counters.busy.fetch_add(1, Ordering::Relaxed);
-                return Err(Error::Busy {
-                    queued: g.queue.len(),
-                    waited: self.config.queue_timeout,
-                });
-            }
-        }
-    }
-
-    /// Hands leadership to the oldest queued caller, or marks the group idle.
-    fn hand_off(&self) {
-        let next = {
-            let mut g = self.state.lock();
-            let next = g.queue.pop_front();
-            if next.is_none() {
-                g.active = false;
-            }
-            next
-        };
-        self.space.notify_all();
-        if let Some(next) = next {
-            next.send(Signal::Lead);
-        }
-    }
-
-    /// The new leader `me` takes the oldest queued callers into a batch with itself first.
-    fn form_batch(&self, me: &Arc<Member>) -> Vec<Arc<Member>> {
-        let mut batch = vec![me.clone()];
-        {
-            let mut g = self.state.lock();
-            while batch.len() < self.config.max_batch {
-                match g.queue.pop_front() {
-                    Some(m) => batch.push(m),
-                    None => break,
-                }
-            }
-        }
-        self.space.notify_all();
-        batch
-    }
-
-    /// Callers waiting for the next batch right now.
-    pub(crate) fn queued(&self) -> usize {
-        self.state.lock().queue.len()
-    }
-
-    fn requeue_front(&self, members: &[Arc<Member>]) {
-        let mut g = self.state.lock();
-        for m in members.iter().rev() {
-            g.queue.push_front(m.clone());
-        }
-    }
 }
 
 impl Store {
@@ -248,7 +84,7 @@ impl Store {
         }
         self.check_writable()?;
         let group = &self.group();
-        let me = Member::new(durable == Durable::Forced);
+        let me = Member::new(durable == Durable::Forced, ());
         let mut signal = group.join(&me)?;
         let mut value: Option<T> = None;
         loop {
@@ -464,9 +300,7 @@ impl Store {
     }
 
     fn fail_all(&self, members: &[Arc<Member>], e: &Error) {
-        for m in members {
-            m.send(Signal::Failed(e.for_another_caller()));
-        }
+        group::fail_all(members, || e.for_another_caller());
     }
 }
 
@@ -493,7 +327,9 @@ impl Drop for AnswerWaiting<'_> {
 }
 
 impl Error {
-    /// The same failure, as reported to another member of the batch it hit.
+    /// The same failure, as reported to another member of the batch it hit: an unknown outcome
+    /// stays one, anything else says the store is fail-stopped (a failed begin or commit latched
+    /// it).
     pub(crate) fn for_another_caller(&self) -> Error {
         match self {
             Error::OutcomeUnknown { source } => Error::OutcomeUnknown {

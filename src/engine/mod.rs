@@ -1,17 +1,17 @@
 //! The redb engine: it stores the pure model's values (records, marks) in one redb file and
 //! applies the model's rules to them. It imports nothing of messaging or of the faces; the
 //! layers above build on it through a few documented hooks: inherent methods on [`Tx`](tx::Tx)
-//! and [`Store`](store::Store) defined in their own files, the work-announced signal (`signal.rs`), and
-//! a typed per-store extension slot (`Store::extension`).
+//! and [`Store`](store::Store) defined in their own files, the work-announced signal
+//! (`runtime/signal.rs`), and a typed per-store extension slot (`Store::extension`). The
+//! group-commit protocol it drives is `runtime/group.rs`.
 //!
 //! | file | owns |
 //! |---|---|
 //! | `store.rs` | the [`Store`](store::Store) and its shared state (private fields, small accessors); flow A (`execute`), the claim half of flow B (`begin`, `begin_wait`), `get`, `for_each_record`, `purge`; the read path (`Store::read`), the record's load/put/remove, the fail-stop latch (`storage`, `observe`, `latch`), the closure boundary (`run_closure`, reentrancy) |
 //! | `builder.rs` | the settings and their documented defaults ([`StoreBuilder`](builder::StoreBuilder)), [`Durability`](builder::Durability), the three ways to open a file and the checks an open makes |
 //! | `boundary.rs` | the storage boundary: redb's panics on damaged data become `CorruptStore`, a caller's panic stays the caller's; `unlatched` for the places with nothing to latch |
-//! | `commit.rs` | group commit: one write transaction and one fsync shared by concurrent writers (`Store::write`) |
-//! | `tx.rs` | the transaction handle given to closures ([`Tx`](tx::Tx)), the work it announces, and what it commits (`Origin`, the root of derived event ids) |
-//! | `signal.rs` | the work-announced signal a background worker of the layers above waits on |
+//! | `commit.rs` | group commit on redb: one write transaction and one fsync shared by concurrent writers (`Store::write`), driving the protocol of `runtime/group.rs` |
+//! | `tx.rs` | the transaction handle given to closures ([`Tx`](tx::Tx)) and the work it announces |
 //! | `tables.rs` | every table definition, with versioned names, and `open_optional` |
 //! | `expiry.rs` | the expiry index (one entry per record or mark), [`Stats`](expiry::Stats), the index check |
 //! | `marks.rs` | marks (inbox marks, webhook receipts): their storage, their index entries, their sweep (the value and its byte layout are `model/marks.rs`) |
@@ -30,7 +30,6 @@ pub(crate) mod lease;
 pub(crate) mod maintenance;
 pub(crate) mod marks;
 pub(crate) mod read_only;
-pub(crate) mod signal;
 pub(crate) mod store;
 pub(crate) mod sweep;
 pub(crate) mod tables;

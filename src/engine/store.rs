@@ -29,7 +29,6 @@ use crate::engine::lease::Lease;
 use crate::engine::maintenance::Metrics;
 #[cfg(doc)]
 use crate::engine::read_only::ReadOnlyStore;
-use crate::engine::signal::Signal;
 use crate::engine::sweep::SweepTotals;
 use crate::engine::tables::{EXPIRY, RECORDS};
 use crate::engine::tx::Tx;
@@ -42,6 +41,7 @@ use crate::model::response::{Outcome, Response, Tombstone};
 use crate::model::rules::instants::{self, Attempt};
 use crate::model::rules::{Decision, decide};
 use crate::model::scope::{Limits, Request, Scope, record_key};
+use crate::runtime::signal::Signal;
 
 /// Granularity of `begin_wait`'s polling (it is also woken at once by local completions).
 const WAIT_POLL: Duration = Duration::from_millis(20);

@@ -18,13 +18,13 @@ use redb::ReadableTable;
 
 use crate::engine::boundary::unlatched;
 use crate::engine::commit::{Durable, Step};
-use crate::engine::signal::Signal;
 use crate::engine::store::{Store, WeakStore};
 use crate::engine::tables::{OUTBOX, OUTBOX_DEAD, open_optional};
 use crate::error::Error;
 use crate::messaging::outbox::OutboxShared;
 use crate::model::clock::Timestamp;
 use crate::model::outbox::{AfterFailure, DispatcherOptions, Publisher, Stored, after_failure};
+use crate::runtime::signal::Signal;
 
 /// The running dispatcher. [`DispatcherHandle::shutdown`] (or dropping the handle) stops it
 /// after the publish in progress and its delivery mark, and joins the thread.

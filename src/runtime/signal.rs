@@ -1,8 +1,8 @@
-//! The work-announced signal: the engine's hook for background workers of the layers above.
+//! The work-announced signal: an engine's hook for background workers of the layers above.
 //!
-//! A closure announces work on its [`crate::Tx`] (an outbox push is one piece); after a write
-//! call commits a transaction whose closure announced work, the store notifies its signal
-//! ([`crate::Store::announce_work`]), and a worker waiting on it (the outbox dispatcher) wakes.
+//! A closure announces work on its transaction handle (an outbox push is one piece); after a
+//! write call commits a transaction whose closure announced work, the engine notifies its
+//! signal, and a worker waiting on it (the outbox dispatcher) wakes.
 //! A worker reads the count before it looks for work and waits only while the count is
 //! unchanged, so no notification between the two is lost.
 
