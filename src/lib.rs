@@ -126,9 +126,8 @@ pub mod outbox {
 /// The inbox: processed-message marks (`Store::process`), webhook receipts
 /// (`Store::receive`), and per-entity version marks that skip out-of-order events.
 pub mod inbox {
-    pub use crate::messaging::inbox::{Processed, Receipt};
     pub use crate::messaging::order::Versions;
-    pub use crate::model::marks::{HighWaterMark, Mark};
+    pub use crate::model::marks::{HighWaterMark, Mark, Processed, Receipt};
 }
 
 #[cfg(feature = "webhooks")]

@@ -1,8 +1,7 @@
-//! Opening a store: the settings ([`Config`]) and their documented defaults
-//! ([`StoreBuilder`]), the durability modes ([`Durability`]), the three ways to open a file,
+//! Opening a store: the settings and their documented defaults ([`StoreBuilder`]; the ones
+//! every engine shares are `model/settings.rs`), the durability modes ([`Durability`]), the three ways to open a file,
 //! and the checks an open makes (idem's format marker, an empty file, redb's open errors).
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,35 +18,7 @@ use crate::model::clock::{Clock, SystemClock};
 use crate::model::record::FORMAT_VERSION;
 #[cfg(doc)]
 use crate::model::response::Outcome;
-use crate::model::retention::{Retention, RetentionPolicy, Windows};
-use crate::model::scope::Limits;
-
-/// Settings, fixed when the store opens. See [`StoreBuilder`] for defaults.
-#[derive(Debug, Clone)]
-pub(crate) struct Config {
-    pub retention: Retention,
-    pub retention_overrides: HashMap<String, Retention>,
-    pub tombstone_horizon: Duration,
-    pub lease_duration: Duration,
-    pub retry_after_cap: Duration,
-    pub limits: Limits,
-    pub max_response_bytes: usize,
-    pub sweep_interval: Option<Duration>,
-    pub sweep_batch: usize,
-    pub inbox_retention: Duration,
-}
-
-impl Config {
-    /// The response window and the forget horizon of `operation`'s records, counted from the
-    /// moment an intent finishes. The horizon is never shorter than the response window.
-    pub(crate) fn windows_for(&self, operation: &str) -> Windows {
-        let r = self
-            .retention_overrides
-            .get(operation)
-            .unwrap_or(&self.retention);
-        Windows::of(r, self.tombstone_horizon)
-    }
-}
+use crate::model::settings::{Config, common_settings};
 
 /// Builds a [`Store`]. Every setting has a documented default:
 ///
@@ -114,18 +85,7 @@ pub enum Durability {
 impl Default for StoreBuilder {
     fn default() -> Self {
         StoreBuilder {
-            config: Config {
-                retention: Retention::plain(Duration::from_secs(24 * 3600)),
-                retention_overrides: HashMap::new(),
-                tombstone_horizon: Duration::from_secs(7 * 24 * 3600),
-                lease_duration: Duration::from_secs(30),
-                retry_after_cap: Duration::from_secs(1),
-                limits: Limits::default(),
-                max_response_bytes: 64 * 1024,
-                sweep_interval: None,
-                sweep_batch: 1000,
-                inbox_retention: Duration::from_secs(7 * 24 * 3600),
-            },
+            config: Config::default(),
             clock: Arc::new(SystemClock),
             cache_size: None,
             durability: Durability::Immediate,
@@ -147,94 +107,7 @@ impl StoreBuilder {
         Self::default()
     }
 
-    /// How long a finished record is replayed in full after it finished (its response
-    /// window); then it is a tombstone until the [`tombstone_horizon`](Self::tombstone_horizon).
-    /// Choose the longest of your client-retry, queue-redrive, webhook-replay, operator-replay
-    /// and settlement windows, or state them with [`retention_policy`](Self::retention_policy).
-    /// Must be at least the lease duration.
-    pub fn retention(mut self, retention: Duration) -> Self {
-        self.config.retention = Retention::plain(retention);
-        self
-    }
-
-    /// A retention for one operation, overriding [`retention`](Self::retention). Its tombstone
-    /// horizon is the store's.
-    pub fn retention_for(mut self, operation: impl Into<String>, retention: Duration) -> Self {
-        self.config
-            .retention_overrides
-            .insert(operation.into(), Retention::plain(retention));
-        self
-    }
-
-    /// The default retention as named windows: the longest one is the retention. A horizon set
-    /// on the policy replaces the store's [`tombstone_horizon`](Self::tombstone_horizon) for
-    /// operations without an override.
-    pub fn retention_policy(mut self, policy: RetentionPolicy) -> Self {
-        self.config.retention = Retention::of(&policy);
-        self
-    }
-
-    /// The retention of one operation as named windows, overriding the default.
-    pub fn retention_policy_for(
-        mut self,
-        operation: impl Into<String>,
-        policy: RetentionPolicy,
-    ) -> Self {
-        self.config
-            .retention_overrides
-            .insert(operation.into(), Retention::of(&policy));
-        self
-    }
-
-    /// How long after an intent finished its key stays bound, counted like the retention. After
-    /// the response window the record is a tombstone (fingerprint, status, resource pointer, no
-    /// body) until this horizon: a late retry gets [`Outcome::Expired`] instead of running
-    /// again, and a different payload is still [`Error::PayloadMismatch`]. After it the key is
-    /// free. A horizon not longer than an operation's retention means no tombstone phase for
-    /// it. Default 7 days.
-    pub fn tombstone_horizon(mut self, horizon: Duration) -> Self {
-        self.config.tombstone_horizon = horizon;
-        self
-    }
-
-    /// Runs a sweep pass ([`Store::sweep`]) every `interval` on a background thread, which
-    /// stops when the last handle to the store is dropped. Default: no background sweeper.
-    pub fn sweep_interval(mut self, interval: Duration) -> Self {
-        self.config.sweep_interval = Some(interval);
-        self
-    }
-
-    /// The most records one sweep write transaction shrinks or deletes (a claim waits behind at
-    /// most one such batch). Default 1,000.
-    pub fn sweep_batch(mut self, records: usize) -> Self {
-        self.config.sweep_batch = records;
-        self
-    }
-
-    /// How long a flow-B lease lives without a heartbeat.
-    pub fn lease_duration(mut self, lease: Duration) -> Self {
-        self.config.lease_duration = lease;
-        self
-    }
-
-    /// The longest `retry_after` hint given with an in-flight answer (the hint is the lease's
-    /// remaining time, capped by this).
-    pub fn retry_after_cap(mut self, cap: Duration) -> Self {
-        self.config.retry_after_cap = cap;
-        self
-    }
-
-    /// Size limits on tenant, operation and key.
-    pub fn limits(mut self, limits: Limits) -> Self {
-        self.config.limits = limits;
-        self
-    }
-
-    /// The largest stored response (body plus resource pointer), in bytes.
-    pub fn max_response_bytes(mut self, bytes: usize) -> Self {
-        self.config.max_response_bytes = bytes;
-        self
-    }
+    common_settings!();
 
     /// The clock every expiry and lease decision reads (inject a [`crate::clock::ManualClock`] in
     /// tests).
@@ -283,16 +156,6 @@ impl StoreBuilder {
         self
     }
 
-    /// How long an inbox mark ([`Store::process`]) or a webhook receipt ([`Store::receive`])
-    /// keeps answering `Duplicate` after the message was processed; then [`Store::sweep`]
-    /// removes it and a redelivery would be processed again. Choose it longer than the
-    /// longest redelivery window of the broker or webhook sender (GitHub: 3 days). Default
-    /// 7 days.
-    pub fn inbox_retention(mut self, retention: Duration) -> Self {
-        self.config.inbox_retention = retention;
-        self
-    }
-
     fn validate(&self) -> Result<(), Error> {
         if self.group.max_batch == 0 || self.group.max_queue == 0 {
             return Err(Error::Config {
@@ -311,61 +174,7 @@ impl StoreBuilder {
                 });
             }
         }
-        let c = &self.config;
-        c.limits.validate()?;
-        if c.lease_duration.is_zero() {
-            return Err(Error::Config {
-                reason: "lease_duration is zero; give leases time to finish (default 30 s)".into(),
-            });
-        }
-        let retentions = std::iter::once((None, &c.retention)).chain(
-            c.retention_overrides
-                .iter()
-                .map(|(op, r)| (Some(op.as_str()), r)),
-        );
-        for (operation, r) in retentions {
-            if r.response < c.lease_duration {
-                let whose = match operation {
-                    None => "the default retention".to_owned(),
-                    Some(op) => format!("the retention of operation {op:?}"),
-                };
-                let window = match r.window {
-                    Some(_) if r.response.is_zero() => " (its policy sets no window)".to_owned(),
-                    Some(w) => format!(" (its longest window is {w})"),
-                    None => String::new(),
-                };
-                return Err(Error::Config {
-                    reason: format!(
-                        "{whose} is {:?}{window}, shorter than the lease duration ({:?}): a record must outlive its lease; lengthen the retention or shorten the lease",
-                        r.response, c.lease_duration
-                    ),
-                });
-            }
-        }
-        if c.inbox_retention.is_zero() {
-            return Err(Error::Config {
-                reason: "inbox_retention is zero; inbox marks must outlive the broker's redelivery window (default 7 days)".into(),
-            });
-        }
-        if c.sweep_batch == 0 {
-            return Err(Error::Config {
-                reason: "sweep_batch is 0; a sweep must be allowed at least one record per transaction (default 1,000)".into(),
-            });
-        }
-        if c.sweep_interval.is_some_and(|i| i.is_zero()) {
-            return Err(Error::Config {
-                reason: "sweep_interval is zero; give the background sweeper a period (e.g. one minute), or leave it unset and call Store::sweep".into(),
-            });
-        }
-        if c.max_response_bytes > MAX_RESPONSE_CEILING {
-            return Err(Error::Config {
-                reason: format!(
-                    "max_response_bytes is {}; the ceiling is {MAX_RESPONSE_CEILING}: store a pointer instead of a large body",
-                    c.max_response_bytes
-                ),
-            });
-        }
-        Ok(())
+        self.config.validate()
     }
 
     fn redb_builder(&self) -> redb::Builder {
@@ -515,8 +324,6 @@ fn open_error(e: redb::DatabaseError) -> Error {
     }
 }
 
-/// Ceiling for `max_response_bytes`: records are meant to be small.
-const MAX_RESPONSE_CEILING: usize = 16 * 1024 * 1024;
 /// Checks idem's format marker from a read transaction: a redb file without it is not an idem
 /// store.
 pub(crate) fn check_marker(read: &redb::ReadTransaction) -> Result<(), Error> {

@@ -18,9 +18,9 @@ use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
 
 use crate::engine::background::Background;
 use crate::engine::boundary::{caller_code, contained, redb_error, unlatched};
+use crate::engine::builder::Durability;
 #[cfg(doc)]
 use crate::engine::builder::StoreBuilder;
-use crate::engine::builder::{Config, Durability};
 use crate::engine::commit::{Durable, Group, GroupConfig, Step};
 use crate::engine::expiry::{put_in, remove_in};
 use crate::engine::lease::Begin;
@@ -37,10 +37,12 @@ use crate::model::clock::{Clock, Timestamp};
 use crate::model::outbox::Origin;
 use crate::model::record::{HolderToken, Record, State};
 use crate::model::response::Abort;
-use crate::model::response::{Outcome, Response, Tombstone};
+use crate::model::response::{Outcome, Response};
+use crate::model::rules::answers::{self, Early};
 use crate::model::rules::instants::{self, Attempt};
 use crate::model::rules::{Decision, decide};
 use crate::model::scope::{Limits, Request, Scope, record_key};
+use crate::model::settings::Config;
 use crate::runtime::signal::Signal;
 
 /// Granularity of `begin_wait`'s polling (it is also woken at once by local completions).
@@ -496,22 +498,7 @@ impl Store {
 
     /// The answer that needs no claim, if any; `now` is the time the decision was made at.
     fn early(&self, decision: Decision<'_>, request: &Request, now: Timestamp) -> Option<Early> {
-        match decision {
-            Decision::Claim | Decision::Takeover { .. } => None,
-            Decision::Replay(r) => Some(Early::Replay(r.clone())),
-            expired @ Decision::Expired { .. } => expired.tombstone().map(Early::Expired),
-            Decision::Mismatch => Some(Early::Error(Error::PayloadMismatch {
-                tenant: request.scope().tenant().to_owned(),
-                operation: request.scope().operation().to_owned(),
-                key: request.key_display(),
-            })),
-            Decision::InFlight { lease_deadline } => Some(Early::InFlight {
-                retry_after: lease_deadline
-                    .saturating_since(now)
-                    .min(self.inner.config.retry_after_cap)
-                    .max(Duration::from_millis(1)),
-            }),
-        }
+        answers::early(decision, request, now, self.inner.config.retry_after_cap)
     }
 
     /// The read path, mirroring [`Store::write`]: runs `f` on a fresh read transaction at the
@@ -565,36 +552,13 @@ impl Store {
         })
     }
 
-    /// What a closure's result records (flow A and lease completion share the rule): `Ok` →
-    /// Completed, [`Abort::Terminal`] → Failed, both within the response cap; anything else is
-    /// the error that rolls the caller's writes back.
+    /// What a closure's result records (flow A and lease completion share the rule,
+    /// [`answers::settle`]), within this store's response cap.
     pub(crate) fn settle(
         &self,
         result: Result<Response, Abort>,
     ) -> Result<(State, Response), Error> {
-        let (state, response) = match result {
-            Ok(response) => {
-                let response = response.mark_succeeded();
-                (State::Completed(response.clone()), response)
-            }
-            Err(Abort::Terminal(response)) => {
-                let response = response.mark_failed();
-                (State::Failed(response.clone()), response)
-            }
-            Err(Abort::Retryable(source)) => return Err(Error::Aborted { source }),
-            Err(Abort::Store(e)) => return Err(e),
-        };
-        self.check_response(&response)?;
-        Ok((state, response))
-    }
-
-    pub(crate) fn check_response(&self, response: &Response) -> Result<(), Error> {
-        let len = response.stored_len();
-        let max = self.inner.config.max_response_bytes;
-        if len > max {
-            return Err(Error::ResponseTooLarge { len, max });
-        }
-        Ok(())
+        answers::settle(result, self.inner.config.max_response_bytes)
     }
 
     pub(crate) fn check_writable(&self) -> Result<(), Error> {
@@ -916,34 +880,6 @@ pub(crate) fn admit_key(
         Request::with_fingerprint(scope.clone(), key, crate::model::keys::Fingerprint([0; 32]));
     limits.check(&request)?;
     Ok(record_key(&request))
-}
-
-/// An answer reached without running anything.
-enum Early {
-    Replay(Response),
-    Expired(Tombstone),
-    Error(Error),
-    InFlight { retry_after: Duration },
-}
-
-impl Early {
-    fn into_outcome(self) -> Result<Outcome, Error> {
-        match self {
-            Early::Replay(r) => Ok(Outcome::Replayed(r)),
-            Early::Expired(t) => Ok(Outcome::Expired(t)),
-            Early::Error(e) => Err(e),
-            Early::InFlight { retry_after } => Ok(Outcome::InFlight { retry_after }),
-        }
-    }
-
-    fn into_begin(self) -> Result<Begin, Error> {
-        match self {
-            Early::Replay(r) => Ok(Begin::Replayed(r)),
-            Early::Expired(t) => Ok(Begin::Expired(t)),
-            Early::Error(e) => Err(e),
-            Early::InFlight { retry_after } => Ok(Begin::InFlight { retry_after }),
-        }
-    }
 }
 
 enum Claimed {

@@ -10,70 +10,13 @@
 use crate::engine::commit::{Durable, Step};
 use crate::engine::store::Store;
 use crate::engine::tx::Tx;
-use crate::error::{Error, Field};
-use crate::model::clock::Timestamp;
-use crate::model::marks::Mark;
+use crate::error::Error;
+use crate::model::marks::{
+    Consumed, Mark, NS_INBOX, NS_WEBHOOK, Processed, Receipt, duplicate, mark_key,
+};
 use crate::model::outbox::Origin;
 use crate::model::response::Abort;
-use crate::model::response::Response;
 use crate::model::rules::inbox::processed_mark;
-use crate::model::rules::{InboxDecision, inbox_decide};
-
-/// Key namespace of consumer inbox marks.
-const NS_INBOX: u8 = 0x01;
-/// Key namespace of webhook receipts.
-const NS_WEBHOOK: u8 = 0x02;
-
-/// The answer of [`Store::process`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Processed<T> {
-    /// The closure ran; its writes and the mark committed together. Ack the message.
-    Processed(T),
-    /// The closure returned [`Abort::Terminal`]: the mark (keeping this response) and the
-    /// closure's writes committed (the message is consumed, a redelivery is a duplicate that
-    /// carries the same response); the response says why.
-    Rejected(Response),
-    /// The message was processed before: the closure did not run. Ack the message.
-    Duplicate {
-        /// When it was processed.
-        processed_at: Timestamp,
-        /// `Some(response)` when the first handling was a terminal rejection: the response it
-        /// returned then ([`Processed::Rejected`]), so a redelivery can be answered the same
-        /// way (e.g. the same dead-letter reason). `None` when the first handling succeeded
-        /// (the closure's value is not kept: keep what a redelivery needs in your own tables,
-        /// written in the same transaction), and for marks written before rejections were kept.
-        rejection: Option<Response>,
-    },
-}
-
-/// The answer of [`Store::receive`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Receipt<T> {
-    /// First delivery: the receipt and the closure's writes committed together (answer 2xx).
-    Accepted(T),
-    /// The closure returned [`Abort::Terminal`]: the receipt (keeping this response) and the
-    /// closure's writes committed; answer the sender with this response (a redelivery is a
-    /// duplicate that carries the same response).
-    Rejected(Response),
-    /// This delivery id was received before: nothing ran.
-    Duplicate {
-        /// When the first delivery was received.
-        received_at: Timestamp,
-        /// `Some(response)` when the first delivery was rejected ([`Receipt::Rejected`]):
-        /// answer the redelivery with that same response, not with a 2xx. `None` when the
-        /// first delivery was accepted: answer 2xx so the sender stops (and for receipts
-        /// written before rejections were kept).
-        rejection: Option<Response>,
-    },
-}
-
-enum Consumed<T> {
-    Ran(T),
-    Rejected(Response),
-    Duplicate(Timestamp, Option<Response>),
-}
 
 impl Store {
     /// Inbox: processes the message `message_id` for `subscriber` at most once. `f` runs inside
@@ -192,16 +135,7 @@ impl Store {
     }
 
     fn inbox_key(&self, ns: u8, subscriber: &str, id: &[u8]) -> Result<Vec<u8>, Error> {
-        let limits = &self.config().limits;
-        check(Field::Operation, subscriber.len(), limits.max_operation_len)?;
-        check(Field::Key, id.len(), limits.max_key_len)?;
-        let mut key = Vec::with_capacity(3 + subscriber.len() + id.len());
-        key.push(ns);
-        // Limits are ≤ u16::MAX (validated at open).
-        key.extend_from_slice(&(subscriber.len() as u16).to_be_bytes());
-        key.extend_from_slice(subscriber.as_bytes());
-        key.extend_from_slice(id);
-        Ok(key)
+        mark_key(ns, subscriber, id, &self.config().limits)
     }
 
     fn consume<T, F>(
@@ -260,25 +194,4 @@ impl Store {
         }
         result?
     }
-}
-
-/// The duplicate answer for a live `mark` at `now`, or `None` when the message may run.
-fn duplicate<T>(mark: Option<Mark>, now: Timestamp) -> Option<Consumed<T>> {
-    let mark = mark?;
-    match inbox_decide(Some(&mark), now) {
-        InboxDecision::Duplicate { processed_at } => {
-            Some(Consumed::Duplicate(processed_at, mark.rejection))
-        }
-        InboxDecision::Process => None,
-    }
-}
-
-fn check(field: Field, len: usize, max: usize) -> Result<(), Error> {
-    if len == 0 {
-        return Err(Error::Empty { field });
-    }
-    if len > max {
-        return Err(Error::TooLong { field, len, max });
-    }
-    Ok(())
 }

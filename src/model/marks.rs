@@ -2,10 +2,48 @@
 //! byte): an inbox [`Mark`] (a processed message or a received webhook delivery) and a version
 //! [`HighWaterMark`]. The rules about them are in `rules::inbox` and `rules::versions`.
 
-use crate::error::Error;
+use crate::error::{Error, Field};
 use crate::model::clock::Timestamp;
 use crate::model::record::checksum8;
 use crate::model::response::{Resource, Response};
+use crate::model::rules::{InboxDecision, inbox_decide};
+use crate::model::scope::Limits;
+
+/// Key namespace of consumer inbox marks (`process`).
+pub(crate) const NS_INBOX: u8 = 0x01;
+/// Key namespace of webhook receipts (`receive`).
+pub(crate) const NS_WEBHOOK: u8 = 0x02;
+
+/// The key of a mark (docs/FORMAT.md, "Inbox marks"): `ns ‖ u16be(len subscriber) ‖
+/// subscriber ‖ id`, where the subscriber (or webhook source) is limited like an operation and
+/// the message (or delivery) id like a key; errors name them `operation` and `idempotency
+/// key`.
+pub(crate) fn mark_key(
+    ns: u8,
+    subscriber: &str,
+    id: &[u8],
+    limits: &Limits,
+) -> Result<Vec<u8>, Error> {
+    check(Field::Operation, subscriber.len(), limits.max_operation_len)?;
+    check(Field::Key, id.len(), limits.max_key_len)?;
+    let mut key = Vec::with_capacity(3 + subscriber.len() + id.len());
+    key.push(ns);
+    // Limits are ≤ u16::MAX (validated at open).
+    key.extend_from_slice(&(subscriber.len() as u16).to_be_bytes());
+    key.extend_from_slice(subscriber.as_bytes());
+    key.extend_from_slice(id);
+    Ok(key)
+}
+
+fn check(field: Field, len: usize, max: usize) -> Result<(), Error> {
+    if len == 0 {
+        return Err(Error::Empty { field });
+    }
+    if len > max {
+        return Err(Error::TooLong { field, len, max });
+    }
+    Ok(())
+}
 
 /// A stored mark: when the message was processed, when the mark is forgotten, and the
 /// response of a first handling that was a terminal rejection.
@@ -21,6 +59,69 @@ pub struct Mark {
     /// again to every redelivery;
     /// `None` when it was processed (and for marks written before rejections were kept).
     pub rejection: Option<Response>,
+}
+
+/// The answer of an inbox's `process` (`Store::process`, and the same call of every engine).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Processed<T> {
+    /// The closure ran; its writes and the mark committed together. Ack the message.
+    Processed(T),
+    /// The closure returned [`Abort::Terminal`](crate::model::response::Abort::Terminal): the mark (keeping this response) and the
+    /// closure's writes committed (the message is consumed, a redelivery is a duplicate that
+    /// carries the same response); the response says why.
+    Rejected(Response),
+    /// The message was processed before: the closure did not run. Ack the message.
+    Duplicate {
+        /// When it was processed.
+        processed_at: Timestamp,
+        /// `Some(response)` when the first handling was a terminal rejection: the response it
+        /// returned then ([`Processed::Rejected`]), so a redelivery can be answered the same
+        /// way (e.g. the same dead-letter reason). `None` when the first handling succeeded
+        /// (the closure's value is not kept: keep what a redelivery needs in your own tables,
+        /// written in the same transaction), and for marks written before rejections were kept.
+        rejection: Option<Response>,
+    },
+}
+
+/// The answer of a webhook `receive` (`Store::receive`, and the same call of every engine).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Receipt<T> {
+    /// First delivery: the receipt and the closure's writes committed together (answer 2xx).
+    Accepted(T),
+    /// The closure returned [`Abort::Terminal`](crate::model::response::Abort::Terminal): the receipt (keeping this response) and the
+    /// closure's writes committed; answer the sender with this response (a redelivery is a
+    /// duplicate that carries the same response).
+    Rejected(Response),
+    /// This delivery id was received before: nothing ran.
+    Duplicate {
+        /// When the first delivery was received.
+        received_at: Timestamp,
+        /// `Some(response)` when the first delivery was rejected ([`Receipt::Rejected`]):
+        /// answer the redelivery with that same response, not with a 2xx. `None` when the
+        /// first delivery was accepted: answer 2xx so the sender stops (and for receipts
+        /// written before rejections were kept).
+        rejection: Option<Response>,
+    },
+}
+
+/// How a delivery was consumed, before it is named for the inbox or for webhooks.
+pub(crate) enum Consumed<T> {
+    Ran(T),
+    Rejected(Response),
+    Duplicate(Timestamp, Option<Response>),
+}
+
+/// The duplicate answer for a live `mark` at `now`, or `None` when the message may run.
+pub(crate) fn duplicate<T>(mark: Option<Mark>, now: Timestamp) -> Option<Consumed<T>> {
+    let mark = mark?;
+    match inbox_decide(Some(&mark), now) {
+        InboxDecision::Duplicate { processed_at } => {
+            Some(Consumed::Duplicate(processed_at, mark.rejection))
+        }
+        InboxDecision::Process => None,
+    }
 }
 
 /// The blake3 key-derivation context of a plain mark's checksum (docs/FORMAT.md).

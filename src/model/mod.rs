@@ -14,7 +14,8 @@
 //! - `retention`: retention policies and the windows a finished intent is kept for;
 //! - `rules`: every decision, sweep, inbox and version rule, and the instant rules (what a
 //!   claim, a takeover, a heartbeat and a finish write), each with its exhaustive table;
-//! - `scope`: scopes, requests and their limits, and the record key.
+//! - `scope`: scopes, requests and their limits, and the record key;
+//! - `settings`: the settings every engine shares, their defaults and checks.
 
 pub(crate) mod clock;
 pub(crate) mod keys;
@@ -25,3 +26,4 @@ pub(crate) mod response;
 pub(crate) mod retention;
 pub(crate) mod rules;
 pub(crate) mod scope;
+pub(crate) mod settings;

@@ -3,6 +3,8 @@
 //!
 //! - `decide`: what a request may do given the stored record ([`decide()`], [`holds_lease`],
 //!   [`is_expired`], [`is_forgotten`]);
+//! - `answers`: the answer a decision gives without running anything, and what a closure's
+//!   result records (`settle`);
 //! - `instants`: what each write of a record stores — a claim, a takeover, a heartbeat
 //!   ([`heartbeat_deadline`]), a finish, the sweep's shrink;
 //! - `sweep`: where a record sits in the expiry index and what the sweep does with it
@@ -15,6 +17,7 @@
 //! The fuzzer's reference model, the tests and every engine use the same functions, so each
 //! rule lives in exactly one place.
 
+pub(crate) mod answers;
 mod decide;
 pub(crate) mod inbox;
 pub(crate) mod instants;
