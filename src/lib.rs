@@ -104,10 +104,11 @@ pub mod rules {
     };
 }
 
-/// What is stored: records and their states, the format version, the reserved table prefix
-/// (docs/FORMAT.md gives every byte).
+/// What is stored: records and their states, the format version, the reserved table prefix,
+/// and the HTTP layer's answer envelope (docs/FORMAT.md gives every byte).
 pub mod format {
     pub use crate::engine::tables::RESERVED_PREFIX;
+    pub use crate::model::envelope::{EnvelopeError, HttpEnvelope};
     pub use crate::model::record::{FORMAT_VERSION, HolderToken, Record, State};
 }
 
