@@ -3,13 +3,34 @@
 
 mod idem_cli;
 
+use std::path::Path;
 use std::process::Output;
 
-use idem::{Abort, Request, Response, Scope, Store};
+use idem::clock::ManualClock;
+use idem::{Abort, Request, Response, Scope, Store, Timestamp};
 use idem_cli::idem;
 
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Stores `body` as the completed answer `status` of `key` (tenant t1, operation op).
+fn put(store: &Store, key: &str, status: u16, body: &[u8]) {
+    let req = Request::from_canonical_bytes(Scope::new("t1", "op"), key, b"x");
+    let outcome = store
+        .execute(req, |_| Ok(Response::new(status, body.to_vec())))
+        .unwrap();
+    assert!(matches!(outcome, idem::Outcome::Executed(_)));
+}
+
+/// `get --tenant t1 --op op --key <key>` with `more` flags.
+fn get(file: &Path, key: &str, more: &[&str]) -> Output {
+    let args = [
+        &["get", "--tenant", "t1", "--op", "op", "--key", key][..],
+        more,
+    ]
+    .concat();
+    idem(file, &args)
 }
 
 fn line<'a>(out: &'a str, field: &str) -> &'a str {
@@ -64,7 +85,12 @@ fn stats_get_purge_sweep_compact() {
     assert_eq!(line(&out, "body_bytes"), "11");
     assert_eq!(line(&out, "resource"), "payment pay_1");
     assert_eq!(line(&out, "fingerprint").len(), 64);
-    assert!(line(&out, "expires_at").contains("(in 23h59m"), "{out}");
+    let expires = line(&out, "expires_at");
+    assert!(expires.contains("Z (in 23h59m"), "{out}");
+    assert!(
+        jiff_like_rfc3339(&expires[..expires.find(" (").unwrap()]),
+        "{out}"
+    );
     assert!(!out.contains("secret-body"), "bodies only with --body");
     let o = idem(&file, &[&["get"], &key[..], &["--body"]].concat());
     assert!(stdout(&o).contains("secret-body"));
@@ -97,6 +123,70 @@ fn stats_get_purge_sweep_compact() {
     let o = idem(&file, &["compact"]);
     assert!(o.status.success(), "{o:?}");
     assert!(stdout(&o).contains("bytes_after"));
+}
+
+/// `YYYY-MM-DDTHH:MM:SS.mmmZ`: RFC 3339 in UTC with milliseconds.
+fn jiff_like_rfc3339(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() == 24
+        && b.iter().enumerate().all(|(i, c)| match i {
+            4 | 7 => *c == b'-',
+            10 => *c == b'T',
+            13 | 16 => *c == b':',
+            19 => *c == b'.',
+            23 => *c == b'Z',
+            _ => c.is_ascii_digit(),
+        })
+}
+
+#[test]
+fn times_are_rfc3339_utc_with_milliseconds_and_how_far_from_now() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("idem.redb");
+    // 2020-01-01T00:00:00.123Z: long past, so every time of the record is "ago".
+    let at = Timestamp(1_577_836_800_123);
+    {
+        let store = Store::builder()
+            .clock(ManualClock::new(at))
+            .open(&file)
+            .unwrap();
+        put(&store, "old", 201, b"ok");
+    }
+    let out = stdout(&get(&file, "old", &[]));
+    let created = line(&out, "created_at");
+    assert!(created.starts_with("2020-01-01T00:00:00.123Z ("), "{out}");
+    assert!(
+        created.ends_with("h ago)") && created.contains("d"),
+        "days and hours: {out}"
+    );
+    assert!(
+        line(&out, "expires_at").starts_with("2020-01-02T00:00:00.123Z ("),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_time_past_the_year_9999_is_printed_as_milliseconds() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("idem.redb");
+    // Year 11 476: no date shows it; a damaged or foreign record could hold it.
+    let far = Timestamp(300_000_000_000_000);
+    {
+        let store = Store::builder()
+            .clock(ManualClock::new(far))
+            .open(&file)
+            .unwrap();
+        put(&store, "far", 201, b"ok");
+    }
+    let o = get(&file, "far", &[]);
+    assert!(o.status.success(), "{o:?}");
+    let out = stdout(&o);
+    let created = line(&out, "created_at");
+    assert!(
+        created.starts_with("300000000000000 ms after the Unix epoch, past the year 9999 (in "),
+        "{out}"
+    );
+    assert!(created.ends_with("h)"), "{out}");
 }
 
 #[test]

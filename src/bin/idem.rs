@@ -29,6 +29,9 @@
 //! on stderr), including a damaged file and a failed write of the output (a full disk); 2 for
 //! a usage error (clap); 70 for a bug in idem (a panic that reached the CLI; the report on
 //! stderr).
+//!
+//! Times are printed as RFC 3339 in UTC with milliseconds, and how far they are from now
+//! (`2026-11-30T14:45:00.123Z (in 23h59m)`), with jiff.
 
 use std::fmt;
 use std::io::{self, Write};
@@ -39,7 +42,7 @@ use std::process::ExitCode;
 use std::sync::Mutex;
 
 use clap::{Parser, Subcommand};
-use idem::format::{Record, State};
+use idem::format::{Record, State, to_hex};
 use idem::outbox::DeadLetter;
 use idem::store::ReadOnlyStore;
 use idem::{Error, Scope, Store, StoreBuilder, Timestamp};
@@ -648,8 +651,8 @@ fn check<W: Write>(cli: &Cli, o: &mut Out<W>, in_place: bool) -> Result<(), Fail
     let walked = store.for_each_record(|key, record| {
         match (split_key(key), record) {
             (Some(_), Ok(_)) => ok += 1,
-            (_, Err(e)) => bad.push(format!("{}: {e}", hex(key))),
-            (None, Ok(_)) => bad.push(format!("{}: malformed record key", hex(key))),
+            (_, Err(e)) => bad.push(format!("{}: {e}", to_hex(key))),
+            (None, Ok(_)) => bad.push(format!("{}: malformed record key", to_hex(key))),
         }
         ControlFlow::Continue(())
     });
@@ -760,10 +763,6 @@ fn split_key(k: &[u8]) -> Option<(String, String, String)> {
     Some((lossy(tenant), lossy(operation), lossy(key)))
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 fn export_line(
     key: &[u8],
     record: Result<Record, Error>,
@@ -776,7 +775,7 @@ fn export_line(
         Ok(r) => r,
         Err(e) => {
             line["error"] = e.to_string().into();
-            line["record_key_hex"] = hex(key).into();
+            line["record_key_hex"] = to_hex(key).into();
             return line;
         }
     };
@@ -865,45 +864,56 @@ fn print_record<W: Write>(
     Ok(())
 }
 
-/// `2026-11-30T14:45:00.123Z (in 23h59m)` from milliseconds since the Unix epoch.
+/// `2026-11-30T14:45:00.123Z (in 23h59m)`: the time in RFC 3339, UTC, with milliseconds, and
+/// how far it is from now. A time past what a date shows (after the year 9999: only a damaged
+/// or foreign record holds one) is printed as its milliseconds.
 fn when(t: Timestamp, now: Timestamp) -> String {
+    use std::fmt::Write as _;
     let ms = t.as_millis();
-    let (secs, milli) = (ms / 1000, ms % 1000);
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (y, m, d) = civil(days);
     let rel = if ms >= now.as_millis() {
         format!("in {}", span(ms - now.as_millis()))
     } else {
         format!("{} ago", span(now.as_millis() - ms))
     };
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{milli:03}Z ({rel})",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
-fn span(ms: u64) -> String {
-    let s = ms / 1000;
-    match s {
-        0..60 => format!("{s}s"),
-        60..3600 => format!("{}m{}s", s / 60, s % 60),
-        3600..86_400 => format!("{}h{}m", s / 3600, s % 3600 / 60),
-        _ => format!("{}d{}h", s / 86_400, s % 86_400 / 3600),
+    let Some(date) = i64::try_from(ms)
+        .ok()
+        .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+    else {
+        return format!("{ms} ms after the Unix epoch, past the year 9999 ({rel})");
+    };
+    let mut text = String::new();
+    // Writing into a String fails only if the Display impl does: then the milliseconds.
+    if write!(text, "{date:.3} ({rel})").is_err() {
+        return format!("{ms} ms after the Unix epoch ({rel})");
     }
+    text
 }
 
-/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (H. Hinnant's algorithm).
-fn civil(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + u64::from(m <= 2);
-    (y, m, d)
+/// A span of `ms` milliseconds to its two largest units, truncated, days of 24 hours: `45s`,
+/// `59m59s`, `23h59m`, `400d3h`.
+fn span(ms: u64) -> String {
+    use jiff::fmt::friendly::{Designator, Spacing, SpanPrinter};
+    use jiff::{RoundMode, Span, SpanRound, Unit};
+    const PRINTER: SpanPrinter = SpanPrinter::new()
+        .designator(Designator::Compact)
+        .spacing(Spacing::None);
+    let smallest = match ms / 1000 {
+        0..3600 => Unit::Second,
+        3600..86_400 => Unit::Minute,
+        _ => Unit::Hour,
+    };
+    let round = SpanRound::new()
+        .largest(Unit::Day)
+        .smallest(smallest)
+        .mode(RoundMode::Trunc)
+        .days_are_24_hours();
+    let rounded = i64::try_from(ms)
+        .ok()
+        .and_then(|ms| Span::new().try_milliseconds(ms).ok())
+        .and_then(|span| span.round(round).ok());
+    match rounded {
+        Some(span) => PRINTER.span_to_string(&span),
+        // Over about 20 000 years: only between a damaged time and now.
+        None => format!("{}d", ms / 86_400_000),
+    }
 }
