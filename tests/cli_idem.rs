@@ -14,6 +14,10 @@ fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
 /// Stores `body` as the completed answer `status` of `key` (tenant t1, operation op).
 fn put(store: &Store, key: &str, status: u16, body: &[u8]) {
     let req = Request::from_canonical_bytes(Scope::new("t1", "op"), key, b"x");
@@ -114,6 +118,7 @@ fn stats_get_purge_sweep_compact() {
     assert!(o.status.success(), "{o:?}");
     assert_eq!(stdout(&o).trim(), "purged");
     let o = idem(&file, &[&["purge"], &key[..]].concat());
+    assert!(!o.status.success(), "{o:?}");
     assert_eq!(stdout(&o).trim(), "absent");
     assert_eq!(line(&stdout(&idem(&file, &["stats"])), "records"), "1");
 
@@ -137,6 +142,40 @@ fn jiff_like_rfc3339(s: &str) -> bool {
             23 => *c == b'Z',
             _ => c.is_ascii_digit(),
         })
+}
+
+#[test]
+fn purge_of_an_absent_key_exits_like_get_of_an_absent_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("idem.redb");
+    {
+        let store = Store::open(&file).unwrap();
+        put(&store, "k", 201, b"ok");
+    }
+    let purge = |key: &str| {
+        idem(
+            &file,
+            &["purge", "--tenant", "t1", "--op", "op", "--key", key],
+        )
+    };
+    let get_absent = get(&file, "nope", &[]);
+    let o = purge("nope");
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert_eq!(o.status.code(), get_absent.status.code());
+    assert_eq!(stdout(&o), "absent\n");
+    let err = stderr(&o);
+    assert!(
+        err.starts_with(
+            r#"idem: no record for tenant "t1", op "op", key "nope": nothing was purged"#
+        ),
+        "{err}"
+    );
+    // The record that is there stays; purging it succeeds, and a second purge is absent.
+    assert_eq!(line(&stdout(&idem(&file, &["stats"])), "records"), "1");
+    let o = purge("k");
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(stdout(&o), "purged\n");
+    assert_eq!(purge("k").status.code(), Some(1));
 }
 
 #[test]

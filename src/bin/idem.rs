@@ -26,9 +26,9 @@
 //!
 //! Exit status: 0 on success, and also when stdout is closed early (`idem export --jsonl |
 //! head`: the reader wanted no more; nothing is printed); 1 when the command failed (the reason
-//! on stderr), including a damaged file and a failed write of the output (a full disk); 2 for
-//! a usage error (clap); 70 for a bug in idem (a panic that reached the CLI; the report on
-//! stderr).
+//! on stderr), including an absent key (`get`, `purge`), a damaged file and a failed write of
+//! the output (a full disk); 2 for a usage error (clap); 70 for a bug in idem (a panic that
+//! reached the CLI; the report on stderr).
 //!
 //! Times are printed as RFC 3339 in UTC with milliseconds, and how far they are from now
 //! (`2026-11-30T14:45:00.123Z (in 23h59m)`), with jiff.
@@ -75,7 +75,8 @@ enum Command {
         #[arg(long)]
         body: bool,
     },
-    /// Removes one record: the key becomes free and a retry of the intent RUNS AGAIN.
+    /// Removes one record: the key becomes free and a retry of the intent RUNS AGAIN. An absent
+    /// key prints `absent` and exits 1, as `get` does.
     Purge {
         #[command(flatten)]
         id: KeyArgs,
@@ -161,6 +162,17 @@ struct KeyArgs {
     /// The idempotency key.
     #[arg(long)]
     key: String,
+}
+
+impl KeyArgs {
+    /// The message of an absent key, then `what` (what the command did not do).
+    fn absent(&self, what: &str) -> String {
+        format!(
+            "no record for tenant {:?}, op {:?}, key {:?}{what} (check the three against \
+             `idem export --jsonl`; the HTTP layer's operation is \"METHOD /route/{{template}}\")",
+            self.tenant, self.op, self.key
+        )
+    }
 }
 
 /// The options of the commands that write to the file.
@@ -498,11 +510,7 @@ fn run<W: Write>(cli: &Cli, o: &mut Out<W>) -> Result<(), Failure> {
             match store.get(&scope, &id.key).map_err(&failed)? {
                 None => {
                     out!(o, "absent");
-                    return Err(format!(
-                        "no record for tenant {:?}, op {:?}, key {:?}",
-                        id.tenant, id.op, id.key
-                    )
-                    .into());
+                    return Err(id.absent("").into());
                 }
                 Some(r) => print_record(o, &r, store.now(), *body)?,
             }
@@ -510,8 +518,11 @@ fn run<W: Write>(cli: &Cli, o: &mut Out<W>) -> Result<(), Failure> {
         Command::Purge { id, write } => {
             let store = open_for_writing(cli, write)?;
             let scope = Scope::new(&id.tenant, &id.op);
-            let existed = store.purge(&scope, &id.key).map_err(&failed)?;
-            out!(o, "{}", if existed { "purged" } else { "absent" });
+            if !store.purge(&scope, &id.key).map_err(&failed)? {
+                out!(o, "absent");
+                return Err(id.absent(": nothing was purged").into());
+            }
+            out!(o, "purged");
         }
         Command::Sweep { write } => {
             let store = open_for_writing(cli, write)?;
