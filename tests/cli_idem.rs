@@ -3,12 +3,14 @@
 
 mod idem_cli;
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Output;
 
 use idem::clock::ManualClock;
-use idem::{Abort, Request, Response, Scope, Store, Timestamp};
+use idem::{Abort, Begin, Request, Response, Scope, Store, Timestamp};
 use idem_cli::idem;
+use serde_json::Value;
 
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
@@ -16,6 +18,66 @@ fn stdout(o: &Output) -> String {
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The one JSON value on stdout (a single line).
+fn json(o: &Output) -> Value {
+    let out = stdout(o);
+    assert_eq!(out.lines().count(), 1, "one line: {out}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+/// The field names the `--help` of `command` lists for `--json`: the first word of each
+/// indented line after the `JSON (` paragraph.
+fn documented_fields(file: &Path, command: &str) -> BTreeSet<String> {
+    let o = idem(file, &[command, "--help"]);
+    assert!(o.status.success(), "{o:?}");
+    let help = stdout(&o);
+    let (_, fields) = help
+        .split_once("\nJSON (")
+        .unwrap_or_else(|| panic!("{command} --help documents no JSON fields:\n{help}"));
+    let names: BTreeSet<String> = fields
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.strip_prefix("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_owned)
+        .collect();
+    assert!(names.len() > 5, "{help}");
+    names
+}
+
+/// The names of an object's fields, and of the `http` object's as `http.<name>`.
+fn json_fields(v: &Value) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for (k, v) in v.as_object().expect("an object") {
+        names.insert(k.clone());
+        if k == "http" {
+            for inner in v.as_object().expect("http is an object").keys() {
+                names.insert(format!("http.{inner}"));
+            }
+        }
+    }
+    names
+}
+
+/// README.md's section on the CLI.
+fn readme_cli_section() -> String {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let start = readme.find("## The `idem` CLI").expect("the CLI section");
+    let rest = &readme[start + 3..];
+    rest[..rest.find("\n## ").unwrap_or(rest.len())].to_owned()
+}
+
+fn assert_readme_documents(fields: &BTreeSet<String>) {
+    let readme = readme_cli_section();
+    for f in fields {
+        assert!(
+            readme.contains(&format!("`{f}`")),
+            "README.md's CLI section does not document the JSON field `{f}`"
+        );
+    }
 }
 
 /// Stores `body` as the completed answer `status` of `key` (tenant t1, operation op).
@@ -142,6 +204,160 @@ fn jiff_like_rfc3339(s: &str) -> bool {
             23 => *c == b'Z',
             _ => c.is_ascii_digit(),
         })
+}
+
+#[test]
+fn stats_json_is_one_object_with_the_fields_its_help_and_the_readme_document() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("idem.redb");
+    {
+        let store = Store::open(&file).unwrap();
+        put(&store, "a", 201, b"ok");
+        put(&store, "b", 201, b"ok");
+        let req = Request::from_canonical_bytes(Scope::new("t1", "op"), "c", b"x");
+        let _ = store
+            .execute(req, |_| Err(Abort::Terminal(Response::new(402, "no"))))
+            .unwrap();
+    }
+    let o = idem(&file, &["stats", "--json"]);
+    assert!(o.status.success(), "{o:?}");
+    let v = json(&o);
+    assert_eq!(v["file"], file.display().to_string());
+    assert_eq!(v["file_bytes"], std::fs::metadata(&file).unwrap().len());
+    assert_eq!(
+        (&v["records"], &v["completed"], &v["failed"], &v["pending"]),
+        (&3.into(), &2.into(), &1.into(), &0.into())
+    );
+    assert_eq!((&v["tombstones"], &v["due"]), (&0.into(), &0.into()));
+    assert_eq!(
+        (&v["outbox_pending"], &v["dead_letters"]),
+        (&0.into(), &0.into())
+    );
+    let documented = documented_fields(&file, "stats");
+    assert_eq!(
+        json_fields(&v),
+        documented,
+        "stats --help lists every field"
+    );
+    assert_readme_documents(&documented);
+    // Without --json, the text lines as before.
+    let out = stdout(&idem(&file, &["stats"]));
+    assert_eq!(line(&out, "records"), "3");
+    // The same exit status as the text form when it fails.
+    let missing = dir.path().join("none.redb");
+    let o = idem(&missing, &["stats", "--json"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(o.stdout.is_empty() && stderr(&o).contains("no such store file"));
+}
+
+#[test]
+fn get_json_is_the_export_object_and_an_absent_key_prints_null_and_exits_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("idem.redb");
+    {
+        let store = Store::open(&file).unwrap();
+        let req = Request::from_canonical_bytes(Scope::new("t1", "op"), "k", b"x");
+        let _ = store
+            .execute(req, |_| {
+                Ok(Response::new(201, "secret-body").with_resource("payment", "pay_1"))
+            })
+            .unwrap();
+    }
+    let o = get(&file, "k", &["--json"]);
+    assert!(o.status.success(), "{o:?}");
+    let v = json(&o);
+    assert_eq!(
+        (&v["tenant"], &v["op"], &v["key"]),
+        (&"t1".into(), &"op".into(), &"k".into())
+    );
+    assert_eq!(v["state"], "completed");
+    assert_eq!(v["status"], 201);
+    assert_eq!(v["body_bytes"], 11);
+    assert_eq!(v["resource"], serde_json::json!(["payment", "pay_1"]));
+    assert_eq!(v["fingerprint"].as_str().unwrap().len(), 64);
+    assert_eq!(v["expired"], false);
+    let created = v["created_at_ms"].as_u64().unwrap();
+    assert_eq!(
+        v["expires_at_ms"].as_u64().unwrap() - created,
+        24 * 3600 * 1000
+    );
+    assert!(v.get("body").is_none(), "bodies only with --body");
+    // The same object as the record's line of `export --jsonl`.
+    let export: Value =
+        serde_json::from_str(stdout(&idem(&file, &["export", "--jsonl"])).trim()).unwrap();
+    assert_eq!(v, export);
+    let documented = documented_fields(&file, "get");
+    assert_eq!(documented, documented_fields(&file, "export"));
+    assert!(json_fields(&v).is_subset(&documented), "{v}");
+    assert_readme_documents(&documented);
+
+    let o = get(&file, "k", &["--json", "--body"]);
+    let v = json(&o);
+    assert_eq!(v["body"], "secret-body");
+
+    // An absent key: the exit status and the message of the text form, and `null` where the
+    // text form prints `absent`.
+    let text = get(&file, "nope", &[]);
+    let o = get(&file, "nope", &["--json"]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert_eq!(o.status.code(), text.status.code());
+    assert_eq!(stdout(&o), "null\n");
+    assert_eq!(json(&o), Value::Null);
+    assert_eq!(stderr(&o), stderr(&text));
+    assert!(stderr(&o).contains(r#"no record for tenant "t1", op "op", key "nope""#));
+}
+
+#[test]
+fn get_json_of_a_pending_record_has_its_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("idem.redb");
+    // A lease held by this process while the CLI reads the file (both in multi-process mode).
+    let store = Store::builder().multi_process(true).open(&file).unwrap();
+    let req = Request::from_canonical_bytes(Scope::new("t1", "op"), "k", b"x");
+    let Begin::Acquired(lease) = store.begin(req).unwrap() else {
+        panic!("not claimed");
+    };
+    let o = idem(
+        &file,
+        &[
+            "--multi-process",
+            "get",
+            "--tenant",
+            "t1",
+            "--op",
+            "op",
+            "--key",
+            "k",
+            "--json",
+        ],
+    );
+    assert!(o.status.success(), "{o:?}");
+    let v = json(&o);
+    assert_eq!(v["state"], "pending");
+    assert_eq!(v["attempt"], lease.attempt());
+    assert_eq!(v["lease_deadline_ms"], lease.deadline().as_millis());
+    assert!(
+        v.get("status").is_none() && v.get("body_bytes").is_none(),
+        "{v}"
+    );
+    assert!(json_fields(&v).is_subset(&documented_fields(&file, "get")));
+    let out = stdout(&idem(
+        &file,
+        &[
+            "--multi-process",
+            "get",
+            "--tenant",
+            "t1",
+            "--op",
+            "op",
+            "--key",
+            "k",
+        ],
+    ));
+    assert_eq!(line(&out, "state"), "pending");
+    let until = line(&out, "lease_until");
+    assert!(until.contains("Z (in ") && until.ends_with("s)"), "{out}");
+    lease.release().unwrap();
 }
 
 #[test]

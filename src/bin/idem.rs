@@ -1,8 +1,8 @@
 //! `idem`: the operator's view of a store file (feature `cli`).
 //!
 //! ```text
-//! cargo run --features cli --bin idem -- [--file PATH] stats
-//! cargo run --features cli --bin idem -- get --tenant T --op O --key K [--body]
+//! cargo run --features cli --bin idem -- [--file PATH] stats [--json]
+//! cargo run --features cli --bin idem -- get --tenant T --op O --key K [--body] [--json]
 //! cargo run --features cli --bin idem -- purge --tenant T --op O --key K [--force]
 //! cargo run --features cli --bin idem -- sweep [--force]
 //! cargo run --features cli --bin idem -- compact [--force]
@@ -31,7 +31,9 @@
 //! reached the CLI; the report on stderr).
 //!
 //! Times are printed as RFC 3339 in UTC with milliseconds, and how far they are from now
-//! (`2026-11-30T14:45:00.123Z (in 23h59m)`), with jiff.
+//! (`2026-11-30T14:45:00.123Z (in 23h59m)`), with jiff. `--json` (`stats`, `get`) prints one
+//! JSON object instead of the text lines; its fields are listed in each command's `--help`
+//! ([`STATS_JSON_FIELDS`], [`RECORD_JSON_FIELDS`]) and in README.md.
 
 use std::fmt;
 use std::io::{self, Write};
@@ -65,15 +67,25 @@ struct Cli {
 enum Command {
     /// Records by stored state, records due for a sweep, the outbox backlog, dead letters and
     /// the file size. Read-only.
-    Stats,
+    #[command(after_help = STATS_JSON_FIELDS)]
+    Stats {
+        /// One JSON object on stdout instead of the text lines (fields below).
+        #[arg(long)]
+        json: bool,
+    },
     /// One record: state, fingerprint, timestamps, response summary (no body unless --body).
-    /// Read-only.
+    /// An absent key prints `absent` (`null` with --json) and exits 1. Read-only.
+    #[command(after_help = RECORD_JSON_FIELDS)]
     Get {
         #[command(flatten)]
         id: KeyArgs,
         /// Also print the stored response body (may contain customer data).
         #[arg(long)]
         body: bool,
+        /// One JSON object on stdout instead of the text lines (fields below; the same object
+        /// as `export --jsonl` prints for the record).
+        #[arg(long)]
+        json: bool,
     },
     /// Removes one record: the key becomes free and a retry of the intent RUNS AGAIN. An absent
     /// key prints `absent` and exits 1, as `get` does.
@@ -105,6 +117,7 @@ enum Command {
         in_place: bool,
     },
     /// Every record as one JSON object per line (no bodies unless --body). Read-only.
+    #[command(after_help = RECORD_JSON_FIELDS)]
     Export {
         /// JSON Lines on stdout (the only format).
         #[arg(long, required = true)]
@@ -150,6 +163,46 @@ enum OutboxCommand {
         write: WriteArgs,
     },
 }
+
+/// The fields of `stats --json`, for its `--help` (README.md lists the same).
+const STATS_JSON_FIELDS: &str = "\
+JSON (--json): one object on stdout, with these fields. Their names and meanings are stable; \
+fields may be added.
+  file            the store file, as given with --file
+  file_bytes      its size in bytes (null when it cannot be read)
+  records         records in the file, in any state
+  pending         records stored as pending (a lease, live or lapsed)
+  completed       records stored as completed, with their response
+  failed          records stored as failed, with their response
+  tombstones      records shrunk to tombstones (response window over, key still bound)
+  due             records the next sweep shrinks or deletes
+  outbox_pending  outbox events committed and not yet published
+  dead_letters    outbox events whose publishing failed its last allowed attempt";
+
+/// The fields of `get --json` and of each line of `export --jsonl`, for their `--help`
+/// (README.md lists the same).
+const RECORD_JSON_FIELDS: &str = "\
+JSON (get --json, each line of export --jsonl): one object per record, with these fields. \
+Their names and meanings are stable; fields may be added. Times are milliseconds since the \
+Unix epoch (UTC). A field that does not apply to the record's state is absent. `get --json` \
+of an absent key prints null (and exits 1, as without --json).
+  tenant             the scope's tenant (lossy UTF-8)
+  op                 the scope's operation
+  key                the idempotency key
+  state              pending, completed, failed or tombstone
+  fingerprint        the request fingerprint, 64 hex digits
+  created_at_ms      when the intent was first claimed
+  expires_at_ms      when the response window ends (a retry then gets the tombstone)
+  forget_at_ms       when the record may be deleted (the key is then free)
+  expired            true when the response window is over
+  lease_deadline_ms  pending: when the lease lapses
+  attempt            pending: the attempt that holds the lease
+  status             completed, failed, tombstone: the stored status
+  body_bytes         completed, failed: the size of the stored response body
+  resource           the resource pointer, [kind, id], when there is one
+  body               with --body: the stored response body, lossy UTF-8
+  error              export: why the record does not decode (with only tenant, op, key)
+  record_key_hex     export: the stored key of a record that does not decode";
 
 #[derive(clap::Args)]
 struct KeyArgs {
@@ -489,10 +542,27 @@ fn failed(cli: &Cli) -> impl Fn(Error) -> Failure + '_ {
 fn run<W: Write>(cli: &Cli, o: &mut Out<W>) -> Result<(), Failure> {
     let failed = failed(cli);
     match &cli.command {
-        Command::Stats => {
+        Command::Stats { json } => {
             let store = open_read_only(cli)?;
             let s = store.stats().map_err(&failed)?;
             let ob = store.outbox_stats().map_err(&failed)?;
+            if *json {
+                let file_bytes = std::fs::metadata(&cli.file).ok().map(|m| m.len());
+                let stats = serde_json::json!({
+                    "file": cli.file.display().to_string(),
+                    "file_bytes": file_bytes,
+                    "records": s.records,
+                    "pending": s.pending,
+                    "completed": s.completed,
+                    "failed": s.failed,
+                    "tombstones": s.tombstones,
+                    "due": s.due,
+                    "outbox_pending": ob.pending,
+                    "dead_letters": ob.dead,
+                });
+                out!(o, "{stats}");
+                return Ok(());
+            }
             out!(o, "file        {}", cli.file.display());
             out!(o, "file_bytes  {}", file_size(&cli.file));
             out!(o, "records     {}", s.records);
@@ -504,13 +574,19 @@ fn run<W: Write>(cli: &Cli, o: &mut Out<W>) -> Result<(), Failure> {
             out!(o, "outbox_pending {}", ob.pending);
             out!(o, "dead_letters   {}", ob.dead);
         }
-        Command::Get { id, body } => {
+        Command::Get { id, body, json } => {
             let store = open_read_only(cli)?;
             let scope = Scope::new(&id.tenant, &id.op);
             match store.get(&scope, &id.key).map_err(&failed)? {
                 None => {
-                    out!(o, "absent");
+                    // stdout still says it, as one JSON value with --json: `jq` reads `null`
+                    // (and `jq -e` fails on it), while a failure to read prints nothing.
+                    out!(o, "{}", if *json { "null" } else { "absent" });
                     return Err(id.absent("").into());
+                }
+                Some(r) if *json => {
+                    let line = record_json(&id.tenant, &id.op, &id.key, &r, store.now(), *body);
+                    out!(o, "{line}");
                 }
                 Some(r) => print_record(o, &r, store.now(), *body)?,
             }
@@ -774,6 +850,9 @@ fn split_key(k: &[u8]) -> Option<(String, String, String)> {
     Some((lossy(tenant), lossy(operation), lossy(key)))
 }
 
+/// One line of `export --jsonl`: the record's object ([`record_json`]), or for a record that
+/// does not decode, its scope and key (as far as the stored key splits), the error and the
+/// stored key in hex.
 fn export_line(
     key: &[u8],
     record: Result<Record, Error>,
@@ -781,20 +860,34 @@ fn export_line(
     with_body: bool,
 ) -> serde_json::Value {
     let (tenant, op, k) = split_key(key).unwrap_or_default();
-    let mut line = serde_json::json!({"tenant": tenant, "op": op, "key": k});
-    let record = match record {
-        Ok(r) => r,
-        Err(e) => {
-            line["error"] = e.to_string().into();
-            line["record_key_hex"] = to_hex(key).into();
-            return line;
-        }
-    };
+    match record {
+        Ok(r) => record_json(&tenant, &op, &k, &r, now, with_body),
+        Err(e) => serde_json::json!({
+            "tenant": tenant,
+            "op": op,
+            "key": k,
+            "error": e.to_string(),
+            "record_key_hex": to_hex(key),
+        }),
+    }
+}
+
+/// The JSON object of one record (`get --json`, `export --jsonl`): the fields of
+/// [`RECORD_JSON_FIELDS`].
+fn record_json(
+    tenant: &str,
+    op: &str,
+    key: &str,
+    record: &Record,
+    now: Timestamp,
+    with_body: bool,
+) -> serde_json::Value {
+    let mut line = serde_json::json!({"tenant": tenant, "op": op, "key": key});
     line["fingerprint"] = record.fingerprint.to_hex().into();
     line["created_at_ms"] = record.created_at.as_millis().into();
     line["expires_at_ms"] = record.expires_at.as_millis().into();
     line["forget_at_ms"] = record.forget_at.as_millis().into();
-    line["expired"] = idem::rules::is_expired(&record, now).into();
+    line["expired"] = idem::rules::is_expired(record, now).into();
     let (state, response) = match &record.state {
         State::Pending {
             lease_deadline,
