@@ -294,6 +294,7 @@ fn get_json_is_the_export_object_and_an_absent_key_prints_null_and_exits_1() {
     let o = get(&file, "k", &["--json", "--body"]);
     let v = json(&o);
     assert_eq!(v["body"], "secret-body");
+    assert!(v.get("http").is_none(), "a plain body is no envelope: {v}");
 
     // An absent key: the exit status and the message of the text form, and `null` where the
     // text form prints `absent`.
@@ -358,6 +359,139 @@ fn get_json_of_a_pending_record_has_its_lease() {
     let until = line(&out, "lease_until");
     assert!(until.contains("Z (in ") && until.ends_with("s)"), "{out}");
     lease.release().unwrap();
+}
+
+/// The first dump of docs/FORMAT.md, "HTTP layer formats": `201`, `Content-Type:
+/// application/json`, `Location: /p/1`, body `{"id":1}`, kept whole.
+const IDH1_JSON: &[u8] = b"IDH1\x00\x02\
+    \x00\x0ccontent-type\x00\x00\x00\x10application/json\
+    \x00\x08location\x00\x00\x00\x04/p/1\
+    {\"id\":1}";
+/// The second dump: the body was over the cap, `Location: /p/1` and `x-trace: a` kept.
+const IDH2_OMITTED: &[u8] = b"IDH2\x01\x00\x02\
+    \x00\x08location\x00\x00\x00\x04/p/1\
+    \x00\x07x-trace\x00\x00\x00\x01a";
+
+#[test]
+fn get_body_decodes_an_http_envelope_and_prints_a_plain_body_as_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("idem.redb");
+    let binary = [
+        &b"IDH1\x00\x01\x00\x0ccontent-type\x00\x00\x00\x18application/octet-stream"[..],
+        &[0xff, 0x00, 0xfe],
+    ]
+    .concat();
+    {
+        let store = Store::open(&file).unwrap();
+        put(&store, "json", 201, IDH1_JSON);
+        put(&store, "binary", 200, &binary);
+        put(&store, "omitted", 201, IDH2_OMITTED);
+        put(&store, "damaged", 201, b"IDH1\x00\x01\x00\x05ab");
+        put(&store, "plain", 200, "plain text, caf\u{e9}".as_bytes());
+    }
+    let text = |key: &str| {
+        let o = get(&file, key, &["--body"]);
+        assert!(o.status.success(), "{key}: {o:?}");
+        stdout(&o)
+    };
+
+    let out = text("json");
+    assert_eq!(line(&out, "status"), "201");
+    assert_eq!(line(&out, "body_bytes"), IDH1_JSON.len().to_string());
+    assert!(line(&out, "envelope").starts_with("IDH1"), "{out}");
+    let headers: Vec<&str> = out.lines().filter(|l| l.starts_with("header ")).collect();
+    assert_eq!(
+        headers,
+        [
+            "header       content-type: application/json",
+            "header       location: /p/1"
+        ],
+        "{out}"
+    );
+    assert_eq!(line(&out, "body "), r#"{"id":1}"#);
+    assert!(!out.contains("IDH1\u{0}"), "not the raw bytes: {out}");
+    // Without --body, neither headers nor body.
+    let summary = stdout(&get(&file, "json", &[]));
+    assert!(
+        !summary.contains("envelope") && !summary.contains("header"),
+        "{summary}"
+    );
+    assert!(!summary.contains(r#"{"id":1}"#), "{summary}");
+
+    let out = text("binary");
+    assert_eq!(
+        line(&out, "header "),
+        "content-type: application/octet-stream"
+    );
+    assert_eq!(line(&out, "body_hex"), "ff00fe");
+    assert!(!out.contains("\nbody "), "{out}");
+
+    let out = text("omitted");
+    assert!(line(&out, "envelope").starts_with("IDH2"), "{out}");
+    let headers: Vec<&str> = out.lines().filter(|l| l.starts_with("header ")).collect();
+    assert_eq!(
+        headers,
+        ["header       location: /p/1", "header       x-trace: a"]
+    );
+    assert!(line(&out, "body ").starts_with("(not kept"), "{out}");
+    assert!(out.contains("Idempotent-Body-Omitted"), "{out}");
+
+    let out = text("damaged");
+    let verdict = line(&out, "envelope");
+    assert!(
+        verdict.starts_with("DAMAGED: the envelope is cut short"),
+        "{out}"
+    );
+    assert!(verdict.contains("500"), "says what a retry gets: {out}");
+    assert_eq!(
+        line(&out, "body_hex"),
+        "4944483100010005".to_owned() + "6162"
+    );
+
+    let out = text("plain");
+    assert_eq!(line(&out, "body "), "plain text, caf\u{e9}");
+    assert!(
+        !out.contains("envelope") && !out.contains("header"),
+        "{out}"
+    );
+
+    // The same with --json, in the `http` object.
+    let documented = documented_fields(&file, "get");
+    let object = |key: &str| {
+        let v = json(&get(&file, key, &["--body", "--json"]));
+        assert!(json_fields(&v).is_subset(&documented), "{key}: {v}");
+        v
+    };
+    let v = object("json");
+    assert_eq!(
+        v["http"],
+        serde_json::json!({
+            "envelope": "IDH1",
+            "body_omitted": false,
+            "headers": [["content-type", "application/json"], ["location", "/p/1"]],
+            "body": "{\"id\":1}",
+        })
+    );
+    assert_eq!(v["status"], 201);
+    let v = object("binary");
+    assert_eq!(v["http"]["body_hex"], "ff00fe");
+    assert!(v["http"].get("body").is_none(), "{v}");
+    let v = object("omitted");
+    assert_eq!(v["http"]["body_omitted"], true);
+    assert_eq!(v["http"]["envelope"], "IDH2");
+    assert!(v["http"].get("body").is_none() && v["http"].get("body_hex").is_none());
+    let v = object("damaged");
+    assert!(v.get("http").is_none(), "{v}");
+    assert!(
+        v["http_error"].as_str().unwrap().contains("cut short"),
+        "{v}"
+    );
+    let v = object("plain");
+    assert!(
+        v.get("http").is_none() && v.get("http_error").is_none(),
+        "{v}"
+    );
+    assert_eq!(v["body"], "plain text, caf\u{e9}");
 }
 
 #[test]

@@ -44,7 +44,7 @@ use std::process::ExitCode;
 use std::sync::Mutex;
 
 use clap::{Parser, Subcommand};
-use idem::format::{Record, State, to_hex};
+use idem::format::{HttpEnvelope, Record, State, to_hex};
 use idem::outbox::DeadLetter;
 use idem::store::ReadOnlyStore;
 use idem::{Error, Scope, Store, StoreBuilder, Timestamp};
@@ -79,7 +79,9 @@ enum Command {
     Get {
         #[command(flatten)]
         id: KeyArgs,
-        /// Also print the stored response body (may contain customer data).
+        /// Also print the stored response body (may contain customer data). An answer the
+        /// HTTP layer stored (an IDH1/IDH2 envelope) is decoded: its headers, then its body as
+        /// UTF-8 text, or as hex when it is not valid UTF-8.
         #[arg(long)]
         body: bool,
         /// One JSON object on stdout instead of the text lines (fields below; the same object
@@ -122,7 +124,8 @@ enum Command {
         /// JSON Lines on stdout (the only format).
         #[arg(long, required = true)]
         jsonl: bool,
-        /// Include response bodies (lossy UTF-8; may contain customer data).
+        /// Include response bodies (lossy UTF-8, and the HTTP layer's envelope decoded; may
+        /// contain customer data).
         #[arg(long)]
         body: bool,
     },
@@ -201,6 +204,13 @@ of an absent key prints null (and exits 1, as without --json).
   body_bytes         completed, failed: the size of the stored response body
   resource           the resource pointer, [kind, id], when there is one
   body               with --body: the stored response body, lossy UTF-8
+  http               with --body, when the body is an answer the HTTP layer stored:
+  http.envelope        IDH1 (kept whole) or IDH2
+  http.body_omitted    true when the answer was over max_response_bytes and its body not kept
+  http.headers         the stored header lines, [[name, value], ...] (lossy UTF-8)
+  http.body            the answer's body, when it was kept and is valid UTF-8
+  http.body_hex        the answer's body in hex, when it was kept and is not valid UTF-8
+  http_error         with --body, when the body starts like an envelope but is damaged
   error              export: why the record does not decode (with only tenant, op, key)
   record_key_hex     export: the stored key of a record that does not decode";
 
@@ -917,9 +927,35 @@ fn record_json(
         }
         if with_body {
             line["body"] = String::from_utf8_lossy(r.body()).into_owned().into();
+            match HttpEnvelope::decode(r.body()) {
+                Ok(None) => {}
+                Ok(Some(env)) => line["http"] = envelope_json(&env),
+                Err(e) => line["http_error"] = e.to_string().into(),
+            }
         }
     }
     line
+}
+
+/// The `http` object of a record whose body is an answer the HTTP layer stored.
+fn envelope_json(env: &HttpEnvelope<'_>) -> serde_json::Value {
+    let headers: Vec<_> = env
+        .headers()
+        .iter()
+        .map(|(n, v)| serde_json::json!([String::from_utf8_lossy(n), String::from_utf8_lossy(v)]))
+        .collect();
+    let mut http = serde_json::json!({
+        "envelope": env.magic(),
+        "body_omitted": env.body_omitted(),
+        "headers": headers,
+    });
+    if !env.body_omitted() {
+        match std::str::from_utf8(env.body()) {
+            Ok(text) => http["body"] = text.into(),
+            Err(_) => http["body_hex"] = to_hex(env.body()).into(),
+        }
+    }
+    http
 }
 
 fn print_record<W: Write>(
@@ -955,7 +991,7 @@ fn print_record<W: Write>(
                 out!(o, "resource     {} {}", res.kind, res.id);
             }
             if with_body {
-                out!(o, "body         {}", String::from_utf8_lossy(resp.body()));
+                print_body(o, resp.body())?;
             }
         }
         State::Tombstone(t) => {
@@ -966,6 +1002,64 @@ fn print_record<W: Write>(
         }
     }
     Ok(())
+}
+
+/// `body` of `get --body`: a body that is not an answer of the HTTP layer as it is stored
+/// (lossy UTF-8); an answer of the HTTP layer (an `IDH1`/`IDH2` envelope) decoded: its header
+/// lines, then its body as text when it is valid UTF-8, else in hex; a damaged envelope said
+/// so, and its bytes in hex.
+fn print_body<W: Write>(o: &mut Out<W>, stored: &[u8]) -> Result<(), Failure> {
+    let env = match HttpEnvelope::decode(stored) {
+        Ok(Some(env)) => env,
+        Ok(None) => {
+            out!(o, "body         {}", String::from_utf8_lossy(stored));
+            return Ok(());
+        }
+        Err(e) => {
+            out!(
+                o,
+                "envelope     DAMAGED: {e}; the HTTP layer answers a retry of this key 500 \
+                 (`idem purge` frees the key: a retry then runs again)"
+            );
+            out!(o, "body_hex     {}", to_hex(stored));
+            return Ok(());
+        }
+    };
+    out!(
+        o,
+        "envelope     {} (an answer the HTTP layer stored)",
+        env.magic()
+    );
+    for (name, value) in env.headers() {
+        out!(o, "header       {}: {}", one_line(name), one_line(value));
+    }
+    if env.body_omitted() {
+        out!(
+            o,
+            "body         (not kept: the answer was over the store's max_response_bytes; a retry \
+             gets these headers, an empty body and Idempotent-Body-Omitted: true)"
+        );
+    } else {
+        match std::str::from_utf8(env.body()) {
+            Ok(text) => out!(o, "body         {text}"),
+            Err(_) => out!(o, "body_hex     {}", to_hex(env.body())),
+        }
+    }
+    Ok(())
+}
+
+/// Stored bytes as one line of text: lossy UTF-8, control characters escaped (a header line
+/// of a damaged or foreign envelope must not break the output into lines).
+fn one_line(b: &[u8]) -> String {
+    let mut line = String::new();
+    for c in String::from_utf8_lossy(b).chars() {
+        if c.is_control() {
+            line.extend(c.escape_default());
+        } else {
+            line.push(c);
+        }
+    }
+    line
 }
 
 /// `2026-11-30T14:45:00.123Z (in 23h59m)`: the time in RFC 3339, UTC, with milliseconds, and
