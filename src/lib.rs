@@ -105,10 +105,13 @@ pub mod rules {
     };
 }
 
-/// What is stored: records and their states, the format version, the reserved table prefix
-/// (docs/FORMAT.md gives every byte).
+/// What is stored: records and their states, the format version, the reserved table prefix,
+/// the HTTP layer's answer envelope, and the hex form idem shows bytes in (docs/FORMAT.md gives
+/// every byte).
 pub mod format {
     pub use crate::engine::tables::RESERVED_PREFIX;
+    pub use crate::model::envelope::{EnvelopeError, HttpEnvelope};
+    pub use crate::model::keys::hex as to_hex;
     pub use crate::model::record::{FORMAT_VERSION, HolderToken, Record, State};
 }
 

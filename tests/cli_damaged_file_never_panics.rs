@@ -1,7 +1,7 @@
 //! No store file makes `idem` panic. A cleanly closed store with
 //! 500 records gets 8 bytes flipped inside one page (60 deterministic seeds, the header page
-//! included: tests/damage/mod.rs), and `check`, `export --jsonl`, `stats`, `get` and
-//! `sweep --force` run on it. Never exit status 101, never a panic report ("panicked at") on
+//! included: tests/damage/mod.rs), and `check`, `export --jsonl`, `stats`, `get`,
+//! `sweep --force` and `get --json --body` run on it. Never exit status 101, never a panic report ("panicked at") on
 //! stderr; a failure exits non-zero with a message that says what to do, and advice to restore a
 //! backup always says what that costs (every intent completed since would run again). `check`
 //! stops after a failed integrity check, and says the verdict is about its temporary copy. The
@@ -28,14 +28,16 @@ fn no_damaged_page_makes_the_cli_panic() {
     let image = build_store(&dir.path().join("base.redb"), RECORDS_N);
     let path = dir.path().join("damaged.redb");
     let get = ["get", "--tenant", "t", "--op", "op", "--key", &key(42)];
-    let commands: [&[&str]; 5] = [
+    let get_json = [&get[..], &["--json", "--body"]].concat();
+    let commands: [&[&str]; 6] = [
         &["check"],
         &["export", "--jsonl"],
         &["stats"],
         &get,
         &["sweep", "--force"],
+        &get_json,
     ];
-    let mut failures = [0u32; 5];
+    let mut failures = [0u32; 6];
     let mut check_stopped = 0;
     for seed in 0..SEEDS {
         let (damaged, at) = damage(&image, seed);
@@ -90,9 +92,9 @@ fn no_damaged_page_makes_the_cli_panic() {
         }
     }
     eprintln!(
-        "{SEEDS} damaged files, non-zero exits: check {}, export {}, stats {}, get {}, sweep --force {}; \
-         check stopped after FAILED {check_stopped} times",
-        failures[0], failures[1], failures[2], failures[3], failures[4]
+        "{SEEDS} damaged files, non-zero exits: check {}, export {}, stats {}, get {}, sweep --force {}, \
+         get --json --body {}; check stopped after FAILED {check_stopped} times",
+        failures[0], failures[1], failures[2], failures[3], failures[4], failures[5]
     );
     assert!(check_stopped > 0, "no seed failed the integrity check");
 }

@@ -1,5 +1,5 @@
 //! The commands that only read (`stats`, `get`, `export`, `outbox list`, and
-//! `check`, which works on a copy) never write the store file: its bytes and its modification
+//! `check`, which works on a copy; `--json` and `--body` included) never write the store file: its bytes and its modification
 //! time are the same afterwards, on a healthy cleanly closed store, on damaged ones (where they
 //! exit non-zero) and on a file left by a crash (which they refuse to recover). The commands that
 //! write (`sweep`, `purge`, `compact`, `outbox requeue|discard`) check a copy's integrity first
@@ -34,13 +34,29 @@ fn snapshot(path: &Path) -> (Vec<u8>, SystemTime) {
 }
 
 const GET: [&str; 7] = ["get", "--tenant", "t", "--op", "op", "--key", "key-00003"];
-const READS: [&[&str]; 5] = [
+const GET_JSON_BODY: [&str; 9] = [
+    "get",
+    "--tenant",
+    "t",
+    "--op",
+    "op",
+    "--key",
+    "key-00003",
+    "--json",
+    "--body",
+];
+/// `check` is fifth; the commands after it read like those before it.
+const READS: [&[&str]; 7] = [
     &["stats"],
     &GET,
     &["export", "--jsonl"],
     &["outbox", "list"],
     &["check"],
+    &["stats", "--json"],
+    &GET_JSON_BODY,
 ];
+/// The commands of [`READS`] that open the file itself read-only (all but `check`).
+const READ_ONLY_OPENS: [usize; 6] = [0, 1, 2, 3, 5, 6];
 
 /// Runs every read command on `path`; asserts the file is unchanged after each and returns
 /// each command's output.
@@ -151,7 +167,8 @@ fn read_commands_refuse_a_file_that_needs_recovery_instead_of_recovering_it() {
     let path = dir.path().join("idem.redb");
     std::fs::write(&path, &crashed).expect("write");
     let outputs = read_commands_leave_the_file_as_it_was(&path, "crashed");
-    for (args, o) in READS[..4].iter().zip(&outputs) {
+    for i in READ_ONLY_OPENS {
+        let (args, o) = (READS[i], &outputs[i]);
         assert_eq!(o.status.code(), Some(1), "{args:?}: {o:?}");
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains("needs crash recovery"), "{args:?}: {err}");

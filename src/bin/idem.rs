@@ -1,8 +1,8 @@
 //! `idem`: the operator's view of a store file (feature `cli`).
 //!
 //! ```text
-//! cargo run --features cli --bin idem -- [--file PATH] stats
-//! cargo run --features cli --bin idem -- get --tenant T --op O --key K [--body]
+//! cargo run --features cli --bin idem -- [--file PATH] stats [--json]
+//! cargo run --features cli --bin idem -- get --tenant T --op O --key K [--body] [--json]
 //! cargo run --features cli --bin idem -- purge --tenant T --op O --key K [--force]
 //! cargo run --features cli --bin idem -- sweep [--force]
 //! cargo run --features cli --bin idem -- compact [--force]
@@ -26,9 +26,14 @@
 //!
 //! Exit status: 0 on success, and also when stdout is closed early (`idem export --jsonl |
 //! head`: the reader wanted no more; nothing is printed); 1 when the command failed (the reason
-//! on stderr), including a damaged file and a failed write of the output (a full disk); 2 for
-//! a usage error (clap); 70 for a bug in idem (a panic that reached the CLI; the report on
-//! stderr).
+//! on stderr), including an absent key (`get`, `purge`), a damaged file and a failed write of
+//! the output (a full disk); 2 for a usage error (clap); 70 for a bug in idem (a panic that
+//! reached the CLI; the report on stderr).
+//!
+//! Times are printed as RFC 3339 in UTC with milliseconds, and how far they are from now
+//! (`2026-11-30T14:45:00.123Z (in 23h59m)`), with jiff. `--json` (`stats`, `get`) prints one
+//! JSON object instead of the text lines; its fields are listed in each command's `--help`
+//! ([`STATS_JSON_FIELDS`], [`RECORD_JSON_FIELDS`]) and in README.md.
 
 use std::fmt;
 use std::io::{self, Write};
@@ -39,7 +44,7 @@ use std::process::ExitCode;
 use std::sync::Mutex;
 
 use clap::{Parser, Subcommand};
-use idem::format::{Record, State};
+use idem::format::{HttpEnvelope, Record, State, to_hex};
 use idem::outbox::DeadLetter;
 use idem::store::ReadOnlyStore;
 use idem::{Error, Scope, Store, StoreBuilder, Timestamp};
@@ -62,17 +67,30 @@ struct Cli {
 enum Command {
     /// Records by stored state, records due for a sweep, the outbox backlog, dead letters and
     /// the file size. Read-only.
-    Stats,
+    #[command(after_help = STATS_JSON_FIELDS)]
+    Stats {
+        /// One JSON object on stdout instead of the text lines (fields below).
+        #[arg(long)]
+        json: bool,
+    },
     /// One record: state, fingerprint, timestamps, response summary (no body unless --body).
-    /// Read-only.
+    /// An absent key prints `absent` (`null` with --json) and exits 1. Read-only.
+    #[command(after_help = RECORD_JSON_FIELDS)]
     Get {
         #[command(flatten)]
         id: KeyArgs,
-        /// Also print the stored response body (may contain customer data).
+        /// Also print the stored response body (may contain customer data). An answer the
+        /// HTTP layer stored (an IDH1/IDH2 envelope) is decoded: its headers, then its body as
+        /// UTF-8 text, or as hex when it is not valid UTF-8.
         #[arg(long)]
         body: bool,
+        /// One JSON object on stdout instead of the text lines (fields below; the same object
+        /// as `export --jsonl` prints for the record).
+        #[arg(long)]
+        json: bool,
     },
-    /// Removes one record: the key becomes free and a retry of the intent RUNS AGAIN.
+    /// Removes one record: the key becomes free and a retry of the intent RUNS AGAIN. An absent
+    /// key prints `absent` and exits 1, as `get` does.
     Purge {
         #[command(flatten)]
         id: KeyArgs,
@@ -101,11 +119,13 @@ enum Command {
         in_place: bool,
     },
     /// Every record as one JSON object per line (no bodies unless --body). Read-only.
+    #[command(after_help = RECORD_JSON_FIELDS)]
     Export {
         /// JSON Lines on stdout (the only format).
         #[arg(long, required = true)]
         jsonl: bool,
-        /// Include response bodies (lossy UTF-8; may contain customer data).
+        /// Include response bodies (lossy UTF-8, and the HTTP layer's envelope decoded; may
+        /// contain customer data).
         #[arg(long)]
         body: bool,
     },
@@ -147,6 +167,53 @@ enum OutboxCommand {
     },
 }
 
+/// The fields of `stats --json`, for its `--help` (README.md lists the same).
+const STATS_JSON_FIELDS: &str = "\
+JSON (--json): one object on stdout, with these fields. Their names and meanings are stable; \
+fields may be added.
+  file            the store file, as given with --file
+  file_bytes      its size in bytes (null when it cannot be read)
+  records         records in the file, in any state
+  pending         records stored as pending (a lease, live or lapsed)
+  completed       records stored as completed, with their response
+  failed          records stored as failed, with their response
+  tombstones      records shrunk to tombstones (response window over, key still bound)
+  due             records the next sweep shrinks or deletes
+  outbox_pending  outbox events committed and not yet published
+  dead_letters    outbox events whose publishing failed its last allowed attempt";
+
+/// The fields of `get --json` and of each line of `export --jsonl`, for their `--help`
+/// (README.md lists the same).
+const RECORD_JSON_FIELDS: &str = "\
+JSON (get --json, each line of export --jsonl): one object per record, with these fields. \
+Their names and meanings are stable; fields may be added. Times are milliseconds since the \
+Unix epoch (UTC). A field that does not apply to the record's state is absent. `get --json` \
+of an absent key prints null (and exits 1, as without --json).
+  tenant             the scope's tenant (lossy UTF-8)
+  op                 the scope's operation
+  key                the idempotency key
+  state              pending, completed, failed or tombstone
+  fingerprint        the request fingerprint, 64 hex digits
+  created_at_ms      when the intent was first claimed
+  expires_at_ms      when the response window ends (a retry then gets the tombstone)
+  forget_at_ms       when the record may be deleted (the key is then free)
+  expired            true when the response window is over
+  lease_deadline_ms  pending: when the lease lapses
+  attempt            pending: the attempt that holds the lease
+  status             completed, failed, tombstone: the stored status
+  body_bytes         completed, failed: the size of the stored response body
+  resource           the resource pointer, [kind, id], when there is one
+  body               with --body: the stored response body, lossy UTF-8
+  http               with --body, when the body is an answer the HTTP layer stored:
+  http.envelope        IDH1 (kept whole) or IDH2
+  http.body_omitted    true when the answer was over max_response_bytes and its body not kept
+  http.headers         the stored header lines, [[name, value], ...] (lossy UTF-8)
+  http.body            the answer's body, when it was kept and is valid UTF-8
+  http.body_hex        the answer's body in hex, when it was kept and is not valid UTF-8
+  http_error         with --body, when the body starts like an envelope but is damaged
+  error              export: why the record does not decode (with only tenant, op, key)
+  record_key_hex     export: the stored key of a record that does not decode";
+
 #[derive(clap::Args)]
 struct KeyArgs {
     /// The tenant of the scope.
@@ -158,6 +225,17 @@ struct KeyArgs {
     /// The idempotency key.
     #[arg(long)]
     key: String,
+}
+
+impl KeyArgs {
+    /// The message of an absent key, then `what` (what the command did not do).
+    fn absent(&self, what: &str) -> String {
+        format!(
+            "no record for tenant {:?}, op {:?}, key {:?}{what} (check the three against \
+             `idem export --jsonl`; the HTTP layer's operation is \"METHOD /route/{{template}}\")",
+            self.tenant, self.op, self.key
+        )
+    }
 }
 
 /// The options of the commands that write to the file.
@@ -474,10 +552,27 @@ fn failed(cli: &Cli) -> impl Fn(Error) -> Failure + '_ {
 fn run<W: Write>(cli: &Cli, o: &mut Out<W>) -> Result<(), Failure> {
     let failed = failed(cli);
     match &cli.command {
-        Command::Stats => {
+        Command::Stats { json } => {
             let store = open_read_only(cli)?;
             let s = store.stats().map_err(&failed)?;
             let ob = store.outbox_stats().map_err(&failed)?;
+            if *json {
+                let file_bytes = std::fs::metadata(&cli.file).ok().map(|m| m.len());
+                let stats = serde_json::json!({
+                    "file": cli.file.display().to_string(),
+                    "file_bytes": file_bytes,
+                    "records": s.records,
+                    "pending": s.pending,
+                    "completed": s.completed,
+                    "failed": s.failed,
+                    "tombstones": s.tombstones,
+                    "due": s.due,
+                    "outbox_pending": ob.pending,
+                    "dead_letters": ob.dead,
+                });
+                out!(o, "{stats}");
+                return Ok(());
+            }
             out!(o, "file        {}", cli.file.display());
             out!(o, "file_bytes  {}", file_size(&cli.file));
             out!(o, "records     {}", s.records);
@@ -489,17 +584,19 @@ fn run<W: Write>(cli: &Cli, o: &mut Out<W>) -> Result<(), Failure> {
             out!(o, "outbox_pending {}", ob.pending);
             out!(o, "dead_letters   {}", ob.dead);
         }
-        Command::Get { id, body } => {
+        Command::Get { id, body, json } => {
             let store = open_read_only(cli)?;
             let scope = Scope::new(&id.tenant, &id.op);
             match store.get(&scope, &id.key).map_err(&failed)? {
                 None => {
-                    out!(o, "absent");
-                    return Err(format!(
-                        "no record for tenant {:?}, op {:?}, key {:?}",
-                        id.tenant, id.op, id.key
-                    )
-                    .into());
+                    // stdout still says it, as one JSON value with --json: `jq` reads `null`
+                    // (and `jq -e` fails on it), while a failure to read prints nothing.
+                    out!(o, "{}", if *json { "null" } else { "absent" });
+                    return Err(id.absent("").into());
+                }
+                Some(r) if *json => {
+                    let line = record_json(&id.tenant, &id.op, &id.key, &r, store.now(), *body);
+                    out!(o, "{line}");
                 }
                 Some(r) => print_record(o, &r, store.now(), *body)?,
             }
@@ -507,8 +604,11 @@ fn run<W: Write>(cli: &Cli, o: &mut Out<W>) -> Result<(), Failure> {
         Command::Purge { id, write } => {
             let store = open_for_writing(cli, write)?;
             let scope = Scope::new(&id.tenant, &id.op);
-            let existed = store.purge(&scope, &id.key).map_err(&failed)?;
-            out!(o, "{}", if existed { "purged" } else { "absent" });
+            if !store.purge(&scope, &id.key).map_err(&failed)? {
+                out!(o, "absent");
+                return Err(id.absent(": nothing was purged").into());
+            }
+            out!(o, "purged");
         }
         Command::Sweep { write } => {
             let store = open_for_writing(cli, write)?;
@@ -648,8 +748,8 @@ fn check<W: Write>(cli: &Cli, o: &mut Out<W>, in_place: bool) -> Result<(), Fail
     let walked = store.for_each_record(|key, record| {
         match (split_key(key), record) {
             (Some(_), Ok(_)) => ok += 1,
-            (_, Err(e)) => bad.push(format!("{}: {e}", hex(key))),
-            (None, Ok(_)) => bad.push(format!("{}: malformed record key", hex(key))),
+            (_, Err(e)) => bad.push(format!("{}: {e}", to_hex(key))),
+            (None, Ok(_)) => bad.push(format!("{}: malformed record key", to_hex(key))),
         }
         ControlFlow::Continue(())
     });
@@ -760,10 +860,9 @@ fn split_key(k: &[u8]) -> Option<(String, String, String)> {
     Some((lossy(tenant), lossy(operation), lossy(key)))
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
+/// One line of `export --jsonl`: the record's object ([`record_json`]), or for a record that
+/// does not decode, its scope and key (as far as the stored key splits), the error and the
+/// stored key in hex.
 fn export_line(
     key: &[u8],
     record: Result<Record, Error>,
@@ -771,20 +870,34 @@ fn export_line(
     with_body: bool,
 ) -> serde_json::Value {
     let (tenant, op, k) = split_key(key).unwrap_or_default();
-    let mut line = serde_json::json!({"tenant": tenant, "op": op, "key": k});
-    let record = match record {
-        Ok(r) => r,
-        Err(e) => {
-            line["error"] = e.to_string().into();
-            line["record_key_hex"] = hex(key).into();
-            return line;
-        }
-    };
+    match record {
+        Ok(r) => record_json(&tenant, &op, &k, &r, now, with_body),
+        Err(e) => serde_json::json!({
+            "tenant": tenant,
+            "op": op,
+            "key": k,
+            "error": e.to_string(),
+            "record_key_hex": to_hex(key),
+        }),
+    }
+}
+
+/// The JSON object of one record (`get --json`, `export --jsonl`): the fields of
+/// [`RECORD_JSON_FIELDS`].
+fn record_json(
+    tenant: &str,
+    op: &str,
+    key: &str,
+    record: &Record,
+    now: Timestamp,
+    with_body: bool,
+) -> serde_json::Value {
+    let mut line = serde_json::json!({"tenant": tenant, "op": op, "key": key});
     line["fingerprint"] = record.fingerprint.to_hex().into();
     line["created_at_ms"] = record.created_at.as_millis().into();
     line["expires_at_ms"] = record.expires_at.as_millis().into();
     line["forget_at_ms"] = record.forget_at.as_millis().into();
-    line["expired"] = idem::rules::is_expired(&record, now).into();
+    line["expired"] = idem::rules::is_expired(record, now).into();
     let (state, response) = match &record.state {
         State::Pending {
             lease_deadline,
@@ -814,9 +927,35 @@ fn export_line(
         }
         if with_body {
             line["body"] = String::from_utf8_lossy(r.body()).into_owned().into();
+            match HttpEnvelope::decode(r.body()) {
+                Ok(None) => {}
+                Ok(Some(env)) => line["http"] = envelope_json(&env),
+                Err(e) => line["http_error"] = e.to_string().into(),
+            }
         }
     }
     line
+}
+
+/// The `http` object of a record whose body is an answer the HTTP layer stored.
+fn envelope_json(env: &HttpEnvelope<'_>) -> serde_json::Value {
+    let headers: Vec<_> = env
+        .headers()
+        .iter()
+        .map(|(n, v)| serde_json::json!([String::from_utf8_lossy(n), String::from_utf8_lossy(v)]))
+        .collect();
+    let mut http = serde_json::json!({
+        "envelope": env.magic(),
+        "body_omitted": env.body_omitted(),
+        "headers": headers,
+    });
+    if !env.body_omitted() {
+        match std::str::from_utf8(env.body()) {
+            Ok(text) => http["body"] = text.into(),
+            Err(_) => http["body_hex"] = to_hex(env.body()).into(),
+        }
+    }
+    http
 }
 
 fn print_record<W: Write>(
@@ -852,7 +991,7 @@ fn print_record<W: Write>(
                 out!(o, "resource     {} {}", res.kind, res.id);
             }
             if with_body {
-                out!(o, "body         {}", String::from_utf8_lossy(resp.body()));
+                print_body(o, resp.body())?;
             }
         }
         State::Tombstone(t) => {
@@ -865,45 +1004,114 @@ fn print_record<W: Write>(
     Ok(())
 }
 
-/// `2026-11-30T14:45:00.123Z (in 23h59m)` from milliseconds since the Unix epoch.
+/// `body` of `get --body`: a body that is not an answer of the HTTP layer as it is stored
+/// (lossy UTF-8); an answer of the HTTP layer (an `IDH1`/`IDH2` envelope) decoded: its header
+/// lines, then its body as text when it is valid UTF-8, else in hex; a damaged envelope said
+/// so, and its bytes in hex.
+fn print_body<W: Write>(o: &mut Out<W>, stored: &[u8]) -> Result<(), Failure> {
+    let env = match HttpEnvelope::decode(stored) {
+        Ok(Some(env)) => env,
+        Ok(None) => {
+            out!(o, "body         {}", String::from_utf8_lossy(stored));
+            return Ok(());
+        }
+        Err(e) => {
+            out!(
+                o,
+                "envelope     DAMAGED: {e}; the HTTP layer answers a retry of this key 500 \
+                 (`idem purge` frees the key: a retry then runs again)"
+            );
+            out!(o, "body_hex     {}", to_hex(stored));
+            return Ok(());
+        }
+    };
+    out!(
+        o,
+        "envelope     {} (an answer the HTTP layer stored)",
+        env.magic()
+    );
+    for (name, value) in env.headers() {
+        out!(o, "header       {}: {}", one_line(name), one_line(value));
+    }
+    if env.body_omitted() {
+        out!(
+            o,
+            "body         (not kept: the answer was over the store's max_response_bytes; a retry \
+             gets these headers, an empty body and Idempotent-Body-Omitted: true)"
+        );
+    } else {
+        match std::str::from_utf8(env.body()) {
+            Ok(text) => out!(o, "body         {text}"),
+            Err(_) => out!(o, "body_hex     {}", to_hex(env.body())),
+        }
+    }
+    Ok(())
+}
+
+/// Stored bytes as one line of text: lossy UTF-8, control characters escaped (a header line
+/// of a damaged or foreign envelope must not break the output into lines).
+fn one_line(b: &[u8]) -> String {
+    let mut line = String::new();
+    for c in String::from_utf8_lossy(b).chars() {
+        if c.is_control() {
+            line.extend(c.escape_default());
+        } else {
+            line.push(c);
+        }
+    }
+    line
+}
+
+/// `2026-11-30T14:45:00.123Z (in 23h59m)`: the time in RFC 3339, UTC, with milliseconds, and
+/// how far it is from now. A time past what a date shows (after the year 9999: only a damaged
+/// or foreign record holds one) is printed as its milliseconds.
 fn when(t: Timestamp, now: Timestamp) -> String {
+    use std::fmt::Write as _;
     let ms = t.as_millis();
-    let (secs, milli) = (ms / 1000, ms % 1000);
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (y, m, d) = civil(days);
     let rel = if ms >= now.as_millis() {
         format!("in {}", span(ms - now.as_millis()))
     } else {
         format!("{} ago", span(now.as_millis() - ms))
     };
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{milli:03}Z ({rel})",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
-fn span(ms: u64) -> String {
-    let s = ms / 1000;
-    match s {
-        0..60 => format!("{s}s"),
-        60..3600 => format!("{}m{}s", s / 60, s % 60),
-        3600..86_400 => format!("{}h{}m", s / 3600, s % 3600 / 60),
-        _ => format!("{}d{}h", s / 86_400, s % 86_400 / 3600),
+    let Some(date) = i64::try_from(ms)
+        .ok()
+        .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+    else {
+        return format!("{ms} ms after the Unix epoch, past the year 9999 ({rel})");
+    };
+    let mut text = String::new();
+    // Writing into a String fails only if the Display impl does: then the milliseconds.
+    if write!(text, "{date:.3} ({rel})").is_err() {
+        return format!("{ms} ms after the Unix epoch ({rel})");
     }
+    text
 }
 
-/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (H. Hinnant's algorithm).
-fn civil(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + u64::from(m <= 2);
-    (y, m, d)
+/// A span of `ms` milliseconds to its two largest units, truncated, days of 24 hours: `45s`,
+/// `59m59s`, `23h59m`, `400d3h`.
+fn span(ms: u64) -> String {
+    use jiff::fmt::friendly::{Designator, Spacing, SpanPrinter};
+    use jiff::{RoundMode, Span, SpanRound, Unit};
+    const PRINTER: SpanPrinter = SpanPrinter::new()
+        .designator(Designator::Compact)
+        .spacing(Spacing::None);
+    let smallest = match ms / 1000 {
+        0..3600 => Unit::Second,
+        3600..86_400 => Unit::Minute,
+        _ => Unit::Hour,
+    };
+    let round = SpanRound::new()
+        .largest(Unit::Day)
+        .smallest(smallest)
+        .mode(RoundMode::Trunc)
+        .days_are_24_hours();
+    let rounded = i64::try_from(ms)
+        .ok()
+        .and_then(|ms| Span::new().try_milliseconds(ms).ok())
+        .and_then(|span| span.round(round).ok());
+    match rounded {
+        Some(span) => PRINTER.span_to_string(&span),
+        // Over about 20 000 years: only between a damaged time and now.
+        None => format!("{}d", ms / 86_400_000),
+    }
 }

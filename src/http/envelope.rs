@@ -1,22 +1,16 @@
 //! The stored answer: a status and the `IDH1` / `IDH2` envelope of the replayed headers and the
 //! body (`docs/FORMAT.md`, "HTTP layer formats"), and [`fit_response`], which fits an answer
-//! into the store's response cap. A stored format: any change needs a new magic.
+//! into the store's response cap. A stored format: any change needs a new magic. The byte
+//! layout is read by [`HttpEnvelope`] (`src/model/envelope.rs`, public as
+//! `idem::format::HttpEnvelope`, so a tool reads it without HTTP types); this file writes it
+//! and checks the names and values against HTTP's grammar.
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, LOCATION};
 use http::{HeaderMap, StatusCode};
 
 use crate::Response;
-
-/// The envelope of an answer kept whole.
-const ENVELOPE_V1: &[u8; 4] = b"IDH1";
-
-/// The envelope with a flags byte, written only when a flag is set.
-const ENVELOPE_V2: &[u8; 4] = b"IDH2";
-
-/// `IDH2` flag: the body (and the headers that describe it) was over the store's response cap
-/// and was not kept. The only flag; any other bit makes the envelope unreadable.
-const FLAG_BODY_OMITTED: u8 = 0x01;
+use crate::model::envelope::{ENVELOPE_V1, ENVELOPE_V2, FLAG_BODY_OMITTED, HttpEnvelope};
 
 /// The replayed headers of an answer, in the order of the replay set.
 fn select_headers<'a>(
@@ -121,15 +115,6 @@ pub(super) fn fit_response(
     }
 }
 
-fn take<'a>(buf: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
-    if buf.len() < n {
-        return None;
-    }
-    let (head, rest) = buf.split_at(n);
-    *buf = rest;
-    Some(head)
-}
-
 /// A decoded envelope.
 #[derive(Debug)]
 pub(super) struct Envelope {
@@ -138,38 +123,28 @@ pub(super) struct Envelope {
     pub(super) body_omitted: bool,
 }
 
-/// Decodes [`encode_envelope`]'s bytes (`IDH1` or `IDH2`); `None` if they are damaged or carry
-/// an unknown flag. A body without a magic (a record written by other code, or a status-only
-/// record) is replayed as is, without headers.
+/// Decodes [`encode_envelope`]'s bytes (`IDH1` or `IDH2`); `None` if they are damaged, carry
+/// an unknown flag, or hold a name or a value that is not a valid HTTP field name or value. A
+/// body without a magic (a record written by other code, or a status-only record) is replayed
+/// as is, without headers.
 pub(super) fn decode_envelope(bytes: &[u8]) -> Option<Envelope> {
-    let (mut rest, flags) = if let Some(rest) = bytes.strip_prefix(ENVELOPE_V1.as_slice()) {
-        (rest, 0)
-    } else if let Some(mut rest) = bytes.strip_prefix(ENVELOPE_V2.as_slice()) {
-        let flags = take(&mut rest, 1)?[0];
-        if flags & !FLAG_BODY_OMITTED != 0 {
-            return None;
-        }
-        (rest, flags)
-    } else {
+    let Some(env) = HttpEnvelope::decode(bytes).ok()? else {
         return Some(Envelope {
             headers: HeaderMap::new(),
             body: Bytes::copy_from_slice(bytes),
             body_omitted: false,
         });
     };
-    let count = u16::from_be_bytes(take(&mut rest, 2)?.try_into().ok()?);
     let mut headers = HeaderMap::new();
-    for _ in 0..count {
-        let n = u16::from_be_bytes(take(&mut rest, 2)?.try_into().ok()?);
-        let name = HeaderName::from_bytes(take(&mut rest, usize::from(n))?).ok()?;
-        let n = u32::from_be_bytes(take(&mut rest, 4)?.try_into().ok()?);
-        let value = HeaderValue::from_bytes(take(&mut rest, usize::try_from(n).ok()?)?).ok()?;
+    for (name, value) in env.headers() {
+        let name = HeaderName::from_bytes(name).ok()?;
+        let value = HeaderValue::from_bytes(value).ok()?;
         headers.append(name, value);
     }
     Some(Envelope {
         headers,
-        body: Bytes::copy_from_slice(rest),
-        body_omitted: flags & FLAG_BODY_OMITTED != 0,
+        body: Bytes::copy_from_slice(env.body()),
+        body_omitted: env.body_omitted(),
     })
 }
 

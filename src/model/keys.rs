@@ -86,7 +86,16 @@ impl std::fmt::Debug for DownstreamKey {
     }
 }
 
-pub(crate) fn hex(bytes: &[u8]) -> String {
+/// Bytes as lowercase hexadecimal, two digits a byte (`[0x00, 0xab]` is `"00ab"`): the form in
+/// which idem shows every byte string — fingerprints, downstream keys, event ids
+/// (their `to_hex`), the dumps of `docs/FORMAT.md`, the `idem` CLI's record keys and binary
+/// bodies. Public as `idem::format::to_hex`.
+///
+/// ```
+/// assert_eq!(idem::format::to_hex(&[0x00, 0xab, 0xff]), "00abff");
+/// assert_eq!(idem::format::to_hex(b""), "");
+/// ```
+pub fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(bytes.len() * 2);
     for b in bytes {

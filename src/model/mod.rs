@@ -3,6 +3,8 @@
 //! stores and loads these values and applies these rules, it never re-derives one.
 //!
 //! - `clock`: [`Timestamp`](clock::Timestamp) and the clocks that give it;
+//! - `envelope`: the byte layout of the HTTP layer's stored answers (`IDH1` / `IDH2`), read
+//!   without HTTP types;
 //! - `keys`: the request fingerprint and every key derived from a record key (downstream,
 //!   activity, compensation keys);
 //! - `marks`: the messaging layer's stored values (inbox marks, version high-water marks) and
@@ -18,6 +20,7 @@
 //! - `settings`: the settings every engine shares, their defaults and checks.
 
 pub(crate) mod clock;
+pub(crate) mod envelope;
 pub(crate) mod keys;
 pub(crate) mod marks;
 pub(crate) mod outbox;
