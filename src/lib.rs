@@ -74,11 +74,10 @@ pub use redb;
 /// read-only view of a file.
 pub mod store {
     pub use crate::engine::builder::{Durability, StoreBuilder};
-    pub use crate::engine::expiry::Stats;
     pub use crate::engine::maintenance::Metrics;
     pub use crate::engine::read_only::ReadOnlyStore;
     pub use crate::engine::store::Store;
-    pub use crate::engine::sweep::SweepReport;
+    pub use crate::model::reports::{Stats, SweepReport};
     pub use crate::model::retention::RetentionPolicy;
     pub use crate::model::scope::Limits;
 }

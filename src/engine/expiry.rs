@@ -21,6 +21,7 @@ use crate::error::Error;
 use crate::model::clock::Timestamp;
 use crate::model::keys::hex;
 use crate::model::record::Record;
+use crate::model::reports::Stats;
 use crate::model::rules::sweep_due;
 
 /// Entry kind of an idempotency record (its key is in `idem.records.v1`).
@@ -107,26 +108,6 @@ pub(crate) fn remove_in(
         expiry.remove(record_entry(&old, key).as_slice())?;
     }
     Ok(true)
-}
-
-/// Records in the store, counted through the expiry index. See [`Store::stats`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub struct Stats {
-    /// Records in the file, in any state, due or not (redb keeps the count: free to read).
-    pub records: u64,
-    /// Records stored as Pending (a flow-B lease, live or lapsed).
-    pub pending: u64,
-    /// Records stored as Completed with their response.
-    pub completed: u64,
-    /// Records stored as Failed with their response.
-    pub failed: u64,
-    /// Records shrunk to tombstones (response window over, key still bound).
-    pub tombstones: u64,
-    /// Records whose next sweep action is already due: past their response window (still full)
-    /// or past `forget_at` (still in the file). Every decision already treats them by their
-    /// times; the next sweep pass shrinks or deletes them.
-    pub due: u64,
 }
 
 impl Store {

@@ -7,8 +7,8 @@ use crate::engine::boundary::catch_storage_panic;
 #[cfg(doc)]
 use crate::engine::lease::Lease;
 use crate::engine::store::Store;
-use crate::engine::sweep::SweepReport;
 use crate::error::Error;
+use crate::model::reports::SweepReport;
 
 /// Performance counters since the store was opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

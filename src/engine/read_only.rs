@@ -15,13 +15,15 @@ use redb::ReadableDatabase;
 
 use crate::engine::boundary::{contained, unlatched};
 use crate::engine::builder::StoreBuilder;
-use crate::engine::expiry::{Stats, stats_in};
+use crate::engine::expiry::stats_in;
 #[cfg(doc)]
 use crate::engine::store::Store;
-use crate::engine::store::{admit_key, for_each_record_in, read_record_in};
+use crate::engine::store::{for_each_record_in, read_record_in};
 use crate::error::Error;
 use crate::model::clock::{Clock, Timestamp};
 use crate::model::record::Record;
+use crate::model::reports::Stats;
+use crate::model::scope::admit_key;
 use crate::model::scope::{Limits, Scope};
 
 /// An idem store opened for reading only. Nothing it does writes to the file: no open-time

@@ -41,7 +41,7 @@ use crate::model::response::{Outcome, Response};
 use crate::model::rules::answers::{self, Early};
 use crate::model::rules::instants::{self, Attempt};
 use crate::model::rules::{Decision, decide};
-use crate::model::scope::{Limits, Request, Scope, record_key};
+use crate::model::scope::{Limits, Request, Scope, admit_key, record_key};
 use crate::model::settings::Config;
 use crate::runtime::signal::Signal;
 
@@ -867,19 +867,6 @@ pub(crate) fn for_each_record_in(
         }
     }
     Ok(())
-}
-
-/// The record key of `key` in `scope`, validated against `limits` like a request's (no payload
-/// involved).
-pub(crate) fn admit_key(
-    limits: &Limits,
-    scope: &Scope,
-    key: impl AsRef<[u8]>,
-) -> Result<Vec<u8>, Error> {
-    let request =
-        Request::with_fingerprint(scope.clone(), key, crate::model::keys::Fingerprint([0; 32]));
-    limits.check(&request)?;
-    Ok(record_key(&request))
 }
 
 enum Claimed {

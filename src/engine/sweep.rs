@@ -20,36 +20,8 @@ use crate::engine::tables::{EXPIRY, RECORDS};
 use crate::error::Error;
 use crate::model::clock::Timestamp;
 use crate::model::record::Record;
+use crate::model::reports::SweepReport;
 use crate::model::rules::{SweepAction, sweep_action, sweep_due};
-
-/// What one sweep pass did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub struct SweepReport {
-    /// Records deleted because they were past `forget_at`: tombstones past their horizon,
-    /// finished records without a tombstone phase, and lease records whose attempt never
-    /// finished; and inbox marks and webhook receipts past the inbox retention. Their keys
-    /// were already free; now their space is too.
-    pub deleted: u64,
-    /// Completed or Failed records past their response window, shrunk to tombstones (the body
-    /// is dropped, the key stays bound until `forget_at`).
-    pub tombstoned: u64,
-    /// Index entries dropped or moved because they did not match their record (an entry whose
-    /// record was replaced or removed while it did not decode). Normally 0.
-    pub repaired: u64,
-    /// Write transactions the pass used, each holding at most
-    /// [`sweep_batch`](crate::StoreBuilder::sweep_batch) records.
-    pub batches: u64,
-    /// Wall time of the pass.
-    pub duration: Duration,
-}
-
-impl SweepReport {
-    /// Records deleted or shrunk.
-    pub fn swept(&self) -> u64 {
-        self.deleted + self.tombstoned
-    }
-}
 
 /// Totals over every pass since open, for [`crate::store::Metrics`].
 #[derive(Debug, Default)]

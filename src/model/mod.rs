@@ -12,6 +12,7 @@
 //! - `outbox`: outbox events, their stable ids and stored layout, the origin a transaction's
 //!   events derive their ids from, retry backoff, and the publisher contract;
 //! - `record`: the stored record, its states and its versioned encoding;
+//! - `reports`: what a sweep pass did and the records by state;
 //! - `response`: the stored response, its tombstone, and the outcome a caller gets;
 //! - `retention`: retention policies and the windows a finished intent is kept for;
 //! - `rules`: every decision, sweep, inbox and version rule, and the instant rules (what a
@@ -25,6 +26,7 @@ pub(crate) mod keys;
 pub(crate) mod marks;
 pub(crate) mod outbox;
 pub(crate) mod record;
+pub(crate) mod reports;
 pub(crate) mod response;
 pub(crate) mod retention;
 pub(crate) mod rules;

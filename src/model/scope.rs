@@ -212,6 +212,19 @@ pub(crate) fn record_key(req: &Request) -> Vec<u8> {
     out
 }
 
+/// The record key of `key` in `scope`, validated against `limits` like a request's (no payload
+/// involved).
+pub(crate) fn admit_key(
+    limits: &Limits,
+    scope: &Scope,
+    key: impl AsRef<[u8]>,
+) -> Result<Vec<u8>, Error> {
+    let request =
+        Request::with_fingerprint(scope.clone(), key, crate::model::keys::Fingerprint([0; 32]));
+    limits.check(&request)?;
+    Ok(record_key(&request))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
