@@ -53,6 +53,8 @@ pub(crate) mod engine;
 pub mod error;
 pub(crate) mod messaging;
 pub(crate) mod model;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 pub(crate) mod runtime;
 
 // ---- The everyday API: what a service names in most calls. ----
@@ -117,12 +119,12 @@ pub mod format {
 /// The transactional outbox: events committed with the business writes, and the dispatcher
 /// that publishes them in order, at least once.
 pub mod outbox {
-    pub use crate::messaging::dispatch::DispatcherHandle;
     pub use crate::messaging::outbox::Outbox;
     pub use crate::model::outbox::{
         DeadLetter, DispatcherOptions, Event, EventId, OutboxEvent, OutboxMetrics, OutboxStats,
         Publisher,
     };
+    pub use crate::runtime::worker::DispatcherHandle;
 }
 
 /// The inbox: processed-message marks (`Store::process`), webhook receipts

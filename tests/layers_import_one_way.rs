@@ -7,6 +7,9 @@
 //! - `src/runtime` (the thread machinery engines run on: the group-commit protocol, signals)
 //!   never names a storage engine, messaging or a face.
 //! - `src/engine` never names messaging or a face (a second engine must not need them either).
+//! - `src/postgres`, the second engine, reaches neither the redb engine's internals nor redb,
+//!   messaging or a face: it builds on the model and the runtime only (its docs may link the
+//!   file store's public items, `crate::Store`, for comparison).
 //! - `src/messaging` never names a face.
 //! - `src/error.rs`, below every layer, imports nothing of the crate and no redb type: a storage
 //!   engine's error travels in it as an engine-neutral `StorageError`.
@@ -135,6 +138,21 @@ fn the_engine_names_no_messaging_and_no_face() {
     assert!(
         found.is_empty(),
         "src/engine must not reach up:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_postgres_engine_builds_on_the_model_and_the_runtime_only() {
+    let forbidden: Vec<&str> = ["redb::", "crate::engine", "crate::messaging"]
+        .iter()
+        .chain(FACES)
+        .copied()
+        .collect();
+    let found = violations("postgres", &forbidden);
+    assert!(
+        found.is_empty(),
+        "src/postgres must not reach the redb engine, messaging or a face:\n{}",
         found.join("\n")
     );
 }

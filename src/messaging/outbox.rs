@@ -7,8 +7,6 @@
 //! holds dead letters under their original sequence number, so a requeued event goes back to
 //! its original place in its ordering key's stream.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-
 use redb::{ReadableTable, ReadableTableMetadata, WriteTransaction};
 
 use crate::engine::boundary::unlatched;
@@ -23,6 +21,7 @@ use crate::model::outbox::{
     DeadLetter, Event, EventId, OutboxEvent, OutboxMetrics, OutboxStats, Stored,
     event_id_from_identity, event_id_from_origin,
 };
+use crate::runtime::publish::DispatchCounters;
 
 /// The outbox of one transaction; see [`Tx::outbox`].
 pub struct Outbox<'a, 't> {
@@ -135,29 +134,12 @@ pub(crate) fn dead_letters_in(
     Ok(out)
 }
 
-/// The outbox's state in memory, one per store ([`Store::extension`]): the dispatcher's counters
-/// and the one-dispatcher guard.
-#[derive(Default)]
-pub(crate) struct OutboxShared {
-    pub delivered: AtomicU64,
-    pub failures: AtomicU64,
-    pub dead_lettered: AtomicU64,
-    /// True while a dispatcher runs for this store (at most one may). Shared with the
-    /// dispatcher thread, which clears it when it ends.
-    pub running: std::sync::Arc<AtomicBool>,
-}
-
 impl Store {
     /// The outbox dispatcher's counters since open: events delivered, publish attempts that
     /// failed, events dead-lettered. In-memory counters only, no I/O. For the rows waiting in
     /// the tables see [`Store::outbox_stats`].
     pub fn outbox_metrics(&self) -> OutboxMetrics {
-        let shared = self.extension::<OutboxShared>();
-        OutboxMetrics {
-            delivered: shared.delivered.load(Ordering::Relaxed),
-            publish_failures: shared.failures.load(Ordering::Relaxed),
-            dead_lettered: shared.dead_lettered.load(Ordering::Relaxed),
-        }
+        self.extension::<DispatchCounters>().metrics()
     }
 
     /// Counts undelivered events and dead letters (redb keeps the counts: no scan).

@@ -227,6 +227,12 @@ impl Event {
             failed_at: 0,
         }
     }
+
+    /// The ordering key, if any.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn ordering_key_str(&self) -> Option<&str> {
+        self.ordering_key.as_deref()
+    }
 }
 
 /// The id of the `n`-th event (0-based) pushed by a transaction committing `origin`:

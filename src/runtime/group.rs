@@ -76,7 +76,8 @@ pub(crate) struct Member<B, M> {
     /// Never turned away by a full queue, and asks for a durable commit.
     pub durable: bool,
     /// The engine's data about this member.
-    #[allow(dead_code)] // until the PostgreSQL driver (src/postgres/commit.rs) reads it
+    // Read by the PostgreSQL driver (the keys it locks for the member).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub meta: M,
 }
 

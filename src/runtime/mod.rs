@@ -3,10 +3,14 @@
 //! | file | owns |
 //! |---|---|
 //! | `group.rs` | the group-commit protocol: who leads a batch, who queues, whose turn it is, who is answered (an engine's driver opens, runs and commits the batch) |
+//! | `publish.rs` | what every dispatcher does between reading and recording its rows: publish in commit order holding failed keys back, retry decisions with jitter, counters, the thread's loop of rounds |
 //! | `signal.rs` | the work-announced signal background workers wait on |
+//! | `worker.rs` | the handle of a background worker (the outbox dispatcher): stop, wake, join |
 //!
 //! It sits between the engines and the model: engines import it, it imports only the model
 //! and `error.rs` (tests/layers_import_one_way.rs).
 
 pub(crate) mod group;
+pub(crate) mod publish;
 pub(crate) mod signal;
+pub(crate) mod worker;

@@ -1,0 +1,730 @@
+//! Group commit on PostgreSQL: concurrent writers of one process share a transaction, one
+//! round trip to lock their rows and one to write them and commit, while every caller still
+//! runs its own closure on its own thread (the connection is the baton). It drives the
+//! protocol of `runtime/group.rs` with several lanes (batches in flight at once, each on its
+//! own connection: the server runs them in parallel).
+//!
+//! A batch, on one pooled connection:
+//! 1. **Open**, one round trip: `BEGIN`, the server's time, and `SELECT … FOR UPDATE` of every
+//!    record and mark row its members named ([`Locks`]), in key order (every batch of every
+//!    process locks in the same order). A row that does not exist is not locked: its first
+//!    writer inserts it, and the unique key makes a second inserter fail (below).
+//! 2. **Turns**: each member, in order, decides from the locked rows and what earlier members
+//!    of the batch wrote (two requests for one key behave as if serialised), runs its closure
+//!    (the caller's SQL runs on the connection at once), and leaves its record or mark write
+//!    with the batch.
+//! 3. **Commit**, one round trip: the batch's writes as three statements — `INSERT` of the rows
+//!    that did not exist, `UPDATE` and `DELETE` of the locked ones fenced by the holder token
+//!    they were locked with (`WHERE holder IS NOT DISTINCT FROM …`, the count checked by the
+//!    server, which refuses the transaction if it differs) — and `COMMIT`. Nobody hears
+//!    "done" before the `COMMIT` returned.
+//!
+//! Failures:
+//! - a member whose closure fails (an error, a panic, a statement error it swallowed) leaves
+//!   nothing behind: the transaction is rolled back, the members before it re-run in a fresh
+//!   one, the members after it go back to the head of the queue;
+//! - a serialization failure, a deadlock, a row another process inserted first, or a fenced
+//!   write that matched other rows than it locked: the whole batch re-runs (up to
+//!   [`MAX_RUNS`] times; every member decides again from the rows as they are now, so the
+//!   loser of an insert race replays the winner's answer);
+//! - a connection that fails at the commit: every member gets [`Error::OutcomeUnknown`] (a
+//!   retry with the same key replays if the commit landed); anywhere else the transaction
+//!   certainly did not commit, and members get [`Error::Storage`]. The broken connection is
+//!   dropped; the pool connects anew, so a server restart costs the batches in flight, not the
+//!   store.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use postgres::SimpleQueryMessage;
+
+use crate::error::{Error, StorageError};
+use crate::model::clock::Timestamp;
+use crate::model::marks::Mark;
+use crate::model::record::{Record, State};
+use crate::model::rules::sweep_due;
+use crate::postgres::conn::{Conn, FENCE_MARK, Failure, NOW_MS, at_commit, bytea, classify, unhex};
+use crate::postgres::store::PgStore;
+use crate::runtime::group;
+
+/// How many times a batch runs before a retryable refusal (serialization failure, deadlock,
+/// insert race) is reported to its members as [`Error::Storage`].
+pub(crate) const MAX_RUNS: u32 = 8;
+
+/// The protocol's state for PostgreSQL.
+pub(crate) type Group = group::Group<Baton, Locks>;
+type Member = group::Member<Baton, Locks>;
+type Signal = group::Signal<Baton>;
+
+/// A pooled connection.
+pub(crate) type Pooled = r2d2::PooledConnection<crate::postgres::conn::Manager>;
+
+/// The rows a member reads and writes: locked when its batch opens.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Locks {
+    /// Record keys.
+    pub records: Vec<Vec<u8>>,
+    /// Mark keys.
+    pub marks: Vec<Vec<u8>>,
+}
+
+impl Locks {
+    /// The record under `key`.
+    pub(crate) fn record(key: &[u8]) -> Self {
+        Locks {
+            records: vec![key.to_vec()],
+            marks: Vec::new(),
+        }
+    }
+
+    /// The mark under `key`.
+    pub(crate) fn mark(key: &[u8]) -> Self {
+        Locks {
+            records: Vec::new(),
+            marks: vec![key.to_vec()],
+        }
+    }
+}
+
+/// What a member's work reports.
+pub(crate) enum Step<T> {
+    /// Keep my writes in the batch; give me `T` once the batch has committed.
+    Done(T),
+    /// I wrote nothing; give me `T` once the batch has ended (a batch in which nobody wrote is
+    /// rolled back, not committed).
+    Clean(T),
+    /// Roll back my writes (the batch re-runs without me) and give me this error now; a
+    /// retryable refusal of the server re-runs the whole batch, me included.
+    Abort(Error),
+}
+
+/// Which of idem's tables a row is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Table {
+    Records,
+    Marks,
+}
+
+/// A locked row as the batch found it.
+#[derive(Debug, Clone)]
+struct Found {
+    value: Vec<u8>,
+    holder: Option<Vec<u8>>,
+}
+
+/// A row as a member of the batch wrote it.
+#[derive(Debug, Clone)]
+struct Written {
+    value: Vec<u8>,
+    state: i16,
+    due: u64,
+    holder: Option<Vec<u8>>,
+}
+
+/// The baton: the batch's connection, its open transaction, and where the batch stands.
+pub(crate) struct Baton {
+    conn: Pooled,
+    batch: Vec<Arc<Member>>,
+    pos: usize,
+    now: Timestamp,
+    /// The rows locked when the transaction opened (`None`: the row did not exist).
+    found: HashMap<(Table, Vec<u8>), Option<Found>>,
+    /// The rows the members wrote so far (`None`: deleted), applied at the commit.
+    written: BTreeMap<(Table, Vec<u8>), Option<Written>>,
+    /// Some member kept writes.
+    dirty: bool,
+    /// Runs of this batch so far (1 for the first).
+    runs: u32,
+}
+
+/// A member's view of the batch during its turn.
+pub(crate) struct Batch<'b> {
+    baton: &'b mut Baton,
+}
+
+impl Batch<'_> {
+    /// The time of this batch: the server's clock when it opened (or the injected clock's).
+    pub(crate) fn now(&self) -> Timestamp {
+        self.baton.now
+    }
+
+    /// The connection, in the batch's open transaction (for the caller's closure and the
+    /// outbox).
+    pub(crate) fn conn(&mut self) -> &mut Conn {
+        &mut self.baton.conn
+    }
+
+    fn current(&self, table: Table, key: &[u8]) -> Result<Option<&[u8]>, Error> {
+        let id = (table, key.to_vec());
+        if let Some(w) = self.baton.written.get(&id) {
+            return Ok(w.as_ref().map(|w| w.value.as_slice()));
+        }
+        match self.baton.found.get(&id) {
+            Some(f) => Ok(f.as_ref().map(|f| f.value.as_slice())),
+            // Invariant: work reads only the rows its member declared in its Locks.
+            None => Err(Error::Internal {
+                what: "a PostgreSQL batch member read a row it did not lock",
+            }),
+        }
+    }
+
+    /// The record under `key` as this member sees it (locked, or written earlier in the batch).
+    pub(crate) fn record(&self, key: &[u8]) -> Result<Option<Record>, Error> {
+        self.current(Table::Records, key)?
+            .map(Record::decode)
+            .transpose()
+    }
+
+    /// The mark under `key` as this member sees it.
+    pub(crate) fn mark(&self, key: &[u8]) -> Result<Option<Mark>, Error> {
+        self.current(Table::Marks, key)?
+            .map(Mark::decode)
+            .transpose()
+    }
+
+    /// Writes `record` under `key` at the commit, with its derived columns.
+    pub(crate) fn put_record(&mut self, key: &[u8], record: &Record) -> Result<(), Error> {
+        let value = record.encode();
+        let (state, holder) = match &record.state {
+            State::Pending { holder, .. } => (0, Some(holder.0.to_vec())),
+            State::Completed(_) => (1, None),
+            State::Failed(_) => (2, None),
+            State::Tombstone(_) => (3, None),
+        };
+        self.baton.written.insert(
+            (Table::Records, key.to_vec()),
+            Some(Written {
+                value,
+                state,
+                due: sweep_due(record).0,
+                holder,
+            }),
+        );
+        Ok(())
+    }
+
+    /// Deletes the record under `key` at the commit.
+    pub(crate) fn remove_record(&mut self, key: &[u8]) {
+        self.baton
+            .written
+            .insert((Table::Records, key.to_vec()), None);
+    }
+
+    /// Writes `mark` under `key` at the commit.
+    pub(crate) fn put_mark(&mut self, key: &[u8], mark: &Mark) {
+        self.baton.written.insert(
+            (Table::Marks, key.to_vec()),
+            Some(Written {
+                value: mark.encode(),
+                state: 0,
+                due: mark.forget_at.0,
+                holder: None,
+            }),
+        );
+    }
+
+    /// Deletes the mark under `key` at the commit.
+    pub(crate) fn remove_mark(&mut self, key: &[u8]) {
+        self.baton
+            .written
+            .insert((Table::Marks, key.to_vec()), None);
+    }
+}
+
+/// Whether an error a member's work reported is a refusal of the server that a re-run fixes.
+pub(crate) fn retryable(e: &Error) -> bool {
+    match e {
+        Error::Storage { source } => {
+            source
+                .downcast_ref::<postgres::Error>()
+                .is_some_and(|e| classify(e) == Failure::Retry)
+                || source
+                    .downcast_ref::<crate::postgres::tx::StatementFailed>()
+                    .is_some_and(|s| s.retry)
+        }
+        _ => false,
+    }
+}
+
+impl PgStore {
+    /// Runs `work` in a transaction shared with concurrent callers of this store, with the rows
+    /// `locks` names locked, and returns its value only after that transaction committed.
+    /// `work` may run more than once (another member failed, or the server asked for a
+    /// re-run); only the committed run's writes and value count.
+    pub(crate) fn write<T>(
+        &self,
+        locks: Locks,
+        mut work: impl FnMut(&mut Batch<'_>) -> Step<T>,
+    ) -> Result<T, Error> {
+        if self.in_closure() {
+            return Err(Error::Reentrant);
+        }
+        let group = self.group();
+        let me = Member::new(false, locks);
+        let mut signal = group.join(&me)?;
+        let mut value: Option<T> = None;
+        loop {
+            signal = match signal {
+                Signal::Wait => me.wait(),
+                Signal::Lead => {
+                    let batch = group.form_batch(&me);
+                    match self.open_batch(None, batch, 1) {
+                        // `me` is first in the batch it formed.
+                        Some(baton) => Signal::Turn(baton),
+                        None => me.wait(),
+                    }
+                }
+                Signal::Turn(mut baton) => {
+                    let step =
+                        catch_unwind(AssertUnwindSafe(|| work(&mut Batch { baton: &mut baton })));
+                    match step {
+                        Ok(Step::Done(v)) => {
+                            baton.dirty = true;
+                            value = Some(v);
+                        }
+                        Ok(Step::Clean(v)) => value = Some(v),
+                        Ok(Step::Abort(e)) if retryable(&e) && baton.runs < MAX_RUNS => {
+                            self.restart(baton);
+                            signal = me.wait();
+                            continue;
+                        }
+                        Ok(Step::Abort(e)) => {
+                            self.shrink(baton);
+                            return Err(e);
+                        }
+                        Err(panic) => {
+                            self.shrink(baton);
+                            resume_unwind(panic);
+                        }
+                    }
+                    if baton.pos + 1 < baton.batch.len() {
+                        baton.pos += 1;
+                        let next = baton.batch[baton.pos].clone();
+                        next.send(Signal::Turn(baton));
+                        me.wait()
+                    } else {
+                        match self.commit_batch(baton) {
+                            Some(mine) => mine,
+                            // Re-run: my turn comes again.
+                            None => me.wait(),
+                        }
+                    }
+                }
+                Signal::Committed => {
+                    return value.ok_or(Error::Internal {
+                        what: "a batch member was told of a commit it did not take part in",
+                    });
+                }
+                Signal::Failed(e) => return Err(e),
+            };
+        }
+    }
+
+    /// Opens the transaction of `batch` (on `conn`, or a pooled connection) and locks its
+    /// members' rows. Returns the baton for the first member, or answers every member with
+    /// the failure, hands the lane on and returns `None`.
+    fn open_batch(
+        &self,
+        conn: Option<Pooled>,
+        batch: Vec<Arc<Member>>,
+        runs: u32,
+    ) -> Option<Box<Baton>> {
+        let mut conn = conn;
+        let mut runs = runs;
+        loop {
+            let c = match conn.take() {
+                Some(c) => c,
+                None => match self.connection() {
+                    Ok(c) => c,
+                    Err(e) => {
+                        group::fail_all(&batch, || e.clone_for_batch());
+                        self.group().hand_off();
+                        return None;
+                    }
+                },
+            };
+            match self.lock_rows(c, &batch) {
+                Ok((c, now, found)) => {
+                    return Some(Box::new(Baton {
+                        conn: c,
+                        batch,
+                        pos: 0,
+                        now,
+                        found,
+                        written: BTreeMap::new(),
+                        dirty: false,
+                        runs,
+                    }));
+                }
+                // A refusal a re-run fixes, or a connection that broke before anything was
+                // sent in earnest (a restarted server): try again on a fresh connection.
+                Err((failure, _)) if failure != Failure::Refused && runs < MAX_RUNS => {
+                    runs += 1;
+                }
+                Err((_, e)) => {
+                    group::fail_all(&batch, || e.clone_for_batch());
+                    self.group().hand_off();
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// `BEGIN`, the time and the row locks of `batch`, in one round trip.
+    #[allow(clippy::type_complexity)]
+    fn lock_rows(
+        &self,
+        mut conn: Pooled,
+        batch: &[Arc<Member>],
+    ) -> Result<(Pooled, Timestamp, HashMap<(Table, Vec<u8>), Option<Found>>), (Failure, Error)>
+    {
+        let sql = self.sql();
+        let mut records: Vec<&[u8]> = batch
+            .iter()
+            .flat_map(|m| m.meta.records.iter().map(Vec::as_slice))
+            .collect();
+        let mut marks: Vec<&[u8]> = batch
+            .iter()
+            .flat_map(|m| m.meta.marks.iter().map(Vec::as_slice))
+            .collect();
+        records.sort_unstable();
+        records.dedup();
+        marks.sort_unstable();
+        marks.dedup();
+        let mut q = format!("BEGIN; SELECT {NOW_MS};");
+        if !records.is_empty() {
+            let _ = write!(
+                q,
+                " SELECT 'r', record_key, record, holder FROM {} WHERE record_key IN (",
+                sql.records
+            );
+            in_list(&mut q, &records);
+            q.push_str(") ORDER BY record_key FOR UPDATE;");
+        }
+        if !marks.is_empty() {
+            let _ = write!(
+                q,
+                " SELECT 'm', mark_key, mark, NULL::bytea FROM {} WHERE mark_key IN (",
+                sql.marks
+            );
+            in_list(&mut q, &marks);
+            q.push_str(") ORDER BY mark_key FOR UPDATE;");
+        }
+        let messages = match conn.client.simple_query(&q) {
+            Ok(m) => m,
+            Err(e) => {
+                conn.saw(&e);
+                let failure = classify(&e);
+                rollback(&mut conn);
+                return Err((failure, crate::postgres::conn::storage(e)));
+            }
+        };
+        let mut found: HashMap<(Table, Vec<u8>), Option<Found>> = HashMap::new();
+        for key in &records {
+            found.insert((Table::Records, key.to_vec()), None);
+        }
+        for key in &marks {
+            found.insert((Table::Marks, key.to_vec()), None);
+        }
+        let mut server_now = None;
+        let malformed = || {
+            (
+                Failure::Refused,
+                Error::Internal {
+                    what: "the PostgreSQL server answered the row locks in an unexpected shape",
+                },
+            )
+        };
+        for m in messages {
+            let SimpleQueryMessage::Row(row) = m else {
+                continue;
+            };
+            if row.len() == 1 {
+                server_now = row.get(0).and_then(|t| t.parse::<i64>().ok());
+                continue;
+            }
+            let table = match row.get(0) {
+                Some("r") => Table::Records,
+                Some("m") => Table::Marks,
+                _ => return Err(malformed()),
+            };
+            let key = row.get(1).and_then(unhex).ok_or_else(malformed)?;
+            let value = row.get(2).and_then(unhex).ok_or_else(malformed)?;
+            let holder = match row.get(3) {
+                Some(h) => Some(unhex(h).ok_or_else(malformed)?),
+                None => None,
+            };
+            found.insert((table, key), Some(Found { value, holder }));
+        }
+        let server_now = server_now.ok_or_else(malformed)?;
+        let now = self.batch_time(server_now);
+        Ok((conn, now, found))
+    }
+
+    /// Re-runs the whole batch (a retryable refusal): rolls back and opens a fresh transaction
+    /// for every member, from the first.
+    fn restart(&self, baton: Box<Baton>) {
+        let Baton {
+            mut conn,
+            batch,
+            runs,
+            ..
+        } = *baton;
+        rollback(&mut conn);
+        self.group().counters.reruns.fetch_add(1, Ordering::Relaxed);
+        let conn = (!conn_broken(&mut conn)).then_some(conn);
+        if let Some(baton) = self.open_batch(conn, batch, runs + 1) {
+            let first = baton.batch[0].clone();
+            first.send(Signal::Turn(baton));
+        }
+    }
+
+    /// Removes the member at `baton.pos` (whose work failed) from its batch: rolls back, re-runs
+    /// the members before it in a fresh transaction, and queues the ones after it at the head
+    /// of the queue.
+    fn shrink(&self, baton: Box<Baton>) {
+        let Baton {
+            mut conn,
+            batch,
+            pos,
+            runs,
+            ..
+        } = *baton;
+        let group = self.group();
+        group.requeue_front(&batch[pos + 1..]);
+        rollback(&mut conn);
+        let prefix = batch[..pos].to_vec();
+        if prefix.is_empty() {
+            drop(conn);
+            group.hand_off();
+            return;
+        }
+        group.counters.reruns.fetch_add(1, Ordering::Relaxed);
+        let conn = (!conn_broken(&mut conn)).then_some(conn);
+        if let Some(baton) = self.open_batch(conn, prefix, runs) {
+            let first = baton.batch[0].clone();
+            first.send(Signal::Turn(baton));
+        }
+    }
+
+    /// Commits the batch (called by its last member) and answers every member; `None` when the
+    /// batch re-runs instead (the last member's turn comes again).
+    fn commit_batch(&self, baton: Box<Baton>) -> Option<Signal> {
+        let mut baton = baton;
+        let n = baton.batch.len();
+        let group = self.group();
+        if !baton.dirty {
+            // Nobody wrote: every answer is final; nothing to commit.
+            rollback(&mut baton.conn);
+            for m in &baton.batch[..n - 1] {
+                m.send(Signal::Committed);
+            }
+            drop(baton);
+            group.hand_off();
+            return Some(Signal::Committed);
+        }
+        let statement = commit_sql(self, &baton);
+        match baton.conn.client.simple_query(&statement) {
+            Ok(_) => {
+                group.counters.commits.fetch_add(1, Ordering::Relaxed);
+                group
+                    .counters
+                    .committed_ops
+                    .fetch_add(n as u64, Ordering::Relaxed);
+                for m in &baton.batch[..n - 1] {
+                    m.send(Signal::Committed);
+                }
+                drop(baton);
+                group.hand_off();
+                Some(Signal::Committed)
+            }
+            Err(e) => {
+                baton.conn.saw(&e);
+                let failure = classify(&e);
+                if failure == Failure::Retry && baton.runs < MAX_RUNS {
+                    self.restart(baton);
+                    return None;
+                }
+                if failure != Failure::Connection {
+                    rollback(&mut baton.conn);
+                }
+                let error = at_commit(e);
+                group::fail_all(&baton.batch[..n - 1], || error.clone_for_batch());
+                drop(baton);
+                group.hand_off();
+                Some(Signal::Failed(error))
+            }
+        }
+    }
+}
+
+/// The commit of a batch: its writes (inserts of new rows, fenced updates and deletes of the
+/// locked ones, the server checking every count) and `COMMIT`, as one simple query: if a
+/// statement fails the server skips the rest, `COMMIT` included.
+fn commit_sql(store: &PgStore, baton: &Baton) -> String {
+    let sql = store.sql();
+    let mut out = String::new();
+    for table in [Table::Records, Table::Marks] {
+        let (name, key_col, value_col) = match table {
+            Table::Records => (&sql.records, "record_key", "record"),
+            Table::Marks => (&sql.marks, "mark_key", "mark"),
+        };
+        let mut inserts = Vec::new();
+        let mut updates = Vec::new();
+        let mut deletes = Vec::new();
+        for ((t, key), written) in &baton.written {
+            if *t != table {
+                continue;
+            }
+            let found = baton.found.get(&(*t, key.clone())).cloned().flatten();
+            match (found, written) {
+                (None, Some(w)) => inserts.push((key, w)),
+                (Some(f), Some(w)) => updates.push((key, w, f.holder)),
+                (Some(f), None) => deletes.push((key, f.holder)),
+                (None, None) => {}
+            }
+        }
+        if !inserts.is_empty() {
+            match table {
+                Table::Records => {
+                    let _ = write!(
+                        out,
+                        "INSERT INTO {name} (record_key, state, due, holder, record) VALUES "
+                    );
+                }
+                Table::Marks => {
+                    let _ = write!(out, "INSERT INTO {name} (mark_key, due, mark) VALUES ");
+                }
+            }
+            for (i, (key, w)) in inserts.iter().enumerate() {
+                out.push_str(if i == 0 { "(" } else { ", (" });
+                bytea(&mut out, key);
+                if table == Table::Records {
+                    let _ = write!(out, ", {}", w.state);
+                }
+                let _ = write!(out, ", {}, ", w.due);
+                if table == Table::Records {
+                    holder(&mut out, w.holder.as_deref());
+                    out.push_str(", ");
+                }
+                bytea(&mut out, &w.value);
+                out.push(')');
+            }
+            out.push_str(";\n");
+        }
+        if !updates.is_empty() {
+            out.push_str("WITH u (k, state, due, holder, v, expected) AS (VALUES ");
+            for (i, (key, w, expected)) in updates.iter().enumerate() {
+                out.push_str(if i == 0 { "(" } else { ", (" });
+                bytea(&mut out, key);
+                let _ = write!(out, ", {}::int2, {}::int8, ", w.state, w.due);
+                holder(&mut out, w.holder.as_deref());
+                out.push_str(", ");
+                bytea(&mut out, &w.value);
+                out.push_str(", ");
+                holder(&mut out, expected.as_deref());
+                out.push(')');
+            }
+            let set = match table {
+                Table::Records => "state = u.state, due = u.due, holder = u.holder, record = u.v",
+                Table::Marks => "due = u.due, mark = u.v",
+            };
+            let fence = match table {
+                Table::Records => " AND t.holder IS NOT DISTINCT FROM u.expected",
+                Table::Marks => "",
+            };
+            let _ = write!(
+                out,
+                "), done AS (UPDATE {name} t SET {set} FROM u WHERE t.{key_col} = u.k{fence} RETURNING 1) "
+            );
+            check_count(&mut out, updates.len());
+        }
+        if !deletes.is_empty() {
+            out.push_str("WITH d (k, expected) AS (VALUES ");
+            for (i, (key, expected)) in deletes.iter().enumerate() {
+                out.push_str(if i == 0 { "(" } else { ", (" });
+                bytea(&mut out, key);
+                out.push_str(", ");
+                holder(&mut out, expected.as_deref());
+                out.push(')');
+            }
+            let fence = match table {
+                Table::Records => " AND t.holder IS NOT DISTINCT FROM d.expected",
+                Table::Marks => "",
+            };
+            let _ = write!(
+                out,
+                "), done AS (DELETE FROM {name} t USING d WHERE t.{key_col} = d.k{fence} RETURNING 1) "
+            );
+            check_count(&mut out, deletes.len());
+        }
+        let _ = value_col;
+    }
+    out.push_str("COMMIT;");
+    out
+}
+
+/// A holder-token literal (`NULL` for none).
+fn holder(out: &mut String, token: Option<&[u8]>) {
+    match token {
+        Some(t) => bytea(out, t),
+        None => out.push_str("NULL::bytea"),
+    }
+}
+
+/// Ends a `WITH … done AS (… RETURNING 1)` with a check that `expected` rows were written:
+/// otherwise the server raises an error (a text that is no integer, cast to one) and skips the
+/// rest of the query, `COMMIT` included.
+fn check_count(out: &mut String, expected: usize) {
+    let _ = writeln!(
+        out,
+        "SELECT CASE WHEN count(*) = {expected} THEN 0 ELSE CAST('{FENCE_MARK} (' || count(*) || ' of {expected})' AS int) END FROM done;"
+    );
+}
+
+/// Appends `keys` as a comma-separated list of bytea literals.
+fn in_list(out: &mut String, keys: &[&[u8]]) {
+    for (i, key) in keys.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        bytea(out, key);
+    }
+}
+
+/// Ends whatever transaction the connection is in; a failure retires the connection.
+pub(crate) fn rollback(conn: &mut Conn) {
+    if let Err(e) = conn.client.batch_execute("ROLLBACK") {
+        conn.saw(&e);
+        conn.retire();
+    }
+}
+
+/// Whether the pool should not get this connection back.
+fn conn_broken(conn: &mut Pooled) -> bool {
+    conn.is_broken()
+}
+
+impl Error {
+    /// The same failure, as reported to every member of the batch it hit.
+    pub(crate) fn clone_for_batch(&self) -> Error {
+        match self {
+            Error::OutcomeUnknown { source } => Error::OutcomeUnknown {
+                source: source.clone(),
+            },
+            Error::Storage { source } => Error::Storage {
+                source: source.clone(),
+            },
+            Error::Busy { queued, waited } => Error::Busy {
+                queued: *queued,
+                waited: *waited,
+            },
+            other => Error::Storage {
+                source: StorageError::new(crate::postgres::conn::PoolError(other.to_string())),
+            },
+        }
+    }
+}

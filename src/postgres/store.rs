@@ -1,0 +1,537 @@
+//! The PostgreSQL store: its shared state, flow A (`execute`), the claim half of flow B
+//! (`begin`, `begin_wait`), inspection (`get`, `purge`), the read path, and the fleet's clock.
+
+use std::any::{Any, TypeId};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::error::Error;
+use crate::model::clock::{Clock, Timestamp};
+use crate::model::outbox::Origin;
+use crate::model::record::{HolderToken, Record};
+use crate::model::response::{Abort, Begin, Outcome, Response};
+use crate::model::rules::answers::{self, Early};
+use crate::model::rules::instants;
+use crate::model::rules::{Decision, decide};
+use crate::model::scope::{Limits, Request, Scope, admit_key, record_key};
+use crate::model::settings::Config;
+use crate::postgres::commit::{Batch, Group, Locks, Pooled, Step};
+use crate::postgres::conn::{Failure, NOW_MS, classify, no_connection, storage};
+use crate::postgres::lease::PgLease;
+use crate::postgres::schema::Sql;
+use crate::postgres::tx::{PgTx, TxState};
+use crate::runtime::signal::Signal;
+
+/// Granularity of `begin_wait`'s polling (it is also woken at once by this store's own lease
+/// completions; other processes' are seen by polling).
+const WAIT_POLL: Duration = Duration::from_millis(20);
+
+/// Where the store's time comes from.
+#[derive(Clone)]
+pub(crate) enum TimeSource {
+    /// The database server's clock (`clock_timestamp()`), the same for every node of a fleet.
+    Server,
+    /// An injected clock (tests).
+    Clock(Arc<dyn Clock>),
+}
+
+/// The state every clone of a [`PgStore`] shares.
+pub(crate) struct Inner {
+    pub(crate) pool: r2d2::Pool<crate::postgres::conn::Manager>,
+    pub(crate) pool_timeout: Duration,
+    pub(crate) sql: Sql,
+    pub(crate) config: Config,
+    pub(crate) time: TimeSource,
+    pub(crate) group: Group,
+    /// Random per-instance prefix of holder tokens.
+    pub(crate) instance: [u8; 8],
+    pub(crate) next_token: AtomicU64,
+    /// The last server time seen, and when (for [`PgStore::now`]'s estimate).
+    pub(crate) seen_server: Mutex<(Timestamp, Instant)>,
+    /// Lease events so far, broadcast after every commit that finished, released or removed a
+    /// lease of this store, so `begin_wait` wakes at once.
+    pub(crate) lease_events: Mutex<u64>,
+    pub(crate) lease_changed: Condvar,
+    /// Notified after a commit whose closure pushed outbox events (the dispatcher waits on it).
+    pub(crate) work: Arc<Signal>,
+    /// The layers' own state, one value per type ([`PgStore::extension`]).
+    pub(crate) extensions: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
+    /// The background sweeper, if configured.
+    pub(crate) sweeper: Mutex<Option<crate::postgres::sweep::Sweeper>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(s) = self.sweeper.get_mut().take() {
+            s.stop();
+        }
+    }
+}
+
+/// An idempotency store on a PostgreSQL database, shared by every process of a fleet. Cheap to
+/// clone (clones share the pool); `Send + Sync`. Open it with [`PgStore::builder`].
+///
+/// The same contract as the file store ([`crate::Store`]), decided by the same pure rules: the
+/// record is re-read under a row lock inside the transaction that writes it, leases are fenced
+/// by their holder token in the `UPDATE … WHERE holder = …` itself, and every decision uses the
+/// database server's clock, so no node's clock can free a key early or steal a lease.
+#[derive(Clone)]
+pub struct PgStore {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("schema", &self.inner.sql.schema)
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+thread_local! {
+    /// Stores whose transaction is running a caller closure on this thread.
+    static IN_CLOSURE: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
+impl PgStore {
+    /// Flow A: runs `f` at most once per intent, in the same PostgreSQL transaction that
+    /// records the result. `f` gets the transaction ([`PgTx`]) to write your own tables
+    /// through: its writes and the record commit together, or neither does.
+    ///
+    /// - a finished intent is replayed from a plain read (no transaction, no lock): `f` does not
+    ///   run, the stored status and body come back byte for byte;
+    /// - otherwise `f` runs after the record's row was locked (`SELECT … FOR UPDATE`) or found
+    ///   absent (then the record's `INSERT` fails if another transaction inserted it first, and
+    ///   the call runs again and replays that one's answer): no check-then-act gap;
+    ///   `Ok(response)` → Completed; [`Abort::Terminal`] → Failed (replayed later);
+    ///   [`Abort::Retryable`] / [`Abort::Store`] / a failed statement → nothing, not even `f`'s
+    ///   own writes;
+    /// - an intent that finished longer ago than its retention → [`Outcome::Expired`];
+    /// - another attempt's live lease → [`Outcome::InFlight`];
+    /// - the key used with a different payload → [`Error::PayloadMismatch`].
+    ///
+    /// `f` may be called more than once per call (concurrent calls share one transaction, and
+    /// another caller's failure or a serialization failure re-runs it); only the committed
+    /// run's writes persist. Keep its effects inside the transaction.
+    pub fn execute<F>(&self, request: Request, mut f: F) -> Result<Outcome, Error>
+    where
+        F: for<'t> FnMut(&'t mut PgTx<'t>) -> Result<Response, Abort>,
+    {
+        let key = self.admit(&request)?;
+        if let Some(early) = self.read_path(&request, &key)? {
+            return early.into_outcome();
+        }
+        let windows = self.inner.config.windows_for(request.scope().operation());
+        let mut took_over = false;
+        let mut announced = false;
+        let outcome = self.write(Locks::record(&key), |batch| {
+            let now = batch.now();
+            let stored = match batch.record(&key) {
+                Ok(r) => r,
+                Err(e) => return Step::Clean(Err(e)),
+            };
+            let attempt = match self.claimable(stored.as_ref(), &request, now) {
+                Ok(attempt) => attempt,
+                Err(early) => return Step::Clean(early.into_outcome()),
+            };
+            took_over = attempt.number > 1;
+            let origin = Origin::record(&key, attempt.created_at);
+            let (result, pushed) = match self.run_on_tx(batch, origin, &mut f) {
+                Ok(done) => done,
+                Err(e) => return Step::Abort(e),
+            };
+            announced = pushed;
+            let (state, response) =
+                match answers::settle(result, self.inner.config.max_response_bytes) {
+                    Ok(settled) => settled,
+                    Err(e) => return Step::Abort(e),
+                };
+            let record = instants::finish(
+                *request.fingerprint(),
+                attempt.created_at,
+                state,
+                now,
+                &windows,
+            );
+            match batch.put_record(&key, &record) {
+                Ok(()) => Step::Done(Ok(Outcome::Executed(response))),
+                Err(e) => Step::Abort(e),
+            }
+        });
+        if announced && outcome.is_ok() {
+            self.announce_work();
+        }
+        let outcome = outcome?;
+        if took_over && outcome.is_ok() {
+            self.lease_event();
+        }
+        outcome
+    }
+
+    /// Flow B: claims the key with a fenced lease for work that calls the outside world.
+    /// Returns `Begin::Acquired` with a [`PgLease`] (make the external call with
+    /// [`PgLease::downstream_key`], identical to the file store's for the same scope and key),
+    /// or the stored result (`Begin::Replayed`, `Begin::Expired`), or `Begin::InFlight`; a
+    /// different payload is [`Error::PayloadMismatch`]. Fails fast; see
+    /// [`PgStore::begin_wait`].
+    pub fn begin(&self, request: Request) -> Result<Begin<PgLease>, Error> {
+        let key = self.admit(&request)?;
+        if let Some(early) = self.read_path(&request, &key)? {
+            return early.into_begin();
+        }
+        let config = &self.inner.config;
+        let windows = config.windows_for(request.scope().operation());
+        let claimed = self.write(Locks::record(&key), |batch| {
+            let now = batch.now();
+            let stored = match batch.record(&key) {
+                Ok(r) => r,
+                Err(e) => return Step::Clean(Err(Early::Error(e))),
+            };
+            let attempt = match self.claimable(stored.as_ref(), &request, now) {
+                Ok(attempt) => attempt,
+                Err(early) => return Step::Clean(Err(early)),
+            };
+            let holder = self.new_token();
+            let (record, lease_deadline) = instants::claim(
+                *request.fingerprint(),
+                attempt,
+                holder,
+                now,
+                config.lease_duration,
+                &windows,
+            );
+            match batch.put_record(&key, &record) {
+                Ok(()) => Step::Done(Ok((holder, lease_deadline, attempt.number))),
+                Err(e) => Step::Abort(e),
+            }
+        })?;
+        // The lease exists only once its claim committed: a lease releases its key on drop.
+        match claimed {
+            Ok((holder, deadline, attempt)) => Ok(Begin::Acquired(PgLease::new(
+                self.clone(),
+                request,
+                key,
+                holder,
+                deadline,
+                attempt,
+            ))),
+            Err(early) => early.into_begin(),
+        }
+    }
+
+    /// Like [`PgStore::begin`], but when another attempt is in flight, waits up to `max_wait`
+    /// for it to finish (returning its result), release (acquiring the key) or lapse (taking it
+    /// over). Woken at once by this store's own lease events; re-checks every 20 ms for other
+    /// processes' commits and lapsing leases. Refused with [`Error::Reentrant`] inside a closure
+    /// of the same store.
+    pub fn begin_wait(
+        &self,
+        request: Request,
+        max_wait: Duration,
+    ) -> Result<Begin<PgLease>, Error> {
+        if self.in_closure() {
+            return Err(Error::Reentrant);
+        }
+        let give_up = Instant::now().checked_add(max_wait);
+        loop {
+            let seen = *self.inner.lease_events.lock();
+            match self.begin(request.clone())? {
+                Begin::InFlight { retry_after } => {
+                    let now = Instant::now();
+                    let slice = match give_up {
+                        Some(t) if now >= t => return Ok(Begin::InFlight { retry_after }),
+                        Some(t) => (t - now).min(WAIT_POLL),
+                        None => WAIT_POLL,
+                    };
+                    let mut events = self.inner.lease_events.lock();
+                    if *events == seen {
+                        let _ = self.inner.lease_changed.wait_for(&mut events, slice);
+                    }
+                }
+                other => return Ok(other),
+            }
+        }
+    }
+
+    /// The stored record for `key` in `scope`, exactly as stored (it may be past its
+    /// `expires_at` or `forget_at` if no sweep has run since). For inspection and tests.
+    pub fn get(&self, scope: &Scope, key: impl AsRef<[u8]>) -> Result<Option<Record>, Error> {
+        let key = admit_key(&self.inner.config.limits, scope, key)?;
+        Ok(self.read_record(&key)?.1)
+    }
+
+    /// Removes the record for `key` in `scope`, whatever its state, and returns whether one
+    /// existed. An operator's tool: the key becomes free, so a retry of the intent **runs
+    /// again**, and a live lease on it is fenced out ([`Error::LeaseLost`]).
+    pub fn purge(&self, scope: &Scope, key: impl AsRef<[u8]>) -> Result<bool, Error> {
+        let key = admit_key(&self.inner.config.limits, scope, key)?;
+        let existed = self.write(Locks::record(&key), |batch| {
+            // The row as locked, whether or not it decodes.
+            match batch.record(&key) {
+                Ok(None) => Step::Clean(false),
+                Ok(Some(_))
+                | Err(Error::CorruptRecord { .. } | Error::UnsupportedFormat { .. }) => {
+                    batch.remove_record(&key);
+                    Step::Done(true)
+                }
+                Err(e) => Step::Abort(e),
+            }
+        })?;
+        self.lease_event();
+        Ok(existed)
+    }
+
+    /// The store's time: the database server's clock (estimated from the last statement's
+    /// time plus the time elapsed here since; every decision uses the server's exact time,
+    /// read in the transaction that makes it), or the injected clock.
+    pub fn now(&self) -> Timestamp {
+        match &self.inner.time {
+            TimeSource::Clock(c) => c.now(),
+            TimeSource::Server => {
+                let (at, when) = *self.inner.seen_server.lock();
+                at.saturating_add(when.elapsed())
+            }
+        }
+    }
+
+    /// The name-length limits every request is checked against.
+    pub fn limits(&self) -> Limits {
+        self.inner.config.limits
+    }
+
+    /// The largest response body the store records.
+    pub fn max_response_bytes(&self) -> usize {
+        self.inner.config.max_response_bytes
+    }
+
+    /// How long a lease lasts without a heartbeat.
+    pub fn lease_duration(&self) -> Duration {
+        self.inner.config.lease_duration
+    }
+
+    /// How many requests may wait for the next commit: the natural bound for a face's
+    /// in-flight store calls.
+    pub fn max_queue(&self) -> usize {
+        self.inner.group.config.max_queue
+    }
+
+    /// The PostgreSQL schema holding idem's tables.
+    pub fn schema(&self) -> &str {
+        &self.inner.sql.schema
+    }
+
+    // ---- shared plumbing ----
+
+    pub(crate) fn sql(&self) -> &Sql {
+        &self.inner.sql
+    }
+
+    pub(crate) fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    pub(crate) fn group(&self) -> &Group {
+        &self.inner.group
+    }
+
+    /// A pooled connection, or why there is none.
+    pub(crate) fn connection(&self) -> Result<Pooled, Error> {
+        let waited = self.inner.pool_timeout;
+        self.inner
+            .pool
+            .get_timeout(waited)
+            .map_err(|e| no_connection(e, waited))
+    }
+
+    /// The time a batch decides at, given the server's time it read.
+    pub(crate) fn batch_time(&self, server_ms: i64) -> Timestamp {
+        let server = Timestamp(u64::try_from(server_ms).unwrap_or(0));
+        *self.inner.seen_server.lock() = (server, Instant::now());
+        match &self.inner.time {
+            TimeSource::Server => server,
+            TimeSource::Clock(c) => c.now(),
+        }
+    }
+
+    fn admit(&self, request: &Request) -> Result<Vec<u8>, Error> {
+        self.inner.config.limits.check(request)?;
+        Ok(record_key(request))
+    }
+
+    /// The answer of the lock-free path, if it needs no claim: a plain read of the record and
+    /// the server's time.
+    fn read_path(&self, request: &Request, key: &[u8]) -> Result<Option<Early>, Error> {
+        let (now, stored) = self.read_record(key)?;
+        Ok(answers::early(
+            decide(stored.as_ref(), request.fingerprint(), now),
+            request,
+            now,
+            self.inner.config.retry_after_cap,
+        ))
+    }
+
+    /// The attempt a claim at `now` starts, or the answer it gets instead.
+    fn claimable(
+        &self,
+        stored: Option<&Record>,
+        request: &Request,
+        now: Timestamp,
+    ) -> Result<instants::Attempt, Early> {
+        let decision = decide(stored, request.fingerprint(), now);
+        if let Some(early) = answers::early(
+            decision.clone(),
+            request,
+            now,
+            self.inner.config.retry_after_cap,
+        ) {
+            return Err(early);
+        }
+        debug_assert!(matches!(
+            decision,
+            Decision::Claim | Decision::Takeover { .. }
+        ));
+        Ok(instants::attempt(&decision, stored, now))
+    }
+
+    /// The record under `key` and the time, from one statement outside any transaction.
+    pub(crate) fn read_record(&self, key: &[u8]) -> Result<(Timestamp, Option<Record>), Error> {
+        let q = format!(
+            "SELECT {NOW_MS}, (SELECT record FROM {} WHERE record_key = $1)",
+            self.inner.sql.records
+        );
+        let (now, bytes) = self.read_row(&q, key)?;
+        Ok((now, bytes.map(|b| Record::decode(&b)).transpose()?))
+    }
+
+    /// Runs a read of one optional bytea value (and the server's time) for `key`, on a pooled
+    /// connection; a connection that broke (a restarted server) is replaced once.
+    pub(crate) fn read_row(
+        &self,
+        q: &str,
+        key: &[u8],
+    ) -> Result<(Timestamp, Option<Vec<u8>>), Error> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let mut conn = self.connection()?;
+            let result = conn
+                .prepared(q)
+                .and_then(|s| conn.client.query_one(&s, &[&key]));
+            match result {
+                Ok(row) => {
+                    let now = self.batch_time(row.get::<_, i64>(0));
+                    let bytes: Option<Vec<u8>> = row.get(1);
+                    return Ok((now, bytes));
+                }
+                Err(e) => {
+                    conn.saw(&e);
+                    if tries < 3 && classify(&e) != Failure::Refused {
+                        continue;
+                    }
+                    return Err(storage(e));
+                }
+            }
+        }
+    }
+
+    /// Runs the caller's closure on a [`PgTx`] over the batch's connection, marking this
+    /// thread as inside this store's transaction (a nested write call fails fast with
+    /// [`Error::Reentrant`]). Returns its result and whether it announced work; a statement of
+    /// the closure that failed (the server then refuses the rest of the transaction) is this
+    /// member's failure even if the closure swallowed it.
+    pub(crate) fn run_on_tx<R>(
+        &self,
+        batch: &mut Batch<'_>,
+        origin: Origin<'_>,
+        f: impl for<'t> FnOnce(&'t mut PgTx<'t>) -> R,
+    ) -> Result<(R, bool), Error> {
+        let now = batch.now();
+        let state = TxState::default();
+        let result = {
+            let mut tx = PgTx::new(batch.conn(), &self.inner.sql, now, origin, &state);
+            self.run_closure(|| f(&mut tx))
+        };
+        if let Some(failed) = state.take_failure() {
+            return Err(failed);
+        }
+        Ok((result, state.announced()))
+    }
+
+    fn run_closure<T>(&self, f: impl FnOnce() -> T) -> T {
+        struct Unmark(usize);
+        impl Drop for Unmark {
+            fn drop(&mut self) {
+                let _ = IN_CLOSURE.try_with(|v| {
+                    let mut v = v.borrow_mut();
+                    if let Some(i) = v.iter().rposition(|&p| p == self.0) {
+                        v.remove(i);
+                    }
+                });
+            }
+        }
+        let id = self.id();
+        let _ = IN_CLOSURE.try_with(|v| v.borrow_mut().push(id));
+        let _unmark = Unmark(id);
+        f()
+    }
+
+    pub(crate) fn in_closure(&self) -> bool {
+        let id = self.id();
+        IN_CLOSURE
+            .try_with(|v| v.borrow().contains(&id))
+            .unwrap_or(false)
+    }
+
+    fn id(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
+    /// Wakes whoever waits for announced work (this store's outbox dispatcher).
+    pub(crate) fn announce_work(&self) {
+        self.inner.work.notify();
+    }
+
+    /// The work-announced signal.
+    pub(crate) fn work_signal(&self) -> Arc<Signal> {
+        self.inner.work.clone()
+    }
+
+    /// Wakes `begin_wait` callers of this store.
+    pub(crate) fn lease_event(&self) {
+        let mut events = self.inner.lease_events.lock();
+        *events = events.wrapping_add(1);
+        self.inner.lease_changed.notify_all();
+    }
+
+    /// The store's value of type `T`, created with `T::default()` on first use (the outbox's
+    /// counters and dispatcher registry).
+    pub(crate) fn extension<T: Default + Send + Sync + 'static>(&self) -> Arc<T> {
+        let mut slots = self.inner.extensions.lock();
+        let slot = slots
+            .entry(TypeId::of::<T>())
+            .or_insert_with(|| Arc::new(T::default()));
+        match Arc::clone(slot).downcast::<T>() {
+            Ok(value) => value,
+            // Unreachable: the slot of `TypeId::of::<T>()` only ever holds a `T`.
+            Err(_) => {
+                let value = Arc::new(T::default());
+                *slot = value.clone();
+                value
+            }
+        }
+    }
+
+    pub(crate) fn new_token(&self) -> HolderToken {
+        let n = self.inner.next_token.fetch_add(1, Ordering::Relaxed);
+        let mut t = [0u8; 16];
+        t[..8].copy_from_slice(&self.inner.instance);
+        t[8..].copy_from_slice(&n.to_be_bytes());
+        HolderToken(t)
+    }
+}
