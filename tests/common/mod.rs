@@ -184,6 +184,8 @@ mod effects;
 pub use effects::{EFFECTS, all_effects, bump};
 
 pub mod dump;
+#[cfg(feature = "postgres")]
+pub mod pg;
 mod rng;
 #[allow(unused_imports)] // Not every test draws random values.
 pub use rng::{XorShift, random_bytes};
