@@ -39,9 +39,14 @@
 //! # }
 //! ```
 //!
+//! Add it with `cargo add idem-store` (the package's name; the library is `idem`).
+//!
 //! See `README.md` for the guarantees (and non-guarantees) and `docs/design.md` for the
 //! invariants and crash-safety argument.
 
+// docs.rs builds with `--cfg docsrs` (Cargo.toml, `[package.metadata.docs.rs]`) on nightly: the
+// feature-gated items then carry their "Available on crate feature ..." badge.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(
     not(test),
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
@@ -135,10 +140,12 @@ pub mod inbox {
 }
 
 #[cfg(feature = "webhooks")]
+#[cfg_attr(docsrs, doc(cfg(feature = "webhooks")))]
 #[doc(inline)]
 pub use messaging::webhook;
 
 #[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
 
 /// README.md's code blocks compile and run as doctests.

@@ -2,6 +2,10 @@
 //! (`fuzz/regressions/<target>`) replayed through the same code the fuzzer runs
 //! (`tests/sim/<target>.rs`), on stable, without libFuzzer: a regression is caught wherever
 //! `cargo test` runs. A file that panics is named in the failure.
+//!
+//! In the repository a missing corpus fails the test. A packaged crate (`cargo package`, what
+//! crates.io serves) leaves `fuzz/` out (Cargo.toml's `exclude`): there the test says so and
+//! passes, so the published crate's `cargo test --all-features` passes too.
 
 // White-box hooks (the white-box hooks of tests/sim): compiled only with the internal feature, which
 // this repository's own tests always have (Cargo.toml's dev-dependency on the package itself).
@@ -11,8 +15,23 @@ mod sim;
 
 use std::path::{Path, PathBuf};
 
-fn inputs(target: &str) -> Vec<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
+fn manifest_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Whether `root` is the root of a packaged crate rather than of the repository. `cargo package`
+/// always writes `Cargo.toml.orig` (the manifest as written, next to the normalised
+/// `Cargo.toml`) into the crate, and no checkout has one (nobody creates it, and a stray one
+/// does not hide a missing corpus unless `fuzz/` is gone too, see [`replay_in`]). This holds
+/// wherever the crate is unpacked (`~/.cargo/registry/src`, a temp dir inside another
+/// checkout), unlike "no `.git` here", which a worktree's `.git` file or a parent repository
+/// confuses.
+fn is_packaged_crate(root: &Path) -> bool {
+    root.join("Cargo.toml.orig").is_file()
+}
+
+fn inputs(root: &Path, target: &str) -> Vec<PathBuf> {
+    let root = root.join("fuzz");
     let mut files = Vec::new();
     for dir in ["corpus", "regressions"] {
         let Ok(entries) = std::fs::read_dir(root.join(dir).join(target)) else {
@@ -32,12 +51,22 @@ fn inputs(target: &str) -> Vec<PathBuf> {
     files
 }
 
-fn replay(target: &str, run: fn(&[u8])) {
-    let files = inputs(target);
-    assert!(
-        !files.is_empty(),
-        "no corpus for {target}: fuzz/corpus/{target} must be checked in"
-    );
+/// Replays `target`'s corpus under `root` (a crate root); returns how many inputs ran, or why
+/// there was nothing to run where something must be (an input that fails panics).
+fn replay_in(root: &Path, target: &str, run: fn(&[u8])) -> Result<usize, String> {
+    if is_packaged_crate(root) && !root.join("fuzz").exists() {
+        println!(
+            "{target}: nothing to replay: this is a packaged crate (Cargo.toml.orig present), \
+             which leaves fuzz/ out; the repository's `cargo test` replays the corpus"
+        );
+        return Ok(0);
+    }
+    let files = inputs(root, target);
+    if files.is_empty() {
+        return Err(format!(
+            "no corpus for {target}: fuzz/corpus/{target} must be checked in"
+        ));
+    }
     for path in &files {
         let data = match std::fs::read(path) {
             Ok(data) => data,
@@ -55,6 +84,46 @@ fn replay(target: &str, run: fn(&[u8])) {
         }
     }
     println!("{target}: {} inputs replayed", files.len());
+    Ok(files.len())
+}
+
+fn replay(target: &str, run: fn(&[u8])) {
+    if let Err(e) = replay_in(manifest_dir(), target, run) {
+        panic!("{e}");
+    }
+}
+
+/// The rule `replay_in` follows about a missing `fuzz/`, on crate roots made up in a temp dir.
+#[test]
+fn a_missing_corpus_fails_in_the_repository_and_is_skipped_in_a_package() {
+    fn never(_: &[u8]) {
+        panic!("no input should run");
+    }
+    let checkout = tempfile::tempdir().unwrap();
+    std::fs::write(checkout.path().join("Cargo.toml"), "").unwrap();
+    let missing = replay_in(checkout.path(), "claim_race", never);
+    assert!(
+        missing.is_err_and(|e| e.contains("must be checked in")),
+        "a checkout without fuzz/ must fail"
+    );
+
+    let package = tempfile::tempdir().unwrap();
+    std::fs::write(package.path().join("Cargo.toml"), "").unwrap();
+    std::fs::write(package.path().join("Cargo.toml.orig"), "").unwrap();
+    assert_eq!(replay_in(package.path(), "claim_race", never), Ok(0));
+
+    // A package that does ship fuzz/ must ship its corpus: an empty one still fails.
+    std::fs::create_dir_all(package.path().join("fuzz/corpus/claim_race")).unwrap();
+    let empty = replay_in(package.path(), "claim_race", never);
+    assert!(
+        empty.is_err(),
+        "a package with an empty fuzz/ corpus must fail"
+    );
+
+    // This crate's own root is judged the same way: a checkout has its corpus.
+    if !is_packaged_crate(manifest_dir()) {
+        assert!(!inputs(manifest_dir(), "claim_race").is_empty());
+    }
 }
 
 #[test]
