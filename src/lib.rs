@@ -59,6 +59,7 @@ pub mod error;
 pub(crate) mod messaging;
 pub(crate) mod model;
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
 pub(crate) mod runtime;
 
