@@ -11,13 +11,17 @@ use http::request::Parts;
 use http_body_util::{BodyExt, Limited};
 
 use super::answers::{invalid_tenant, misconfigured, problem_response};
+use super::backend::Backend;
 use super::key::{KeyError, parse_key};
 use super::layer::{Config, TenantSource};
 use super::problem;
 use super::tenant::{check_tenant_len, tenant_from_header};
 
 /// The key of a covered request (`Ok(None)`: no key field at all).
-pub(super) fn key_of(config: &Config, parts: &Parts) -> Result<Option<String>, KeyError> {
+pub(super) fn key_of<B: Backend>(
+    config: &Config<B>,
+    parts: &Parts,
+) -> Result<Option<String>, KeyError> {
     let mut lines = parts.headers.get_all(&config.key_header).iter();
     let Some(first) = lines.next() else {
         return Ok(None);
@@ -54,7 +58,10 @@ impl TenantError {
 }
 
 /// The tenant of a covered request.
-pub(super) fn tenant_of(config: &Config, parts: &Parts) -> Result<String, TenantError> {
+pub(super) fn tenant_of<B: Backend>(
+    config: &Config<B>,
+    parts: &Parts,
+) -> Result<String, TenantError> {
     let max = config.store.limits().max_tenant_len;
     match &config.tenant {
         TenantSource::Extract(f) => {

@@ -11,27 +11,39 @@ use http::header::{CONTENT_TYPE, HeaderValue, LOCATION};
 use http::{HeaderMap, StatusCode};
 
 use super::answers::{error_response, handler_failed, plain_response, problem_response};
+use super::backend::{Backend, BackendLease};
 use super::envelope::fit_response;
 use super::layer::{Config, Disposition, disposition};
 use super::lease::{Slot, blocking, finish_lease, take_lease};
 use super::metrics::bump;
 use super::problem;
 use crate::model::keys::DownstreamKey;
-use crate::{Abort, Error, Request, Response, Tx};
+use crate::{Abort, Error, Request, Response, Store};
 
 /// The handle the layer puts in the extensions of every request it claimed a key for (axum:
-/// `Extension<Idempotency>`). A handler that wants its own writes and the recorded answer in
-/// one redb transaction calls [`Idempotency::complete_with`]; one that does not need that
-/// ignores it, and the layer records whatever it returns.
-#[derive(Clone)]
-pub struct Idempotency {
-    pub(super) slot: Arc<Slot>,
+/// `Extension<Idempotency>` on the file store, `Extension<Idempotency<PgStore>>` on
+/// PostgreSQL). A handler that wants its own writes and the recorded answer in one transaction
+/// calls [`Idempotency::complete_with`]; one that does not need that ignores it, and the layer
+/// records whatever it returns.
+pub struct Idempotency<B: Backend = Store> {
+    pub(super) slot: Arc<Slot<B::Lease>>,
     pub(super) request: Arc<Request>,
     pub(super) downstream: DownstreamKey,
-    pub(super) config: Arc<Config>,
+    pub(super) config: Arc<Config<B>>,
 }
 
-impl std::fmt::Debug for Idempotency {
+impl<B: Backend> Clone for Idempotency<B> {
+    fn clone(&self) -> Self {
+        Idempotency {
+            slot: Arc::clone(&self.slot),
+            request: Arc::clone(&self.request),
+            downstream: self.downstream,
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+impl<B: Backend> std::fmt::Debug for Idempotency<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Idempotency")
             .field("request", &self.request)
@@ -63,7 +75,7 @@ impl Recorded {
     }
 }
 
-impl Idempotency {
+impl<B: Backend> Idempotency<B> {
     /// The downstream key of this intent ([`Lease::downstream_key`](crate::Lease::downstream_key)): the same on every
     /// attempt, for an external call or a resource id.
     pub fn downstream_key(&self) -> DownstreamKey {
@@ -76,9 +88,10 @@ impl Idempotency {
     }
 
     /// Runs `f` in the write transaction that records its answer (flow A inside the layer's
-    /// lease, [`Lease::complete_with`](crate::Lease::complete_with)), on the blocking pool. `f`'s writes through the [`Tx`]
-    /// and the answer commit together or not at all; `f` may run more than once (group commit)
-    /// and only the committed run counts.
+    /// lease, [`Lease::complete_with`](crate::Lease::complete_with)), on the blocking pool. `f`'s writes through the
+    /// transaction handle (`&Tx` on the file store, `&mut PgTx` on PostgreSQL) and the answer
+    /// commit together or not at all; `f` may run more than once (group commit) and only the
+    /// committed run counts.
     ///
     /// The answer is judged like the layer's own: a status the layer records as a failure
     /// (4xx, 5xx) is stored as a terminal failure, with `f`'s writes (answer 503 to roll them
@@ -101,7 +114,9 @@ impl Idempotency {
     /// be recorded. Call it at most once per request; a second call answers `500`.
     pub async fn complete_with<F>(&self, mut f: F) -> http::Response<Body>
     where
-        F: FnMut(&Tx<'_>) -> Result<Recorded, Abort> + Send + 'static,
+        F: for<'t> FnMut(<B::Lease as BackendLease>::Tx<'t>) -> Result<Recorded, Abort>
+            + Send
+            + 'static,
     {
         let Some(mut lease) = take_lease(&self.slot).await else {
             return problem_response(

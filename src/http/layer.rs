@@ -10,6 +10,7 @@ use http::{Method, StatusCode};
 use tokio::sync::Semaphore;
 use tower::Layer;
 
+use super::backend::Backend;
 use super::key::IDEMPOTENCY_KEY;
 use super::metrics::{Counters, LayerMetrics};
 use super::service::IdempotencyService;
@@ -42,8 +43,8 @@ pub(super) enum TenantSource {
 }
 
 #[derive(Clone)]
-pub(super) struct Config {
-    pub(super) store: Store,
+pub(super) struct Config<B> {
+    pub(super) store: B,
     pub(super) tenant: TenantSource,
     pub(super) operation: Option<Arc<PartsFn>>,
     pub(super) methods: Vec<Method>,
@@ -73,12 +74,16 @@ pub(super) struct Config {
 /// Clones of a layer share its in-flight limit and its [`LayerMetrics`]; a builder method
 /// called on one clone changes only that clone's settings ([`IdempotencyLayer::max_in_flight`]
 /// gives it a limit of its own).
+///
+/// The layer runs on any [`Backend`]: the file store ([`Store`], the default type) or, with the
+/// `postgres` feature, `idem::postgres::PgStore` for a fleet of replicas sharing one database
+/// (`IdempotencyLayer::tenant_header(pg_store, "x-tenant-id")`); its behaviour is the same.
 #[derive(Clone)]
-pub struct IdempotencyLayer {
-    config: Arc<Config>,
+pub struct IdempotencyLayer<B: Backend = Store> {
+    config: Arc<Config<B>>,
 }
 
-impl std::fmt::Debug for IdempotencyLayer {
+impl<B: Backend> std::fmt::Debug for IdempotencyLayer<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IdempotencyLayer")
             .field("methods", &self.config.methods)
@@ -102,13 +107,13 @@ fn permits(n: usize) -> usize {
 /// FIFO order, would be delayed past their lease deadline. Half leaves them threads.
 const DEFAULT_MAX_IN_FLIGHT: usize = 256;
 
-impl IdempotencyLayer {
+impl<B: Backend> IdempotencyLayer<B> {
     /// A layer on `store` whose tenant comes from `tenant` (e.g. the authenticated principal an
     /// earlier layer put in the extensions). `None` answers `400` ([`problem::MISSING_TENANT`](super::problem::MISSING_TENANT))
     /// on a covered request; an empty tenant or one over the store's tenant limit answers `400`
     /// ([`problem::INVALID_TENANT`](super::problem::INVALID_TENANT)), before the body is read.
     pub fn new(
-        store: Store,
+        store: B,
         tenant: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
     ) -> Self {
         Self::with_tenant(store, TenantSource::Extract(Arc::new(tenant)))
@@ -125,7 +130,7 @@ impl IdempotencyLayer {
     /// token characters, e.g. a space or `:`) does not panic: the layer answers every covered
     /// request `500` ([`problem::MISCONFIGURED`](super::problem::MISCONFIGURED)) without running the handler, so the mistake
     /// shows at the first request.
-    pub fn tenant_header(store: Store, name: &str) -> Self {
+    pub fn tenant_header(store: B, name: &str) -> Self {
         // `from_bytes` lowercases; it refuses only what is no header name in any case.
         let source = match HeaderName::from_bytes(name.as_bytes()) {
             Ok(header) => TenantSource::Header(header),
@@ -134,7 +139,7 @@ impl IdempotencyLayer {
         Self::with_tenant(store, source)
     }
 
-    fn with_tenant(store: Store, tenant: TenantSource) -> Self {
+    fn with_tenant(store: B, tenant: TenantSource) -> Self {
         let max_in_flight = permits(store.max_queue().min(DEFAULT_MAX_IN_FLIGHT));
         IdempotencyLayer {
             config: Arc::new(Config {
@@ -155,7 +160,7 @@ impl IdempotencyLayer {
         }
     }
 
-    fn edit(mut self, f: impl FnOnce(&mut Config)) -> Self {
+    fn edit(mut self, f: impl FnOnce(&mut Config<B>)) -> Self {
         // Copy-on-write: a layer already cloned keeps its own settings.
         f(Arc::make_mut(&mut self.config));
         self
@@ -218,7 +223,7 @@ impl IdempotencyLayer {
         self.edit(|c| c.record_status = Arc::new(f))
     }
 
-    /// The most store admissions (the claim of a key, [`Store::begin`]) this layer and its
+    /// The most store admissions (the claim of a key, [`Backend::begin`]) this layer and its
     /// clones run at once (at least 1). The default is the store's `max_queue`, at most 256:
     /// half of tokio's default blocking pool (512 threads), because each admission occupies a
     /// blocking thread while it waits for the store, and the calls that finish started requests
@@ -255,8 +260,8 @@ impl IdempotencyLayer {
     }
 }
 
-impl<S> Layer<S> for IdempotencyLayer {
-    type Service = IdempotencyService<S>;
+impl<S, B: Backend> Layer<S> for IdempotencyLayer<B> {
+    type Service = IdempotencyService<S, B>;
 
     fn layer(&self, inner: S) -> Self::Service {
         IdempotencyService {
@@ -271,7 +276,7 @@ impl<S> Layer<S> for IdempotencyLayer {
 pub(super) enum Disposition {
     /// Record it: as a terminal failure (`failure`: 4xx, 5xx) or as completed (the rest).
     Record {
-        /// Stored with [`Lease::fail`] rather than [`Lease::complete`].
+        /// Stored with the lease's `fail` rather than its `complete`.
         failure: bool,
     },
     /// Record nothing and release the key: a status `record_status` excludes (503 by
@@ -280,7 +285,7 @@ pub(super) enum Disposition {
 }
 
 /// The one place a status is judged: the user's `record_status` policy, then failure or not.
-pub(super) fn disposition(config: &Config, status: StatusCode) -> Disposition {
+pub(super) fn disposition<B>(config: &Config<B>, status: StatusCode) -> Disposition {
     if !(config.record_status)(status) {
         Disposition::Release
     } else {

@@ -10,14 +10,15 @@ use http::StatusCode;
 use parking_lot::Mutex;
 
 use super::answers::problem_response;
+use super::backend::BackendLease;
 use super::metrics::{Counters, bump};
 use super::problem;
-use crate::{Error, Lease, Response};
+use crate::{Error, Response};
 
 /// Runs on the blocking pool: fails (`failure`) or completes `lease` with `stored`, letting it
 /// lapse (not releasing it) if that fails.
-pub(super) fn finish_lease(
-    mut lease: Lease,
+pub(super) fn finish_lease<L: BackendLease>(
+    mut lease: L,
     failure: bool,
     stored: Response,
 ) -> Result<Response, Error> {
@@ -31,7 +32,7 @@ pub(super) fn finish_lease(
 
 /// Takes the lease out of its slot on the blocking pool: a heartbeat may hold the slot's lock
 /// during a disk write.
-pub(super) async fn take_lease(slot: &Arc<Slot>) -> Option<Lease> {
+pub(super) async fn take_lease<L: BackendLease>(slot: &Arc<Slot<L>>) -> Option<L> {
     let slot = Arc::clone(slot);
     blocking(move || slot.0.lock().take()).await.ok().flatten()
 }
@@ -68,8 +69,8 @@ fn transient(e: &Error) -> bool {
 /// before the deadline (two thirds of the lease away after a missed beat). Stops when the
 /// lease left its slot (finished or released), or on a failure no retry mends (the lease was
 /// lost, the store fail-stopped or is damaged).
-pub(super) fn spawn_heartbeat(
-    slot: &Arc<Slot>,
+pub(super) fn spawn_heartbeat<L: BackendLease>(
+    slot: &Arc<Slot<L>>,
     every: Duration,
     counters: Arc<Counters>,
 ) -> tokio::task::JoinHandle<()> {
@@ -112,7 +113,7 @@ pub(super) fn spawn_heartbeat(
 /// Owns the lease while the handler runs. The lease was marked to lapse when dropped
 /// unfinished, so if the last reference goes away with the lease still in it (the handler's
 /// task was cancelled), nothing is released: the key stays claimed until the deadline.
-pub(super) struct Slot(pub(super) Mutex<Option<Lease>>);
+pub(super) struct Slot<L>(pub(super) Mutex<Option<L>>);
 
 /// Runs a store call on the blocking pool; a panic there becomes a `500` problem.
 pub(super) async fn blocking<T: Send + 'static>(
@@ -132,7 +133,7 @@ pub(super) async fn blocking<T: Send + 'static>(
 mod tests {
     use super::*;
     use crate::error::StorageError;
-    use crate::{Begin, Request, Scope, Store};
+    use crate::{Begin, Lease, Request, Scope, Store};
 
     fn claimed(store: &Store) -> Lease {
         let req = Request::from_canonical_bytes(Scope::new("t", "POST /x"), "k", b"");

@@ -90,6 +90,7 @@
 
 mod admit;
 mod answers;
+mod backend;
 mod envelope;
 mod fingerprint;
 mod handle;
@@ -104,6 +105,7 @@ mod service;
 mod tenant;
 
 pub use answers::{PROBLEM_JSON, error_response, problem_response};
+pub use backend::{Backend, BackendLease};
 pub use fingerprint::fingerprint;
 pub use handle::{Idempotency, Recorded};
 pub use key::IDEMPOTENCY_KEY;

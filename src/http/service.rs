@@ -23,6 +23,7 @@ use super::answers::{
     error_response, handler_failed, in_flight, invalid_key, invalid_operation, misconfigured,
     overloaded, plain_response, problem_response,
 };
+use super::backend::{Backend, BackendLease};
 use super::envelope::fit_response;
 use super::fingerprint::fingerprint;
 use super::handle::Idempotency;
@@ -31,16 +32,16 @@ use super::lease::{Slot, blocking, finish_lease, spawn_heartbeat, take_lease};
 use super::metrics::bump;
 use super::problem;
 use super::replay::{expired, replay};
-use crate::{Begin, Lease, Request, Scope};
+use crate::{Begin, Request, Scope, Store};
 
 /// The service [`IdempotencyLayer`](super::IdempotencyLayer) wraps around an inner service.
 #[derive(Clone)]
-pub struct IdempotencyService<S> {
+pub struct IdempotencyService<S, B: Backend = Store> {
     pub(super) inner: S,
-    pub(super) config: Arc<Config>,
+    pub(super) config: Arc<Config<B>>,
 }
 
-impl<S: std::fmt::Debug> std::fmt::Debug for IdempotencyService<S> {
+impl<S: std::fmt::Debug, B: Backend> std::fmt::Debug for IdempotencyService<S, B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IdempotencyService")
             .field("inner", &self.inner)
@@ -52,11 +53,12 @@ impl<S: std::fmt::Debug> std::fmt::Debug for IdempotencyService<S> {
 pub type ResponseFuture<E> =
     Pin<Box<dyn Future<Output = Result<http::Response<Body>, E>> + Send + 'static>>;
 
-impl<S, B, RB> Service<http::Request<B>> for IdempotencyService<S>
+impl<S, ST, B, RB> Service<http::Request<B>> for IdempotencyService<S, ST>
 where
     S: Service<http::Request<Body>, Response = http::Response<RB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
+    ST: Backend,
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<crate::error::BoxError>,
     RB: http_body::Body<Data = Bytes> + Send + 'static,
@@ -92,8 +94,8 @@ where
 /// What the inner service answered, with its body boxed.
 struct Answer(http::Response<Body>);
 
-async fn handle<S, B, RB>(
-    config: Arc<Config>,
+async fn handle<S, ST, B, RB>(
+    config: Arc<Config<ST>>,
     inner: S,
     req: http::Request<B>,
 ) -> Result<http::Response<Body>, S::Error>
@@ -101,6 +103,7 @@ where
     S: Service<http::Request<Body>, Response = http::Response<RB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
+    ST: Backend,
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<crate::error::BoxError>,
     RB: http_body::Body<Data = Bytes> + Send + 'static,
@@ -193,14 +196,15 @@ where
 }
 
 /// Runs the handler under `lease` and records its answer.
-async fn run<S, RB>(
-    config: Arc<Config>,
+async fn run<S, ST, RB>(
+    config: Arc<Config<ST>>,
     inner: S,
     mut parts: Parts,
     body: Bytes,
-    mut lease: Lease,
+    mut lease: ST::Lease,
 ) -> Result<http::Response<Body>, S::Error>
 where
+    ST: Backend,
     S: Service<http::Request<Body>, Response = http::Response<RB>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
@@ -255,9 +259,9 @@ where
 
 /// Finishes the lease with the handler's answer (or passes through an answer the handler
 /// recorded itself through [`Idempotency::complete_with`]).
-async fn record(
-    config: &Config,
-    slot: &Arc<Slot>,
+async fn record<B: Backend>(
+    config: &Config<B>,
+    slot: &Arc<Slot<B::Lease>>,
     resp: http::Response<Body>,
 ) -> http::Response<Body> {
     let status = resp.status();
@@ -283,7 +287,10 @@ async fn record(
 
 /// The handler failed after it started: records a terminal `500` (its effect is unknown, so
 /// it must not run again) and returns that answer.
-async fn record_failure(config: &Config, slot: &Arc<Slot>) -> http::Response<Body> {
+async fn record_failure<B: Backend>(
+    config: &Config<B>,
+    slot: &Arc<Slot<B::Lease>>,
+) -> http::Response<Body> {
     let (status, headers, body) = handler_failed();
     // No lease in the slot: the handler recorded its own answer before failing.
     if let Some(lease) = take_lease(slot).await
@@ -297,9 +304,9 @@ async fn record_failure(config: &Config, slot: &Arc<Slot>) -> http::Response<Bod
 /// Records an answer with the lease (as a terminal failure if `failure`), fitted into the
 /// store's response cap; true if it was recorded. If recording fails the lease is dropped
 /// unfinished and lapses (it was marked so before the handler ran): never released.
-async fn finish(
-    config: &Config,
-    lease: Lease,
+async fn finish<B: Backend>(
+    config: &Config<B>,
+    lease: B::Lease,
     failure: bool,
     status: StatusCode,
     headers: &HeaderMap,

@@ -60,7 +60,7 @@ impl PgLease {
 
     /// Whether dropping this lease unfinished releases the key (`false`, the default) or lets
     /// the lease lapse at its deadline (`true`), as [`crate::Lease`]'s (used by the HTTP layer).
-    #[allow(dead_code)] // the HTTP layer on PostgreSQL (next commit)
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) fn lapse_on_drop(&mut self, lapse: bool) {
         self.lapse_on_drop = lapse;
     }
@@ -140,7 +140,7 @@ impl PgLease {
 
     /// Like [`PgLease::complete_with`], through `&mut self` (used by the HTTP layer): after a
     /// failure other than `LeaseLost` the caller still holds the unfinished lease.
-    #[allow(dead_code)] // the HTTP layer on PostgreSQL (next commit)
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) fn complete_with_held<F>(&mut self, f: F) -> Result<Response, Error>
     where
         F: for<'t> FnMut(&'t mut PgTx<'t>) -> Result<Response, Abort>,

@@ -22,8 +22,8 @@ pub fn pg_url() -> Option<String> {
     match std::env::var("IDEM_PG_URL") {
         Ok(url) if !url.is_empty() => Some(url),
         _ => {
-            let required = std::env::var_os("IDEM_REQUIRE_PG").is_some()
-                || std::env::var_os("CI").is_some();
+            let required =
+                std::env::var_os("IDEM_REQUIRE_PG").is_some() || std::env::var_os("CI").is_some();
             assert!(
                 !required,
                 "IDEM_PG_URL is not set but PostgreSQL tests are required here (IDEM_REQUIRE_PG or CI): \
@@ -72,7 +72,10 @@ impl PgHarness {
     }
 
     /// Custom settings (the manual clock and the schema are added by the harness).
-    pub fn with(label: &str, configure: impl FnOnce(PgStoreBuilder) -> PgStoreBuilder) -> Option<Self> {
+    pub fn with(
+        label: &str,
+        configure: impl FnOnce(PgStoreBuilder) -> PgStoreBuilder,
+    ) -> Option<Self> {
         let url = pg_url()?;
         let schema = fresh_schema(label);
         let clock = ManualClock::new(T0);

@@ -1,0 +1,222 @@
+//! The stores the layer runs on: [`Backend`] is what the layer needs of an engine (claim a key
+//! with a fenced lease, its limits, its clock), [`BackendLease`] what it needs of the lease.
+//! Implemented by the file store ([`Store`] and [`Lease`]) and, with the `postgres` feature,
+//! by the PostgreSQL store (`PgStore` and `PgLease`); sealed, so the layer's promises rest only
+//! on engines that keep the contract.
+
+use crate::model::keys::DownstreamKey;
+use crate::model::scope::Limits;
+use crate::{Abort, Begin, Error, Lease, Request, Response, Store, Timestamp, Tx};
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for crate::Store {}
+    impl Sealed for crate::Lease {}
+    #[cfg(feature = "postgres")]
+    impl Sealed for crate::postgres::PgStore {}
+    #[cfg(feature = "postgres")]
+    impl Sealed for crate::postgres::PgLease {}
+}
+
+/// A store the [`IdempotencyLayer`](super::IdempotencyLayer) can claim keys in: [`Store`] (one
+/// file) or `idem::postgres::PgStore` (a fleet on one PostgreSQL database). The layer behaves
+/// the same on both.
+pub trait Backend: sealed::Sealed + Clone + Send + Sync + 'static {
+    /// The store's fenced lease.
+    type Lease: BackendLease;
+
+    /// Claims the key of `request` with a lease, or answers without one (flow B's `begin`).
+    fn begin(&self, request: Request) -> Result<Begin<Self::Lease>, Error>;
+
+    /// The store's current time (the database server's, for PostgreSQL).
+    fn now(&self) -> Timestamp;
+
+    /// The name-length limits every request is checked against.
+    fn limits(&self) -> Limits;
+
+    /// The largest response body the store records.
+    fn max_response_bytes(&self) -> usize;
+
+    /// How many requests may wait for the next commit.
+    fn max_queue(&self) -> usize;
+}
+
+/// The lease a [`Backend`] hands out, as the layer uses it.
+pub trait BackendLease: sealed::Sealed + Send + 'static {
+    /// What a handler's [`Idempotency::complete_with`](super::Idempotency::complete_with)
+    /// closure gets to write through: `&Tx` on the file store, `&mut PgTx` on PostgreSQL.
+    type Tx<'t>;
+
+    /// The request the lease is for.
+    fn request(&self) -> &Request;
+
+    /// When the lease lapses unless heartbeated.
+    fn deadline(&self) -> Timestamp;
+
+    /// The key to send downstream (the same on every attempt).
+    fn downstream_key(&self) -> DownstreamKey;
+
+    /// Extends the lease.
+    fn heartbeat(&mut self) -> Result<Timestamp, Error>;
+
+    /// Records success.
+    fn complete(self, response: Response) -> Result<Response, Error>;
+
+    /// Records a terminal failure.
+    fn fail(self, response: Response) -> Result<Response, Error>;
+
+    /// Gives the key up now.
+    fn release(self) -> Result<(), Error>;
+
+    /// Dropped unfinished, lapse instead of releasing (the layer marks every lease so once a
+    /// handler may have caused an effect).
+    #[doc(hidden)]
+    fn lapse_on_drop(&mut self, lapse: bool);
+
+    /// Records the closure's answer with its writes, keeping the lease on a failure other than
+    /// `LeaseLost` (so the layer can record the failure itself).
+    #[doc(hidden)]
+    fn complete_with_held<F>(&mut self, f: F) -> Result<Response, Error>
+    where
+        F: for<'t> FnMut(Self::Tx<'t>) -> Result<Response, Abort>;
+}
+
+impl Backend for Store {
+    type Lease = Lease;
+
+    fn begin(&self, request: Request) -> Result<Begin<Lease>, Error> {
+        Store::begin(self, request)
+    }
+
+    fn now(&self) -> Timestamp {
+        Store::now(self)
+    }
+
+    fn limits(&self) -> Limits {
+        Store::limits(self)
+    }
+
+    fn max_response_bytes(&self) -> usize {
+        Store::max_response_bytes(self)
+    }
+
+    fn max_queue(&self) -> usize {
+        Store::max_queue(self)
+    }
+}
+
+impl BackendLease for Lease {
+    type Tx<'t> = &'t Tx<'t>;
+
+    fn request(&self) -> &Request {
+        Lease::request(self)
+    }
+
+    fn deadline(&self) -> Timestamp {
+        Lease::deadline(self)
+    }
+
+    fn downstream_key(&self) -> DownstreamKey {
+        Lease::downstream_key(self)
+    }
+
+    fn heartbeat(&mut self) -> Result<Timestamp, Error> {
+        Lease::heartbeat(self)
+    }
+
+    fn complete(self, response: Response) -> Result<Response, Error> {
+        Lease::complete(self, response)
+    }
+
+    fn fail(self, response: Response) -> Result<Response, Error> {
+        Lease::fail(self, response)
+    }
+
+    fn release(self) -> Result<(), Error> {
+        Lease::release(self)
+    }
+
+    fn lapse_on_drop(&mut self, lapse: bool) {
+        Lease::lapse_on_drop(self, lapse);
+    }
+
+    fn complete_with_held<F>(&mut self, mut f: F) -> Result<Response, Error>
+    where
+        F: for<'t> FnMut(&'t Tx<'t>) -> Result<Response, Abort>,
+    {
+        Lease::complete_with_held(self, |tx| f(tx))
+    }
+}
+
+#[cfg(feature = "postgres")]
+mod pg {
+    use super::*;
+    use crate::postgres::{PgLease, PgStore, PgTx};
+
+    impl Backend for PgStore {
+        type Lease = PgLease;
+
+        fn begin(&self, request: Request) -> Result<Begin<PgLease>, Error> {
+            PgStore::begin(self, request)
+        }
+
+        fn now(&self) -> Timestamp {
+            PgStore::now(self)
+        }
+
+        fn limits(&self) -> Limits {
+            PgStore::limits(self)
+        }
+
+        fn max_response_bytes(&self) -> usize {
+            PgStore::max_response_bytes(self)
+        }
+
+        fn max_queue(&self) -> usize {
+            PgStore::max_queue(self)
+        }
+    }
+
+    impl BackendLease for PgLease {
+        type Tx<'t> = &'t mut PgTx<'t>;
+
+        fn request(&self) -> &Request {
+            PgLease::request(self)
+        }
+
+        fn deadline(&self) -> Timestamp {
+            PgLease::deadline(self)
+        }
+
+        fn downstream_key(&self) -> DownstreamKey {
+            PgLease::downstream_key(self)
+        }
+
+        fn heartbeat(&mut self) -> Result<Timestamp, Error> {
+            PgLease::heartbeat(self)
+        }
+
+        fn complete(self, response: Response) -> Result<Response, Error> {
+            PgLease::complete(self, response)
+        }
+
+        fn fail(self, response: Response) -> Result<Response, Error> {
+            PgLease::fail(self, response)
+        }
+
+        fn release(self) -> Result<(), Error> {
+            PgLease::release(self)
+        }
+
+        fn lapse_on_drop(&mut self, lapse: bool) {
+            PgLease::lapse_on_drop(self, lapse);
+        }
+
+        fn complete_with_held<F>(&mut self, f: F) -> Result<Response, Error>
+        where
+            F: for<'t> FnMut(&'t mut PgTx<'t>) -> Result<Response, Abort>,
+        {
+            PgLease::complete_with_held(self, f)
+        }
+    }
+}
