@@ -1,10 +1,13 @@
-//! A small payments service on the `Idempotency-Key` layer, on one embedded store file.
+//! A small payments service on the `Idempotency-Key` layer, on one embedded store file, or
+//! (`--postgres URL`) on a PostgreSQL database shared by several replicas.
 //!
 //! ```text
 //! cargo run --release --example edge_service --features http [-- --help]
 //! ```
 //!
 //! Flags (`--help` lists them): `--data DIR` (default `./data`, the store is `DIR/idem.redb`),
+//! or `--postgres URL` (feature `postgres`: a fleet of replicas on one database, in schema
+//! `--pg-schema`, default `edge_service`),
 //! `--listen ADDR` (default `127.0.0.1:8080`), `--lease-ms` (default 30000: how long a request
 //! cut off by a crash blocks its key), `--header-timeout-ms` (10000), `--body-timeout-ms`
 //! (10000), `--request-timeout-ms` (30000) and `--grace-ms` (10000), see [`Timeouts`].
@@ -64,10 +67,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use clap::Parser;
-use idem::Store;
-use idem::http::{Idempotency, IdempotencyLayer, PROBLEM_JSON, Recorded, problem_response};
-use idem::outbox::{DispatcherHandle, DispatcherOptions, Event, OutboxEvent};
+use idem::http::{
+    Backend, BackendLease, Idempotency, IdempotencyLayer, PROBLEM_JSON, Recorded, problem_response,
+};
+use idem::outbox::{
+    DeadLetter, DispatcherHandle, DispatcherOptions, Event, OutboxEvent, Publisher,
+};
 use idem::redb::{ReadableTable, TableDefinition};
+use idem::{Abort, Store, Tx};
 use serde_json::{Value, json};
 
 /// Payment id → the payment as JSON (it carries its tenant).
@@ -139,24 +146,76 @@ impl Delivered {
     }
 }
 
-#[derive(Clone)]
-struct AppState {
-    store: Store,
+struct AppState<E> {
+    store: E,
     delivered: Delivered,
+}
+
+impl<E: Clone> Clone for AppState<E> {
+    fn clone(&self) -> Self {
+        AppState {
+            store: self.store.clone(),
+            delivered: self.delivered.clone(),
+        }
+    }
+}
+
+/// The transaction handle a handler writes through on engine `E` (`&Tx` on the file store,
+/// `&mut PgTx` on PostgreSQL).
+pub type TxOf<'t, E> = <<E as Backend>::Lease as BackendLease>::Tx<'t>;
+
+/// What the service needs of its store besides the layer's [`Backend`]: its reads and its
+/// dispatcher. Implemented by the file store ([`Store`]) and, with the `postgres` feature, by
+/// `idem::postgres::PgStore` (its tables in the store's schema, see `pg`).
+pub trait Engine: Backend {
+    /// The stored row of payment `id` (`{"tenant", "payment"}` as JSON), if any.
+    fn payment(&self, id: &str) -> Result<Option<String>, idem::error::BoxError>;
+    /// The tenant's ledger: its number of entries and their sum (`None` if it leaves `i64`).
+    fn ledger(&self, tenant: &str) -> Result<(u64, Option<i64>), idem::error::BoxError>;
+    /// The oldest `limit` undelivered events.
+    fn pending_events(&self, limit: usize) -> Result<Vec<OutboxEvent>, idem::Error>;
+    /// The oldest `limit` dead letters.
+    fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, idem::Error>;
+    /// Starts the store's outbox dispatcher.
+    fn start_dispatcher(
+        &self,
+        publisher: impl Publisher,
+        options: DispatcherOptions,
+    ) -> Result<DispatcherHandle, idem::Error>;
+}
+
+/// The bookings a handler makes inside the transaction that records its answer: implemented
+/// for each engine's transaction handle, so the payment logic ([`capture`], [`refund`]) is
+/// written once.
+pub trait Books {
+    /// The tenant's ledger total (0 for a new tenant), locked for this transaction.
+    fn total(&mut self, tenant: &str) -> Result<i64, Abort>;
+    /// The stored row of payment `id`.
+    fn payment(&mut self, id: &str) -> Result<Option<String>, Abort>;
+    /// Stores the row of payment `id`.
+    fn put_payment(&mut self, id: &str, row: &str) -> Result<(), Abort>;
+    /// Books the tenant's ledger entry `entry` (`{payment id}:capture`, `…:refund`) of `amount`
+    /// and sets the tenant's total to `total`.
+    fn book(&mut self, tenant: &str, entry: &str, amount: i64, total: i64) -> Result<(), Abort>;
+    /// Pushes an outbox event.
+    fn push(&mut self, event: Event) -> Result<(), Abort>;
 }
 
 /// The service's router on `store`: what `main` serves (inside [`with_timeouts`]), and what
 /// the tests drive in-process. `delivered` is shared with [`start_dispatcher`].
-pub fn app(store: Store, delivered: Delivered) -> Router {
+pub fn app<E: Engine>(store: E, delivered: Delivered) -> Router
+where
+    for<'t> TxOf<'t, E>: Books,
+{
     // `route_layer`: only matched routes are covered, and the layer sees the route template
     // (`POST /v1/payments/{id}/refund`), so the operation does not depend on the id.
     let idempotent = IdempotencyLayer::tenant_header(store.clone(), TENANT);
     Router::new()
-        .route("/v1/payments", post(create_payment))
-        .route("/v1/payments/{id}/refund", post(refund_payment))
-        .route("/v1/payments/{id}", get(get_payment))
-        .route("/v1/ledger", get(ledger))
-        .route("/v1/outbox", get(outbox))
+        .route("/v1/payments", post(create_payment::<E>))
+        .route("/v1/payments/{id}/refund", post(refund_payment::<E>))
+        .route("/v1/payments/{id}", get(get_payment::<E>))
+        .route("/v1/ledger", get(ledger::<E>))
+        .route("/v1/outbox", get(outbox::<E>))
         .route_layer(idempotent)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -325,12 +384,12 @@ async fn method_not_allowed(req: Request) -> Response {
 /// routes. Rejected with a 400 problem.
 struct Tenant(String);
 
-impl FromRequestParts<AppState> for Tenant {
+impl<E: Engine> FromRequestParts<AppState<E>> for Tenant {
     type Rejection = Response;
 
     async fn from_request_parts(
         parts: &mut Parts,
-        app: &AppState,
+        app: &AppState<E>,
     ) -> Result<Self, Self::Rejection> {
         let max = app.store.limits().max_tenant_len;
         match idem::http::tenant_from_header(&parts.headers, &HeaderName::from_static(TENANT), max)
@@ -374,13 +433,13 @@ impl<S: Send + Sync> FromRequestParts<S> for PaymentId {
 
 /// The layer's handle. It is always there on the routes under the layer; answered as a 500
 /// problem (nothing booked) if a route were ever served without it.
-struct Claimed(Idempotency);
+struct Claimed<E: Backend>(Idempotency<E>);
 
-impl<S: Send + Sync> FromRequestParts<S> for Claimed {
+impl<S: Send + Sync, E: Backend> FromRequestParts<S> for Claimed<E> {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        match parts.extensions.get::<Idempotency>() {
+        match parts.extensions.get::<Idempotency<E>>() {
             Some(idem) => Ok(Claimed(idem.clone())),
             None => Err(problem_response(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -426,117 +485,366 @@ fn ledger_out_of_range(total: i64, entry: i64) -> Recorded {
     )
 }
 
-async fn create_payment(
+async fn create_payment<E: Engine>(
     Tenant(tenant): Tenant,
-    Claimed(idem): Claimed,
+    Claimed(idem): Claimed<E>,
     body: axum::body::Bytes,
-) -> Response {
+) -> Response
+where
+    for<'t> TxOf<'t, E>: Books,
+{
     // The id derives from the idempotency key: the same on every attempt of this intent.
     let hex = idem.downstream_key().to_hex();
     let id = format!("pay_{}", hex.get(..20).unwrap_or(&hex));
-    idem.complete_with(move |tx| {
-        let new: NewPayment = match serde_json::from_slice(&body) {
-            Ok(p) => p,
-            Err(e) => {
-                return Ok(invalid(&format!(
-                    "expected {{\"account\", \"amount\", \"currency\"}}: {e}"
-                )));
-            }
-        };
-        if !(1..=MAX_AMOUNT).contains(&new.amount) {
-            return Ok(recorded_problem(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                problem::AMOUNT_OUT_OF_RANGE,
-                "Amount out of range",
-                &format!(
-                    "amount is {}; it must be an integer number of minor units from 1 to \
-                     {MAX_AMOUNT}",
-                    new.amount
-                ),
-            ));
-        }
-        if new.currency.len() != 3 || new.account.is_empty() {
-            return Ok(invalid(
-                "currency must be a 3-letter code, account non-empty",
-            ));
-        }
-        // Checked before any write: a 4xx is recorded with the closure's writes, so nothing
-        // may be written on the refusal path.
-        let mut totals = tx.open_table(LEDGER_TOTALS)?;
-        let total = totals.get(tenant.as_str())?.map_or(0, |v| v.value());
-        let Some(new_total) = total.checked_add(new.amount) else {
-            return Ok(ledger_out_of_range(total, new.amount));
-        };
-        let payment = json!({
-            "id": id, "account": new.account, "amount": new.amount,
-            "currency": new.currency, "status": "captured",
-        });
-        let stored = json!({"tenant": tenant, "payment": payment}).to_string();
-        tx.open_table(PAYMENTS)?
-            .insert(id.as_str(), stored.as_str())?;
-        let entry = format!("{tenant}\0{id}:capture");
-        tx.open_table(LEDGER)?.insert(entry.as_str(), new.amount)?;
-        totals.insert(tenant.as_str(), new_total)?;
-        tx.outbox()
-            .push(payment_event("payment.captured", &tenant, &id, &payment))?;
-        let mut answer = Recorded::json(StatusCode::CREATED, &payment);
-        if let Ok(loc) = format!("/v1/payments/{id}").parse() {
-            answer.headers.insert(LOCATION, loc);
-        }
-        Ok(answer)
-    })
-    .await
+    idem.complete_with(move |mut tx| capture(&mut tx, &tenant, &id, &body))
+        .await
 }
 
-async fn refund_payment(
+/// Books a new payment `id` for `tenant` from the request `body`, in the transaction that
+/// records the answer.
+pub fn capture(
+    books: &mut impl Books,
+    tenant: &str,
+    id: &str,
+    body: &[u8],
+) -> Result<Recorded, Abort> {
+    let new: NewPayment = match serde_json::from_slice(body) {
+        Ok(p) => p,
+        Err(e) => {
+            return Ok(invalid(&format!(
+                "expected {{\"account\", \"amount\", \"currency\"}}: {e}"
+            )));
+        }
+    };
+    if !(1..=MAX_AMOUNT).contains(&new.amount) {
+        return Ok(recorded_problem(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            problem::AMOUNT_OUT_OF_RANGE,
+            "Amount out of range",
+            &format!(
+                "amount is {}; it must be an integer number of minor units from 1 to \
+                 {MAX_AMOUNT}",
+                new.amount
+            ),
+        ));
+    }
+    if new.currency.len() != 3 || new.account.is_empty() {
+        return Ok(invalid(
+            "currency must be a 3-letter code, account non-empty",
+        ));
+    }
+    // Checked before any write: a 4xx is recorded with the closure's writes, so nothing may be
+    // written on the refusal path.
+    let total = books.total(tenant)?;
+    let Some(new_total) = total.checked_add(new.amount) else {
+        return Ok(ledger_out_of_range(total, new.amount));
+    };
+    let payment = json!({
+        "id": id, "account": new.account, "amount": new.amount,
+        "currency": new.currency, "status": "captured",
+    });
+    let stored = json!({"tenant": tenant, "payment": payment}).to_string();
+    books.put_payment(id, &stored)?;
+    books.book(tenant, &format!("{id}:capture"), new.amount, new_total)?;
+    books.push(payment_event("payment.captured", tenant, id, &payment))?;
+    let mut answer = Recorded::json(StatusCode::CREATED, &payment);
+    if let Ok(loc) = format!("/v1/payments/{id}").parse() {
+        answer.headers.insert(LOCATION, loc);
+    }
+    Ok(answer)
+}
+
+async fn refund_payment<E: Engine>(
     Tenant(tenant): Tenant,
     PaymentId(id): PaymentId,
-    Claimed(idem): Claimed,
-) -> Response {
-    idem.complete_with(move |tx| {
-        let mut payments = tx.open_table(PAYMENTS)?;
-        let found = payments.get(id.as_str())?.map(|v| v.value().to_owned());
-        let Some(mut row) = found
-            .and_then(|s| serde_json::from_str::<Value>(&s).ok())
-            .filter(|row| row["tenant"] == tenant.as_str())
+    Claimed(idem): Claimed<E>,
+) -> Response
+where
+    for<'t> TxOf<'t, E>: Books,
+{
+    idem.complete_with(move |mut tx| refund(&mut tx, &tenant, &id))
+        .await
+}
+
+/// Refunds payment `id` of `tenant` (once: a refunded payment answers as it is), in the
+/// transaction that records the answer.
+pub fn refund(books: &mut impl Books, tenant: &str, id: &str) -> Result<Recorded, Abort> {
+    let found = books.payment(id)?;
+    let Some(mut row) = found
+        .and_then(|s| serde_json::from_str::<Value>(&s).ok())
+        .filter(|row| row["tenant"] == tenant)
+    else {
+        return Ok(recorded_problem(
+            StatusCode::NOT_FOUND,
+            problem::NO_SUCH_PAYMENT,
+            "No such payment",
+            "no payment with this id for this tenant",
+        ));
+    };
+    let captured = row["payment"]["status"] == "captured";
+    if let Some(payment) = row.get_mut("payment").and_then(Value::as_object_mut)
+        && captured
+    {
+        // Stored amounts were range-checked when captured; `checked_neg` and `checked_add`
+        // still refuse a row that would not fit rather than wrap.
+        let amount = payment.get("amount").and_then(Value::as_i64).unwrap_or(0);
+        let total = books.total(tenant)?;
+        let Some((entry, new_total)) = amount
+            .checked_neg()
+            .and_then(|entry| Some((entry, total.checked_add(entry)?)))
         else {
-            return Ok(recorded_problem(
-                StatusCode::NOT_FOUND,
-                problem::NO_SUCH_PAYMENT,
-                "No such payment",
-                "no payment with this id for this tenant",
-            ));
+            return Ok(ledger_out_of_range(total, amount.saturating_neg()));
         };
-        let captured = row["payment"]["status"] == "captured";
-        if let Some(payment) = row.get_mut("payment").and_then(Value::as_object_mut)
-            && captured
-        {
-            // Stored amounts were range-checked when captured; `checked_neg` and `checked_sub`
-            // still refuse a row that would not fit rather than wrap.
-            let amount = payment.get("amount").and_then(Value::as_i64).unwrap_or(0);
-            let mut totals = tx.open_table(LEDGER_TOTALS)?;
-            let total = totals.get(tenant.as_str())?.map_or(0, |v| v.value());
-            let Some((entry, new_total)) = amount
-                .checked_neg()
-                .and_then(|entry| Some((entry, total.checked_add(entry)?)))
-            else {
-                return Ok(ledger_out_of_range(total, amount.saturating_neg()));
-            };
-            payment.insert("status".into(), json!("refunded"));
-            payments.insert(id.as_str(), row.to_string().as_str())?;
-            let key = format!("{tenant}\0{id}:refund");
-            tx.open_table(LEDGER)?.insert(key.as_str(), entry)?;
-            totals.insert(tenant.as_str(), new_total)?;
-            tx.outbox().push(payment_event(
-                "payment.refunded",
-                &tenant,
-                &id,
-                &row["payment"],
-            ))?;
+        payment.insert("status".into(), json!("refunded"));
+        books.put_payment(id, &row.to_string())?;
+        books.book(tenant, &format!("{id}:refund"), entry, new_total)?;
+        books.push(payment_event(
+            "payment.refunded",
+            tenant,
+            id,
+            &row["payment"],
+        ))?;
+    }
+    Ok(Recorded::json(StatusCode::OK, &row["payment"]))
+}
+
+/// The file store's bookings: redb tables in the store's file.
+impl Books for &Tx<'_> {
+    fn total(&mut self, tenant: &str) -> Result<i64, Abort> {
+        let totals = self.open_table(LEDGER_TOTALS)?;
+        Ok(totals.get(tenant)?.map_or(0, |v| v.value()))
+    }
+
+    fn payment(&mut self, id: &str) -> Result<Option<String>, Abort> {
+        let payments = self.open_table(PAYMENTS)?;
+        Ok(payments.get(id)?.map(|v| v.value().to_owned()))
+    }
+
+    fn put_payment(&mut self, id: &str, row: &str) -> Result<(), Abort> {
+        self.open_table(PAYMENTS)?.insert(id, row)?;
+        Ok(())
+    }
+
+    fn book(&mut self, tenant: &str, entry: &str, amount: i64, total: i64) -> Result<(), Abort> {
+        let key = format!("{tenant}\0{entry}");
+        self.open_table(LEDGER)?.insert(key.as_str(), amount)?;
+        self.open_table(LEDGER_TOTALS)?.insert(tenant, total)?;
+        Ok(())
+    }
+
+    fn push(&mut self, event: Event) -> Result<(), Abort> {
+        self.outbox().push(event)?;
+        Ok(())
+    }
+}
+
+impl Engine for Store {
+    fn payment(&self, id: &str) -> Result<Option<String>, idem::error::BoxError> {
+        let txn = self.begin_read()?;
+        let table = match txn.open_table(PAYMENTS) {
+            Ok(t) => t,
+            Err(idem::redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        Ok(table.get(id)?.map(|v| v.value().to_owned()))
+    }
+
+    fn ledger(&self, tenant: &str) -> Result<(u64, Option<i64>), idem::error::BoxError> {
+        let txn = self.begin_read()?;
+        let table = match txn.open_table(LEDGER) {
+            Ok(t) => t,
+            Err(idem::redb::TableError::TableDoesNotExist(_)) => return Ok((0, Some(0))),
+            Err(e) => return Err(e.into()),
+        };
+        let (from, to) = (format!("{tenant}\0"), format!("{tenant}\u{1}"));
+        let mut entries = 0u64;
+        let mut total = Some(0i64);
+        for row in table.range(from.as_str()..to.as_str())? {
+            let (_, amount) = row?;
+            entries += 1;
+            total = total.and_then(|t| t.checked_add(amount.value()));
         }
-        Ok(Recorded::json(StatusCode::OK, &row["payment"]))
-    })
-    .await
+        Ok((entries, total))
+    }
+
+    fn pending_events(&self, limit: usize) -> Result<Vec<OutboxEvent>, idem::Error> {
+        Store::pending_events(self, limit)
+    }
+
+    fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, idem::Error> {
+        Store::dead_letters(self, limit)
+    }
+
+    fn start_dispatcher(
+        &self,
+        publisher: impl Publisher,
+        options: DispatcherOptions,
+    ) -> Result<DispatcherHandle, idem::Error> {
+        Store::start_dispatcher(self, publisher, options)
+    }
+}
+
+/// The service on PostgreSQL (`--postgres URL`): idem's tables and the service's own
+/// (`payments`, `ledger`, `ledger_totals`) in one PostgreSQL schema (`--pg-schema`), so every
+/// replica of the service on that database shares the keys, the payments and the outbox.
+#[cfg(feature = "postgres")]
+pub mod pg {
+    use std::sync::OnceLock;
+    use std::time::Duration;
+
+    use idem::Abort;
+    use idem::outbox::{
+        DeadLetter, DispatcherHandle, DispatcherOptions, Event, OutboxEvent, Publisher,
+    };
+    use idem::postgres::{PgStore, PgTx};
+
+    use super::{Books, Engine};
+
+    /// The schema of the service's tables (one per process: set once, by [`open_store`]).
+    static SCHEMA: OnceLock<String> = OnceLock::new();
+
+    fn table(name: &str) -> String {
+        format!(
+            "{}.{name}",
+            SCHEMA.get().map_or("edge_service", String::as_str)
+        )
+    }
+
+    /// Opens the store on `url` in `schema` (created with its tables if missing), with sweeps
+    /// every 10 minutes and `lease` as the lease duration.
+    pub fn open_store(
+        url: &str,
+        schema: &str,
+        lease: Duration,
+    ) -> Result<PgStore, Box<dyn std::error::Error>> {
+        if SCHEMA.get_or_init(|| schema.to_owned()) != schema {
+            return Err("one process serves one PostgreSQL schema".into());
+        }
+        let store = PgStore::builder(url)
+            .schema(schema)
+            .sweep_interval(Duration::from_secs(600))
+            .lease_duration(lease)
+            .open()?;
+        let mut client = postgres::Client::connect(url, postgres::NoTls)?;
+        client.batch_execute(&format!(
+            "CREATE TABLE IF NOT EXISTS {p} (id text PRIMARY KEY, row text NOT NULL);
+             CREATE TABLE IF NOT EXISTS {l} (tenant text NOT NULL, entry text NOT NULL, amount int8 NOT NULL, PRIMARY KEY (tenant, entry));
+             CREATE TABLE IF NOT EXISTS {t} (tenant text PRIMARY KEY, total int8 NOT NULL);",
+            p = table("payments"),
+            l = table("ledger"),
+            t = table("ledger_totals"),
+        ))?;
+        Ok(store)
+    }
+
+    /// The bookings on PostgreSQL: the service's tables, in the store's transaction.
+    impl Books for &mut PgTx<'_> {
+        fn total(&mut self, tenant: &str) -> Result<i64, Abort> {
+            let totals = table("ledger_totals");
+            // The tenant's row exists and is locked from here on: concurrent bookings of one
+            // tenant take turns, so the checked sum is never computed from a stale total.
+            self.execute(
+                &format!("INSERT INTO {totals} (tenant, total) VALUES ($1, 0) ON CONFLICT (tenant) DO NOTHING"),
+                &[&tenant],
+            )?;
+            let row = self.query_one(
+                &format!("SELECT total FROM {totals} WHERE tenant = $1 FOR UPDATE"),
+                &[&tenant],
+            )?;
+            Ok(row.get(0))
+        }
+
+        fn payment(&mut self, id: &str) -> Result<Option<String>, Abort> {
+            let row = self.query_opt(
+                &format!(
+                    "SELECT row FROM {} WHERE id = $1 FOR UPDATE",
+                    table("payments")
+                ),
+                &[&id],
+            )?;
+            Ok(row.map(|r| r.get(0)))
+        }
+
+        fn put_payment(&mut self, id: &str, row: &str) -> Result<(), Abort> {
+            self.execute(
+                &format!(
+                    "INSERT INTO {} (id, row) VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET row = EXCLUDED.row",
+                    table("payments")
+                ),
+                &[&id, &row],
+            )?;
+            Ok(())
+        }
+
+        fn book(
+            &mut self,
+            tenant: &str,
+            entry: &str,
+            amount: i64,
+            total: i64,
+        ) -> Result<(), Abort> {
+            self.execute(
+                &format!(
+                    "INSERT INTO {} (tenant, entry, amount) VALUES ($1, $2, $3)",
+                    table("ledger")
+                ),
+                &[&tenant, &entry, &amount],
+            )?;
+            self.execute(
+                &format!(
+                    "UPDATE {} SET total = $2 WHERE tenant = $1",
+                    table("ledger_totals")
+                ),
+                &[&tenant, &total],
+            )?;
+            Ok(())
+        }
+
+        fn push(&mut self, event: Event) -> Result<(), Abort> {
+            self.outbox().push(event)?;
+            Ok(())
+        }
+    }
+
+    impl Engine for PgStore {
+        fn payment(&self, id: &str) -> Result<Option<String>, idem::error::BoxError> {
+            let mut c = self.client()?;
+            let row = c.query_opt(
+                &format!("SELECT row FROM {} WHERE id = $1", table("payments")),
+                &[&id],
+            )?;
+            Ok(row.map(|r| r.get(0)))
+        }
+
+        fn ledger(&self, tenant: &str) -> Result<(u64, Option<i64>), idem::error::BoxError> {
+            let mut c = self.client()?;
+            // numeric: the sum of i64 entries never overflows here; one that leaves i64 is None.
+            let row = c.query_one(
+                &format!(
+                    "SELECT count(*), CASE WHEN sum(amount::numeric) BETWEEN -9223372036854775808 AND 9223372036854775807 THEN coalesce(sum(amount), 0)::int8 END FROM {} WHERE tenant = $1",
+                    table("ledger")
+                ),
+                &[&tenant],
+            )?;
+            Ok((u64::try_from(row.get::<_, i64>(0)).unwrap_or(0), row.get(1)))
+        }
+
+        fn pending_events(&self, limit: usize) -> Result<Vec<OutboxEvent>, idem::Error> {
+            PgStore::pending_events(self, limit)
+        }
+
+        fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, idem::Error> {
+            PgStore::dead_letters(self, limit)
+        }
+
+        fn start_dispatcher(
+            &self,
+            publisher: impl Publisher,
+            options: DispatcherOptions,
+        ) -> Result<DispatcherHandle, idem::Error> {
+            PgStore::start_dispatcher(self, publisher, options)
+        }
+    }
 }
 
 /// The outbox event of a payment state change: ordered per payment, so a consumer never sees
@@ -573,11 +881,12 @@ pub fn describe(event: &OutboxEvent) -> String {
 /// Starts the outbox dispatcher of the service: its publisher prints each event on stdout
 /// ([`describe`]), counts it in `delivered` and reports it delivered. A real service would
 /// send it to its broker here.
-pub fn start_dispatcher(
-    store: &Store,
+pub fn start_dispatcher<E: Engine>(
+    store: &E,
     delivered: Delivered,
 ) -> Result<DispatcherHandle, idem::Error> {
-    store.start_dispatcher(
+    Engine::start_dispatcher(
+        store,
         move |event: &OutboxEvent| -> Result<(), idem::error::BoxError> {
             use std::io::Write;
             let mut out = std::io::stdout().lock();
@@ -609,21 +918,12 @@ async fn read<T: Send + 'static>(
     }
 }
 
-async fn get_payment(
-    State(app): State<AppState>,
+async fn get_payment<E: Engine>(
+    State(app): State<AppState<E>>,
     Tenant(tenant): Tenant,
     PaymentId(id): PaymentId,
 ) -> Response {
-    let row = read(move || {
-        let txn = app.store.begin_read()?;
-        let table = match txn.open_table(PAYMENTS) {
-            Ok(t) => t,
-            Err(idem::redb::TableError::TableDoesNotExist(_)) => return Ok(None),
-            Err(e) => return Err(e.into()),
-        };
-        Ok(table.get(id.as_str())?.map(|v| v.value().to_owned()))
-    })
-    .await;
+    let row = read(move || app.store.payment(&id)).await;
     match row {
         Err(resp) => resp,
         Ok(row) => match row.and_then(|s| serde_json::from_str::<Value>(&s).ok()) {
@@ -642,25 +942,8 @@ async fn get_payment(
 
 /// The tenant's ledger, summed with checked arithmetic: `None` when the sum leaves `i64`
 /// (impossible for entries this service wrote, which [`LEDGER_TOTALS`] bounds).
-async fn ledger(State(app): State<AppState>, Tenant(tenant): Tenant) -> Response {
-    let counted = read(move || {
-        let txn = app.store.begin_read()?;
-        let table = match txn.open_table(LEDGER) {
-            Ok(t) => t,
-            Err(idem::redb::TableError::TableDoesNotExist(_)) => return Ok((0u64, Some(0i64))),
-            Err(e) => return Err(e.into()),
-        };
-        let (from, to) = (format!("{tenant}\0"), format!("{tenant}\u{1}"));
-        let mut entries = 0u64;
-        let mut total = Some(0i64);
-        for row in table.range(from.as_str()..to.as_str())? {
-            let (_, amount) = row?;
-            entries += 1;
-            total = total.and_then(|t| t.checked_add(amount.value()));
-        }
-        Ok((entries, total))
-    })
-    .await;
+async fn ledger<E: Engine>(State(app): State<AppState<E>>, Tenant(tenant): Tenant) -> Response {
+    let counted = read(move || app.store.ledger(&tenant)).await;
     match counted {
         Ok((entries, Some(total))) => {
             Json(json!({"entries": entries, "total": total})).into_response()
@@ -680,7 +963,7 @@ async fn ledger(State(app): State<AppState>, Tenant(tenant): Tenant) -> Response
 
 /// The tenant's outbox: its undelivered events and dead letters (counted among the oldest
 /// [`OUTBOX_SCAN`] of each), and its events this process delivered.
-async fn outbox(State(app): State<AppState>, Tenant(tenant): Tenant) -> Response {
+async fn outbox<E: Engine>(State(app): State<AppState<E>>, Tenant(tenant): Tenant) -> Response {
     let delivered = app.delivered.of(&tenant);
     let counted = read(move || {
         let ours = |e: &OutboxEvent| header(e, "tenant") == Some(tenant.as_str());
@@ -738,6 +1021,14 @@ pub struct Args {
     /// they are cut off (exit status 3).
     #[arg(long, value_name = "MS", default_value_t = 10_000)]
     pub grace_ms: u64,
+    /// Run on this PostgreSQL database instead of the store file (e.g.
+    /// postgresql://app@db/payments): every replica started with the same URL and schema shares
+    /// the keys, the payments and the outbox. Needs the `postgres` feature.
+    #[arg(long, value_name = "URL")]
+    pub postgres: Option<String>,
+    /// With --postgres: the PostgreSQL schema of idem's tables and the service's own.
+    #[arg(long, value_name = "NAME", default_value = "edge_service")]
+    pub pg_schema: String,
 }
 
 impl Args {
@@ -829,19 +1120,59 @@ async fn run(args: Args) -> Result<Stopped, String> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| bind_error(args.listen, &e))?;
-    let store = open_store(&args.data, Duration::from_millis(args.lease_ms))
-        .map_err(|e| format!("cannot open the store in {}: {e}", args.data.display()))?;
+    let lease = Duration::from_millis(args.lease_ms);
+    match args.postgres.clone() {
+        None => {
+            let store = open_store(&args.data, lease)
+                .map_err(|e| format!("cannot open the store in {}: {e}", args.data.display()))?;
+            let what = format!("store {}", args.data.join("idem.redb").display());
+            serve_on(args, listener, store, what).await
+        }
+        #[cfg(feature = "postgres")]
+        Some(url) => {
+            let schema = args.pg_schema.clone();
+            let opened = tokio::task::spawn_blocking(move || {
+                pg::open_store(&url, &schema, lease).map_err(|e| e.to_string())
+            })
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r);
+            let store = opened.map_err(|e| format!("cannot open the PostgreSQL store: {e}"))?;
+            let what = format!("PostgreSQL schema {}", args.pg_schema);
+            serve_on(args, listener, store, what).await
+        }
+        #[cfg(not(feature = "postgres"))]
+        Some(_) => Err(
+            "this build has no PostgreSQL engine: build the example with \
+             --features http,postgres"
+                .into(),
+        ),
+    }
+}
+
+/// Serves the service on `store` until SIGTERM or ctrl-c, with its dispatcher.
+async fn serve_on<E: Engine>(
+    args: Args,
+    listener: tokio::net::TcpListener,
+    store: E,
+    what: String,
+) -> Result<Stopped, String>
+where
+    for<'t> TxOf<'t, E>: Books,
+{
     let delivered = Delivered::default();
-    let dispatcher = start_dispatcher(&store, delivered.clone())
-        .map_err(|e| format!("cannot start the outbox dispatcher: {e}"))?;
+    let dispatcher = {
+        let (store, delivered) = (store.clone(), delivered.clone());
+        tokio::task::spawn_blocking(move || start_dispatcher(&store, delivered))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("cannot start the outbox dispatcher: {e}"))?
+    };
     let addr = listener
         .local_addr()
         .map_err(|e| format!("cannot read the listening address: {e}"))?;
     let signal = shutdown_signal();
-    eprintln!(
-        "edge_service: listening on http://{addr} (store {})",
-        args.data.join("idem.redb").display()
-    );
+    eprintln!("edge_service: listening on http://{addr} ({what})");
     let timeouts = args.timeouts();
     let router = with_timeouts(app(store.clone(), delivered), &timeouts);
     let stopped = serve(listener, router, &timeouts, async {
@@ -858,7 +1189,8 @@ async fn run(args: Args) -> Result<Stopped, String> {
         Ok(Err(e)) => eprintln!("edge_service: outbox dispatcher: {e}"),
         Err(e) => eprintln!("edge_service: outbox dispatcher: {e}"),
     }
-    drop(store);
+    // Closed on the blocking pool: closing may block (the file store's final fsync).
+    let _ = tokio::task::spawn_blocking(move || drop(store)).await;
     Ok(stopped)
 }
 

@@ -13,7 +13,7 @@ use crate::error::{Error, StorageError};
 
 /// One pooled connection: the client and the statements prepared on it.
 pub(crate) struct Conn {
-    pub(crate) client: Client,
+    pub(crate) client: OwnedClient,
     statements: HashMap<String, Statement>,
     /// A connection-level failure was seen on it: the pool discards it instead of reusing it.
     broken: bool,
@@ -64,7 +64,7 @@ impl r2d2::ManageConnection for Manager {
         let mut client = self.config.connect(NoTls)?;
         client.batch_execute("SET bytea_output = 'hex'; SET application_name = 'idem'")?;
         Ok(Conn {
-            client,
+            client: OwnedClient(Some(client)),
             statements: HashMap::new(),
             broken: false,
         })
@@ -76,6 +76,46 @@ impl r2d2::ManageConnection for Manager {
 
     fn has_broken(&self, conn: &mut Conn) -> bool {
         conn.is_broken()
+    }
+}
+
+/// A `postgres::Client` that is closed on a thread of its own when dropped. The synchronous
+/// client runs a runtime of its own and blocks on it to close: dropped inside an async task (a
+/// store dropped by a tokio handler, at shutdown) that would panic ("cannot start a runtime from
+/// within a runtime"), so the close never runs on the dropping thread.
+pub(crate) struct OwnedClient(Option<Client>);
+
+impl std::ops::Deref for OwnedClient {
+    type Target = Client;
+
+    #[allow(clippy::expect_used)]
+    fn deref(&self) -> &Client {
+        // Invariant: the client is `Some` from construction until `drop` takes it.
+        self.0
+            .as_ref()
+            .expect("the client is present until dropped")
+    }
+}
+
+impl std::ops::DerefMut for OwnedClient {
+    #[allow(clippy::expect_used)]
+    fn deref_mut(&mut self) -> &mut Client {
+        // Invariant: the client is `Some` from construction until `drop` takes it.
+        self.0
+            .as_mut()
+            .expect("the client is present until dropped")
+    }
+}
+
+impl Drop for OwnedClient {
+    fn drop(&mut self) {
+        if let Some(client) = self.0.take() {
+            // If no thread can be started, the client closes here (outside an async task that
+            // is harmless; inside one, losing the close beats a panic in a destructor).
+            let _ = std::thread::Builder::new()
+                .name("idem-pg-close".into())
+                .spawn(move || drop(client));
+        }
     }
 }
 

@@ -50,5 +50,5 @@ pub(crate) mod tx;
 pub use builder::PgStoreBuilder;
 pub use lease::PgLease;
 pub use outbox::{PgOutbox, PgVersions};
-pub use store::PgStore;
+pub use store::{PgClient, PgStore};
 pub use tx::PgTx;

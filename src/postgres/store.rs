@@ -80,6 +80,10 @@ impl Drop for Inner {
 /// record is re-read under a row lock inside the transaction that writes it, leases are fenced
 /// by their holder token in the `UPDATE … WHERE holder = …` itself, and every decision uses the
 /// database server's clock, so no node's clock can free a key early or steal a lease.
+///
+/// Every call blocks for its round trips to the server (and the commit's fsync there). From
+/// async code, run calls on the blocking pool (`tokio::task::spawn_blocking`), as the HTTP
+/// layer does: the synchronous client refuses to block inside an async task (it panics).
 #[derive(Clone)]
 pub struct PgStore {
     pub(crate) inner: Arc<Inner>,
@@ -326,6 +330,14 @@ impl PgStore {
         &self.inner.sql.schema
     }
 
+    /// A connection from the store's pool for your own statements outside idem's transactions
+    /// (e.g. reading the rows a flow-A closure wrote, to serve a `GET`): the counterpart of the
+    /// file store's `begin_read`. It goes back to the pool when dropped. Writes made through it
+    /// are not atomic with any idempotency record: make them in a closure instead.
+    pub fn client(&self) -> Result<PgClient, Error> {
+        Ok(PgClient(self.connection()?))
+    }
+
     // ---- shared plumbing ----
 
     pub(crate) fn sql(&self) -> &Sql {
@@ -533,5 +545,29 @@ impl PgStore {
         t[..8].copy_from_slice(&self.inner.instance);
         t[8..].copy_from_slice(&n.to_be_bytes());
         HolderToken(t)
+    }
+}
+
+/// A pooled connection lent by [`PgStore::client`]: a `postgres::Client` (through `Deref`),
+/// returned to the pool when dropped.
+pub struct PgClient(Pooled);
+
+impl std::ops::Deref for PgClient {
+    type Target = postgres::Client;
+
+    fn deref(&self) -> &postgres::Client {
+        &self.0.client
+    }
+}
+
+impl std::ops::DerefMut for PgClient {
+    fn deref_mut(&mut self) -> &mut postgres::Client {
+        &mut self.0.client
+    }
+}
+
+impl std::fmt::Debug for PgClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgClient").finish_non_exhaustive()
     }
 }

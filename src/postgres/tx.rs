@@ -201,9 +201,30 @@ fn statement_failed(e: &postgres::Error) -> Error {
     let retry = classify(e) == Failure::Retry;
     Error::Storage {
         source: StorageError::new(StatementFailed {
-            message: e.to_string(),
+            message: describe(e),
             retry,
         }),
+    }
+}
+
+/// A client error with the server's own words (`postgres::Error`'s display is only "db error"):
+/// severity, message, detail and SQLSTATE.
+pub(crate) fn describe(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => {
+            let mut text = format!(
+                "{}: {} (SQLSTATE {})",
+                db.severity(),
+                db.message(),
+                db.code().code()
+            );
+            if let Some(detail) = db.detail() {
+                text.push_str(": ");
+                text.push_str(detail);
+            }
+            text
+        }
+        None => e.to_string(),
     }
 }
 
