@@ -134,7 +134,68 @@ enum Command {
         #[command(subcommand)]
         command: OutboxCommand,
     },
+    /// A store on a PostgreSQL database (the `postgres` feature): create or check its schema,
+    /// counts, one record, purge, a sweep pass.
+    #[cfg(feature = "postgres")]
+    Pg {
+        #[command(flatten)]
+        db: PgArgs,
+        #[command(subcommand)]
+        command: PgCommand,
+    },
 }
+
+/// Where a PostgreSQL store is.
+#[cfg(feature = "postgres")]
+#[derive(clap::Args)]
+struct PgArgs {
+    /// The database (postgresql://user@host:port/db).
+    #[arg(long)]
+    url: String,
+    /// The PostgreSQL schema of idem's tables.
+    #[arg(long, default_value = "idem")]
+    schema: String,
+}
+
+#[cfg(feature = "postgres")]
+#[derive(Subcommand)]
+enum PgCommand {
+    /// Creates the schema's tables if they are missing, or checks their version (what every
+    /// store does when it opens); prints the schema version.
+    Migrate,
+    /// Records by stored state, records due for a sweep, the outbox backlog and dead letters of
+    /// the whole fleet.
+    #[command(after_help = PG_STATS_JSON_FIELDS)]
+    Stats {
+        /// One JSON object on stdout instead of the text lines (fields below).
+        #[arg(long)]
+        json: bool,
+    },
+    /// One record, as `idem get` prints it. An absent key prints `absent` and exits 1.
+    Get {
+        #[command(flatten)]
+        id: KeyArgs,
+        /// Also print the stored response body (the HTTP layer's envelope decoded).
+        #[arg(long)]
+        body: bool,
+        /// One JSON object on stdout (the fields of `idem get --json`).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Removes one record: the key becomes free and a retry of the intent RUNS AGAIN.
+    Purge {
+        #[command(flatten)]
+        id: KeyArgs,
+    },
+    /// One sweep pass (bounded batches; safe while the fleet runs).
+    Sweep,
+}
+
+/// The fields of `pg stats --json`.
+#[cfg(feature = "postgres")]
+const PG_STATS_JSON_FIELDS: &str = "\
+JSON (--json): one object on stdout with the fields of `idem stats --json`, except that `file` \
+and `file_bytes` are replaced by `schema` (the PostgreSQL schema).";
 
 #[derive(Subcommand)]
 enum OutboxCommand {
@@ -663,6 +724,86 @@ fn run<W: Write>(cli: &Cli, o: &mut Out<W>) -> Result<(), Failure> {
             output?;
         }
         Command::Outbox { command } => outbox(cli, o, command)?,
+        #[cfg(feature = "postgres")]
+        Command::Pg { db, command } => pg(db, o, command)?,
+    }
+    Ok(())
+}
+
+/// `idem pg ...`: a store on a PostgreSQL database. Only `migrate` creates the schema; the
+/// other commands refuse a database without it (nothing is created by a typo in a URL).
+#[cfg(feature = "postgres")]
+fn pg<W: Write>(db: &PgArgs, o: &mut Out<W>, command: &PgCommand) -> Result<(), Failure> {
+    use idem::postgres::PgStore;
+    let failed = |e: Error| Failure::Said(format!("PostgreSQL schema {}: {e}", db.schema));
+    let builder = PgStore::builder(&db.url).schema(&db.schema).writers(1);
+    let store = match command {
+        PgCommand::Migrate => builder.open(),
+        _ => builder.open_existing(),
+    }
+    .map_err(failed)?;
+    match command {
+        PgCommand::Migrate => {
+            out!(o, "schema          {}", db.schema);
+            out!(o, "schema_version  {}", idem::postgres::SCHEMA_VERSION);
+        }
+        PgCommand::Stats { json } => {
+            let s = store.stats().map_err(failed)?;
+            let ob = store.outbox_stats().map_err(failed)?;
+            if *json {
+                let stats = serde_json::json!({
+                    "schema": db.schema,
+                    "records": s.records,
+                    "pending": s.pending,
+                    "completed": s.completed,
+                    "failed": s.failed,
+                    "tombstones": s.tombstones,
+                    "due": s.due,
+                    "outbox_pending": ob.pending,
+                    "dead_letters": ob.dead,
+                });
+                out!(o, "{stats}");
+                return Ok(());
+            }
+            out!(o, "schema      {}", db.schema);
+            out!(o, "records     {}", s.records);
+            out!(o, "pending     {}", s.pending);
+            out!(o, "completed   {}", s.completed);
+            out!(o, "failed      {}", s.failed);
+            out!(o, "tombstones  {}", s.tombstones);
+            out!(o, "due         {}", s.due);
+            out!(o, "outbox_pending {}", ob.pending);
+            out!(o, "dead_letters   {}", ob.dead);
+        }
+        PgCommand::Get { id, body, json } => {
+            let scope = Scope::new(&id.tenant, &id.op);
+            match store.get(&scope, &id.key).map_err(failed)? {
+                None => {
+                    out!(o, "{}", if *json { "null" } else { "absent" });
+                    return Err(id.absent("").into());
+                }
+                Some(r) if *json => {
+                    let line = record_json(&id.tenant, &id.op, &id.key, &r, store.now(), *body);
+                    out!(o, "{line}");
+                }
+                Some(r) => print_record(o, &r, store.now(), *body)?,
+            }
+        }
+        PgCommand::Purge { id } => {
+            let scope = Scope::new(&id.tenant, &id.op);
+            if !store.purge(&scope, &id.key).map_err(failed)? {
+                out!(o, "absent");
+                return Err(id.absent(": nothing was purged").into());
+            }
+            out!(o, "purged");
+        }
+        PgCommand::Sweep => {
+            let r = store.sweep().map_err(failed)?;
+            out!(o, "deleted     {}", r.deleted);
+            out!(o, "tombstoned  {}", r.tombstoned);
+            out!(o, "batches     {}", r.batches);
+            out!(o, "duration_ms {}", r.duration.as_millis());
+        }
     }
     Ok(())
 }

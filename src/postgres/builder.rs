@@ -162,6 +162,17 @@ impl PgStoreBuilder {
     /// release is [`Error::UnsupportedFormat`]; a schema of that name that is not idem's is
     /// [`Error::CorruptStore`].
     pub fn open(self) -> Result<PgStore, Error> {
+        self.open_with(Create::Yes)
+    }
+
+    /// Opens the store like [`open`](Self::open), but never creates its tables: a schema
+    /// without idem's tables is [`Error::Storage`] ("no idem store"). For operators' tools,
+    /// which must not turn a mistyped URL or schema into a new, empty store.
+    pub fn open_existing(self) -> Result<PgStore, Error> {
+        self.open_with(Create::No)
+    }
+
+    fn open_with(self, create: Create) -> Result<PgStore, Error> {
         self.validate()?;
         let sql = Sql::new(&self.schema)?;
         let mut pg = postgres::Config::from_str(&self.url).map_err(|e| Error::Config {
@@ -181,6 +192,9 @@ impl PgStoreBuilder {
         // The first connection is made here, so an unreachable server is reported as such.
         let mut first = r2d2::ManageConnection::connect(&Manager { config: pg })
             .map_err(|e| unreachable_server(&self.url, e))?;
+        if create == Create::No {
+            require_schema(&mut first.client, &sql)?;
+        }
         migrate(&mut first.client, &sql)?;
         let server_now = first
             .client
@@ -224,6 +238,30 @@ impl PgStoreBuilder {
         }
         Ok(store)
     }
+}
+
+/// Whether opening may create idem's tables.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Create {
+    Yes,
+    No,
+}
+
+/// Refuses a schema without idem's `meta` table.
+fn require_schema(client: &mut postgres::Client, sql: &Sql) -> Result<(), Error> {
+    let found: Option<String> = client
+        .query_one(&format!("SELECT to_regclass('{}')::text", sql.meta), &[])
+        .map_err(storage)?
+        .get(0);
+    if found.is_none() {
+        return Err(Error::Storage {
+            source: StorageError::new(PoolError(format!(
+                "no idem store in PostgreSQL schema {:?} on this database: check the URL and the schema name, or create it (`idem pg migrate`, or any service opening the store)",
+                sql.schema
+            ))),
+        });
+    }
+    Ok(())
 }
 
 /// The server at `url` did not answer a connection.

@@ -50,5 +50,6 @@ pub(crate) mod tx;
 pub use builder::PgStoreBuilder;
 pub use lease::PgLease;
 pub use outbox::{PgOutbox, PgVersions};
+pub use schema::SCHEMA_VERSION;
 pub use store::{PgClient, PgStore};
 pub use tx::PgTx;

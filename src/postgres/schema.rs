@@ -19,8 +19,9 @@
 use crate::error::Error;
 use crate::model::record::FORMAT_VERSION;
 
-/// The schema version this build creates and reads.
-pub(crate) const SCHEMA_VERSION: u32 = 1;
+/// The version of the PostgreSQL schema (its tables and their layout) this build creates and
+/// reads; a schema of a newer version is refused at open.
+pub const SCHEMA_VERSION: u32 = 1;
 
 /// The table names and statement texts of one configured schema (a PostgreSQL schema name,
 /// `idem` by default), rendered once at open.
