@@ -1,0 +1,162 @@
+//! Flow B's leases: a lapsed holder is fenced out for good once another attempt took over;
+//! a heartbeat extends a lease, a release frees the key at once, and `begin_wait` returns the
+//! result another attempt finished.
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use idem::{Begin, Response, Scope};
+
+use super::*;
+
+/// What the stale holder tries.
+#[derive(Debug, Clone, Copy)]
+enum Stale {
+    Heartbeat,
+    Complete,
+    Fail,
+    CompleteWith,
+    Release,
+    Drop,
+}
+
+/// A lapses, B takes over (`takeover_of == Some(1)`). Whatever A then does — heartbeat,
+/// complete, fail, complete_with (its closure does not run), release (not an error), drop —
+/// it gets `LeaseLost` (or nothing for release and drop) and changes nothing: the record is
+/// B's, the key is still in flight, and B's result is what replays.
+pub fn stale_holder_is_fenced_after_a_takeover<E: Engine>(e: &mut E) {
+    let ops = [
+        Stale::Heartbeat,
+        Stale::Complete,
+        Stale::Fail,
+        Stale::CompleteWith,
+        Stale::Release,
+        Stale::Drop,
+    ];
+    let scope = Scope::new("t1", "charge");
+    for op in ops {
+        let key = format!("pay-{op:?}");
+        let charge = req("t1", "charge", &key, b"amount=100");
+        let mut a = acquired(e.begin(charge.clone()));
+        e.advance(LEASE);
+        let b = acquired(e.begin(charge.clone()));
+        assert_eq!((b.attempt(), b.takeover_of()), (2, Some(1)), "{op:?}");
+        assert_eq!(b.downstream_key(), a.downstream_key());
+        let before = e.get(&scope, &key).expect("get");
+
+        let stale = Behavior::answer(Response::new(200, "stale")).effect("stale");
+        match op {
+            Stale::Heartbeat => {
+                lease_lost(a.heartbeat());
+                drop(a);
+            }
+            Stale::Complete => lease_lost(a.complete(Response::new(200, "stale"))),
+            Stale::Fail => lease_lost(a.fail(Response::new(402, "stale"))),
+            Stale::CompleteWith => lease_lost(a.complete_with(&stale)),
+            Stale::Release => a.release().expect("releasing a lost lease is not an error"),
+            Stale::Drop => drop(a),
+        }
+        assert_eq!(
+            stale.runs(),
+            0,
+            "{op:?}: a stale holder's closure does not run"
+        );
+        assert_eq!(
+            e.get(&scope, &key).expect("get"),
+            before,
+            "{op:?} changed nothing"
+        );
+        begin_in_flight(e.begin(charge.clone()));
+
+        let fresh = b
+            .complete(Response::new(200, format!("B after {op:?}")))
+            .expect("B completes");
+        assert_eq!(begin_replayed(e.begin(charge.clone())), fresh);
+        assert_eq!(replayed(e.execute(charge, &Behavior::panic())), fresh);
+    }
+    assert_eq!(e.effects("stale"), 0);
+}
+
+/// A heartbeat extends the lease to now + lease: past the original deadline nobody takes over
+/// (neither `begin` nor `execute`, whose closure does not run). A release frees the key at
+/// once: the record is gone and the next claim is a first attempt with the same downstream key.
+pub fn heartbeat_extends_and_release_frees_at_once<E: Engine>(e: &mut E) {
+    let charge = req("t1", "charge", "hb", b"amount=100");
+    let mut lease = acquired(e.begin(charge.clone()));
+    let original = lease.deadline();
+    e.advance(Duration::from_secs(20));
+    let extended = lease.heartbeat().expect("heartbeat");
+    assert_eq!(extended, e.now().saturating_add(LEASE));
+    assert_eq!(lease.deadline(), extended);
+    e.advance(Duration::from_secs(20));
+    assert!(e.now() > original);
+    begin_in_flight(e.begin(charge.clone()));
+    let flow_a = Behavior::answer(Response::new(200, "flow A"));
+    in_flight(e.execute(charge.clone(), &flow_a));
+    assert_eq!(flow_a.runs(), 0);
+    lease
+        .complete(Response::new(200, "done"))
+        .expect("complete");
+    assert_eq!(begin_replayed(e.begin(charge)).body(), b"done");
+
+    let refund = req("t1", "refund", "rel", b"amount=100");
+    let lease = acquired(e.begin(refund.clone()));
+    let key = lease.downstream_key();
+    lease.release().expect("release");
+    assert_eq!(
+        e.get(&Scope::new("t1", "refund"), "rel").expect("get"),
+        None
+    );
+    let again = acquired(e.begin(refund));
+    assert_eq!((again.attempt(), again.takeover_of()), (1, None));
+    assert_eq!(again.downstream_key(), key);
+    again.release().expect("release");
+}
+
+/// `begin_wait` on a key another attempt holds waits for it and returns its result when it
+/// completes; when it releases, the waiter acquires; on a finished key it replays at once.
+pub fn begin_wait_returns_the_result_another_attempt_finished<E: Engine>(e: &mut E) {
+    let e = &*e;
+    let charge = req("t1", "charge", "wait", b"amount=100");
+    let lease = acquired(e.begin(charge.clone()));
+    let (ready, go) = mpsc::channel::<()>();
+    let waited = std::thread::scope(|s| {
+        s.spawn(move || {
+            go.recv().expect("the waiter is ready");
+            std::thread::sleep(Duration::from_millis(50));
+            lease
+                .complete(Response::new(200, "holder's answer"))
+                .expect("the holder completes");
+        });
+        begin_in_flight(e.begin(charge.clone()));
+        ready.send(()).expect("holder alive");
+        e.begin_wait(charge.clone(), WAIT)
+    });
+    assert_eq!(begin_replayed(waited).body(), b"holder's answer");
+    match e.begin_wait(charge, Duration::ZERO) {
+        Ok(Begin::Replayed(r)) => assert_eq!(r.body(), b"holder's answer"),
+        other => panic!("expected a replay, got {other:?}"),
+    }
+
+    let refund = req("t1", "refund", "wait", b"amount=100");
+    let lease = acquired(e.begin(refund.clone()));
+    let (ready, go) = mpsc::channel::<()>();
+    let waited = std::thread::scope(|s| {
+        s.spawn(move || {
+            go.recv().expect("the waiter is ready");
+            std::thread::sleep(Duration::from_millis(50));
+            lease.release().expect("release");
+        });
+        ready.send(()).expect("holder alive");
+        e.begin_wait(refund.clone(), WAIT)
+    });
+    let lease = acquired(waited);
+    assert_eq!(lease.attempt(), 1);
+    lease
+        .complete(Response::new(200, "refunded"))
+        .expect("complete");
+    // Still in flight after a bounded wait: InFlight.
+    let held = acquired(e.begin(req("t1", "void", "wait", b"x")));
+    begin_in_flight(e.begin_wait(req("t1", "void", "wait", b"x"), Duration::from_millis(60)));
+    held.release().expect("release");
+}
