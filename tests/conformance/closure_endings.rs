@@ -188,3 +188,71 @@ pub fn replay_is_the_first_answer_after_the_state_changed<E: Engine>(e: &mut E) 
     );
     assert_eq!((now.runs(), e.effects("balance")), (0, 2));
 }
+
+/// A response over `max_response_bytes` (64 KiB by default) is refused with
+/// `ResponseTooLarge`: nothing is stored, the writes roll back, the lease whose `complete`
+/// was refused is released. An inbox rejection that large still consumes the message: the
+/// caller gets the whole response, the mark keeps it without its body.
+pub fn oversized_responses_are_refused_and_rejections_are_kept_fitted<E: Engine>(e: &mut E) {
+    let big = || Response::new(200, vec![b'x'; 64 * 1024 + 1]).with_resource("blob", "b1");
+    let scope = Scope::new("t1", "upload");
+    let upload = Behavior::answer(big()).effect("uploads");
+    let r = e.execute(req("t1", "upload", "u-1", b"p"), &upload);
+    assert!(matches!(r, Err(Error::ResponseTooLarge { .. })), "{r:?}");
+    assert_eq!(e.get(&scope, "u-1").expect("get"), None);
+    assert_eq!(e.effects("uploads"), 0);
+
+    let lease = acquired(e.begin(req("t1", "upload", "u-2", b"p")));
+    let r = lease.complete(big());
+    assert!(matches!(r, Err(Error::ResponseTooLarge { .. })), "{r:?}");
+    assert_eq!(
+        e.get(&scope, "u-2").expect("get"),
+        None,
+        "the lease was released"
+    );
+
+    let reject = Behavior::terminal(big()).effect("rejections");
+    let Processed::Rejected(whole) = e.process("billing", "m-big", &reject).expect("process")
+    else {
+        panic!("expected Rejected")
+    };
+    assert_eq!(
+        whole.body().len(),
+        64 * 1024 + 1,
+        "the caller gets the whole response"
+    );
+    let kept = e
+        .inbox_mark("billing", "m-big")
+        .expect("mark")
+        .and_then(|m| m.rejection)
+        .expect("kept");
+    assert_eq!(
+        (kept.status(), kept.body(), kept.is_failure()),
+        (200, &b""[..], true)
+    );
+    assert_eq!(kept.resource().map(|r| r.id.as_str()), Some("b1"));
+    assert_eq!(e.effects("rejections"), 1);
+}
+
+/// The failure flag follows the stored state: a failed response passed to `complete` (or
+/// answered `Ok`) is recorded and replayed as a success.
+pub fn failure_flag_follows_the_stored_state<E: Engine>(e: &mut E) {
+    let failed = executed(e.execute(
+        req("t1", "charge", "f-1", b"p"),
+        &Behavior::terminal(Response::new(402, "declined")),
+    ));
+    assert!(failed.is_failure());
+    let lease = acquired(e.begin(req("t1", "charge", "f-2", b"p")));
+    assert!(
+        !lease
+            .complete(failed.clone())
+            .expect("complete")
+            .is_failure()
+    );
+    assert!(!begin_replayed(e.begin(req("t1", "charge", "f-2", b"p"))).is_failure());
+    let ok = executed(e.execute(req("t1", "charge", "f-3", b"p"), &Behavior::answer(failed)));
+    assert!(!ok.is_failure());
+    assert!(
+        !replayed(e.execute(req("t1", "charge", "f-3", b"p"), &Behavior::panic())).is_failure()
+    );
+}

@@ -137,3 +137,40 @@ pub fn inbox_mark_is_forgotten_after_the_inbox_retention<E: Engine>(e: &mut E) {
     ));
     assert_eq!(e.effects("late"), 2);
 }
+
+/// Purging a mark lets the message run again (once more), and marks are not records: stats
+/// count none of them.
+pub fn purging_an_inbox_mark_lets_the_message_run_again<E: Engine>(e: &mut E) {
+    let handle = Behavior::answer(Response::new(200, "applied")).effect("applied");
+    assert!(matches!(
+        e.process("billing", "m-1", &handle),
+        Ok(Processed::Processed(_))
+    ));
+    assert!(matches!(
+        e.receive("github", "m-1", &handle),
+        Ok(idem::inbox::Receipt::Accepted(_))
+    ));
+    assert_eq!(
+        e.stats().expect("stats").records,
+        0,
+        "marks and receipts are not records"
+    );
+    assert!(e.purge_inbox_mark("billing", "m-1").expect("purge"));
+    assert!(!e.purge_inbox_mark("billing", "m-1").expect("purge again"));
+    assert!(matches!(
+        e.process("billing", "m-1", &handle),
+        Ok(Processed::Processed(_))
+    ));
+    assert!(matches!(
+        e.process("billing", "m-1", &handle),
+        Ok(Processed::Duplicate { .. })
+    ));
+    assert!(
+        matches!(
+            e.receive("github", "m-1", &handle),
+            Ok(idem::inbox::Receipt::Duplicate { .. })
+        ),
+        "a webhook receipt is not an inbox mark"
+    );
+    assert_eq!((handle.runs(), e.effects("applied")), (3, 3));
+}

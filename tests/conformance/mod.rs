@@ -16,30 +16,35 @@ use std::time::{Duration, Instant};
 
 use idem::clock::{Clock, ManualClock};
 use idem::format::Record;
-use idem::inbox::{Mark, Processed, Receipt};
+use idem::inbox::{HighWaterMark, Mark, Processed, Receipt};
 use idem::keys::DownstreamKey;
 use idem::outbox::{
     DeadLetter, DispatcherHandle, DispatcherOptions, Event, EventId, OutboxEvent, OutboxMetrics,
     OutboxStats, Publisher,
 };
+use idem::rules::VersionCheck;
 use idem::store::{Stats, SweepReport};
 use idem::{Begin, Error, Outcome, Request, Response, Scope, Timestamp, Tombstone};
 
 mod closure_endings;
+mod derived_values_are_engine_independent;
 mod failure_cases;
 mod inbox_marks;
 mod keys_are_scoped_and_bound;
 mod leases_are_fenced;
 mod outbox_order;
 mod retention_boundaries;
+mod stale_versions_are_skipped;
 
 pub use closure_endings::*;
+pub use derived_values_are_engine_independent::*;
 pub use failure_cases::*;
 pub use inbox_marks::*;
 pub use keys_are_scoped_and_bound::*;
 pub use leases_are_fenced::*;
 pub use outbox_order::*;
 pub use retention_boundaries::*;
+pub use stale_versions_are_skipped::*;
 
 /// The response window every engine is opened with.
 pub const RETENTION: Duration = Duration::from_secs(24 * 3600);
@@ -70,25 +75,30 @@ pub enum End {
     Panic,
 }
 
-/// What a closure does: optionally bump one effect counter in the caller's own table and push
-/// outbox events, then end as [`End`] says. Counts its runs and remembers the event ids its
-/// pushes returned.
+/// What a closure does: optionally check a version against its entity's high-water mark
+/// (`tx.versions().advance`), bump one effect counter in the caller's own table (skipped when
+/// the version is stale) and push outbox events, then end as [`End`] says. Counts its runs and
+/// remembers what the last run's version check answered and the event ids its pushes returned.
 #[derive(Debug)]
 pub struct Behavior {
+    version: Option<(String, u64)>,
     effect: Option<String>,
     events: Vec<Event>,
     end: End,
     runs: AtomicU32,
+    checked: Mutex<Option<VersionCheck>>,
     pushed: Mutex<Vec<EventId>>,
 }
 
 impl Behavior {
     fn ending(end: End) -> Self {
         Behavior {
+            version: None,
             effect: None,
             events: Vec::new(),
             end,
             runs: AtomicU32::new(0),
+            checked: Mutex::new(None),
             pushed: Mutex::new(Vec::new()),
         }
     }
@@ -118,6 +128,13 @@ impl Behavior {
         Self::ending(End::Panic)
     }
 
+    /// First checks `version` against `entity`'s high-water mark; a stale version skips the
+    /// effect.
+    pub fn version(mut self, entity: &str, version: u64) -> Self {
+        self.version = Some((entity.to_owned(), version));
+        self
+    }
+
     /// Also bumps the effect counter `label` (before it ends).
     pub fn effect(mut self, label: &str) -> Self {
         self.effect = Some(label.to_owned());
@@ -135,6 +152,11 @@ impl Behavior {
         self.runs.load(Ordering::SeqCst)
     }
 
+    /// What the last run's version check answered.
+    pub fn checked(&self) -> Option<VersionCheck> {
+        *self.checked.lock().expect("checked")
+    }
+
     /// The ids the pushes of the last run returned.
     pub fn pushed(&self) -> Vec<EventId> {
         self.pushed.lock().expect("pushed").clone()
@@ -146,11 +168,23 @@ impl Behavior {
     pub fn started(&self) {
         self.runs.fetch_add(1, Ordering::SeqCst);
         self.pushed.lock().expect("pushed").clear();
+        *self.checked.lock().expect("checked") = None;
     }
 
-    /// The effect label to bump, if any.
+    /// The version to check, if any.
+    pub fn version_to_check(&self) -> Option<(&str, u64)> {
+        self.version.as_ref().map(|(e, v)| (e.as_str(), *v))
+    }
+
+    /// Notes what the version check answered.
+    pub fn note_checked(&self, check: VersionCheck) {
+        *self.checked.lock().expect("checked") = Some(check);
+    }
+
+    /// The effect label to bump, if any (none after a stale version check).
     pub fn effect_label(&self) -> Option<&str> {
-        self.effect.as_deref()
+        let stale = self.checked().is_some_and(|c| !c.should_apply());
+        self.effect.as_deref().filter(|_| !stale)
     }
 
     /// The events to push.
@@ -199,6 +233,10 @@ pub trait Engine: Sync + Sized {
     ) -> Result<Receipt<Response>, Error>;
     /// The stored inbox mark.
     fn inbox_mark(&self, subscriber: &str, message_id: &str) -> Result<Option<Mark>, Error>;
+    /// Removes an inbox mark.
+    fn purge_inbox_mark(&self, subscriber: &str, message_id: &str) -> Result<bool, Error>;
+    /// An entity's version high-water mark.
+    fn high_water_mark(&self, entity: &str) -> Result<Option<HighWaterMark>, Error>;
     /// The committed value of the effect counter `label` in the caller's own table (0 if none).
     fn effects(&self, label: &str) -> u64;
     /// The stored record.
@@ -294,13 +332,21 @@ macro_rules! conformance_tests {
             stale_holder_is_fenced_after_a_takeover,
             heartbeat_extends_and_release_frees_at_once,
             begin_wait_returns_the_result_another_attempt_finished,
+            a_lapsed_lease_nobody_took_over_can_still_finish,
+            execute_takes_over_a_lapsed_lease_and_fences_the_old_holder,
+            begin_wait_takes_over_a_lease_that_lapses_while_waiting,
+            in_flight_hint_is_the_remaining_lease_capped,
+            a_heartbeat_under_a_backward_clock_keeps_the_granted_deadline,
             // Retention.
             retention_boundaries_are_exact,
             sweep_shrinks_then_deletes_and_stats_count_states,
             purge_frees_the_key_and_fences_its_lease,
+            sweep_spares_a_live_lease,
             // Inbox.
             inbox_ok_terminal_and_retryable,
             inbox_mark_is_forgotten_after_the_inbox_retention,
+            purging_an_inbox_mark_lets_the_message_run_again,
+            stale_versions_are_skipped_and_a_rollback_keeps_the_mark,
             // Outbox.
             outbox_publishes_each_key_in_commit_order_through_a_retry,
             dead_letter_holds_its_key_until_requeued_and_other_keys_go_on,
@@ -309,6 +355,11 @@ macro_rules! conformance_tests {
             panic_unwinds_to_the_caller_and_stores_nothing,
             terminal_abort_is_a_failure_with_its_writes_committed,
             replay_is_the_first_answer_after_the_state_changed,
+            oversized_responses_are_refused_and_rejections_are_kept_fitted,
+            failure_flag_follows_the_stored_state,
+            // Derived values.
+            ids_keys_and_encodings_are_the_same_on_every_engine,
+            a_takeover_pushes_the_event_id_of_its_intent,
         );
     };
     (@cases $open:path; $($case:ident),+ $(,)?) => {
@@ -358,11 +409,11 @@ pub fn expired(outcome: Result<Outcome, Error>) -> Tombstone {
     }
 }
 
-/// Asserts `Outcome::InFlight`.
+/// The `retry_after` hint of `Outcome::InFlight`.
 #[track_caller]
-pub fn in_flight(outcome: Result<Outcome, Error>) {
+pub fn in_flight(outcome: Result<Outcome, Error>) -> Duration {
     match outcome {
-        Ok(Outcome::InFlight { .. }) => {}
+        Ok(Outcome::InFlight { retry_after }) => retry_after,
         other => panic!("expected Outcome::InFlight, got {other:?}"),
     }
 }
@@ -385,11 +436,11 @@ pub fn begin_replayed<L: std::fmt::Debug>(begin: Result<Begin<L>, Error>) -> Res
     }
 }
 
-/// Asserts `Begin::InFlight`.
+/// The `retry_after` hint of `Begin::InFlight`.
 #[track_caller]
-pub fn begin_in_flight<L: std::fmt::Debug>(begin: Result<Begin<L>, Error>) {
+pub fn begin_in_flight<L: std::fmt::Debug>(begin: Result<Begin<L>, Error>) -> Duration {
     match begin {
-        Ok(Begin::InFlight { .. }) => {}
+        Ok(Begin::InFlight { retry_after }) => retry_after,
         other => panic!("expected Begin::InFlight, got {other:?}"),
     }
 }

@@ -180,6 +180,9 @@ pub fn dead_letter_holds_its_key_until_requeued_and_other_keys_go_on<E: Engine>(
     wait_until("the dead letter", || {
         e.outbox_stats().map(|s| s.dead == 1).unwrap_or(false)
     });
+    wait_until("the dead-letter counter", || {
+        e.outbox_metrics().dead_lettered == 1
+    });
     let dead = e.dead_letters(10).expect("dead letters");
     assert_eq!(dead.len(), 1);
     assert_eq!(payload(&dead[0].event), "p1");

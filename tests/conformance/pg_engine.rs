@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use idem::clock::ManualClock;
 use idem::format::Record;
-use idem::inbox::{Mark, Processed, Receipt};
+use idem::inbox::{HighWaterMark, Mark, Processed, Receipt};
 use idem::keys::DownstreamKey;
 use idem::outbox::{
     DeadLetter, DispatcherHandle, DispatcherOptions, OutboxEvent, OutboxMetrics, OutboxStats,
@@ -61,6 +61,9 @@ impl PgEngine {
 /// The closure body of `behavior` on a PostgreSQL transaction.
 fn run(tx: &mut PgTx<'_>, b: &Behavior, effects: &str) -> Result<Response, Abort> {
     b.started();
+    if let Some((entity, version)) = b.version_to_check() {
+        b.note_checked(tx.versions().advance(entity, version)?);
+    }
     if let Some(label) = b.effect_label() {
         let bump = format!(
             "INSERT INTO {effects} AS e (label, n) VALUES ($1, 1) \
@@ -132,6 +135,14 @@ impl Engine for PgEngine {
 
     fn inbox_mark(&self, subscriber: &str, message_id: &str) -> Result<Option<Mark>, Error> {
         self.store.inbox_mark(subscriber, message_id)
+    }
+
+    fn purge_inbox_mark(&self, subscriber: &str, message_id: &str) -> Result<bool, Error> {
+        self.store.purge_inbox_mark(subscriber, message_id)
+    }
+
+    fn high_water_mark(&self, entity: &str) -> Result<Option<HighWaterMark>, Error> {
+        self.store.high_water_mark(entity)
     }
 
     fn effects(&self, label: &str) -> u64 {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use idem::clock::ManualClock;
 use idem::format::Record;
-use idem::inbox::{Mark, Processed, Receipt};
+use idem::inbox::{HighWaterMark, Mark, Processed, Receipt};
 use idem::keys::DownstreamKey;
 use idem::outbox::{
     DeadLetter, DispatcherHandle, DispatcherOptions, OutboxEvent, OutboxMetrics, OutboxStats,
@@ -46,6 +46,9 @@ impl RedbEngine {
 /// The closure body of `behavior` on a redb transaction.
 fn run(tx: &Tx<'_>, b: &Behavior) -> Result<Response, Abort> {
     b.started();
+    if let Some((entity, version)) = b.version_to_check() {
+        b.note_checked(tx.versions().advance(entity, version)?);
+    }
     if let Some(label) = b.effect_label() {
         bump(tx, label)?;
     }
@@ -110,6 +113,14 @@ impl Engine for RedbEngine {
 
     fn inbox_mark(&self, subscriber: &str, message_id: &str) -> Result<Option<Mark>, Error> {
         self.h.store().inbox_mark(subscriber, message_id)
+    }
+
+    fn purge_inbox_mark(&self, subscriber: &str, message_id: &str) -> Result<bool, Error> {
+        self.h.store().purge_inbox_mark(subscriber, message_id)
+    }
+
+    fn high_water_mark(&self, entity: &str) -> Result<Option<HighWaterMark>, Error> {
+        self.h.store().high_water_mark(entity)
     }
 
     fn effects(&self, label: &str) -> u64 {

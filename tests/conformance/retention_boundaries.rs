@@ -147,3 +147,30 @@ pub fn purge_frees_the_key_and_fences_its_lease<E: Engine>(e: &mut E) {
     assert_eq!(again.attempt(), 1);
     again.release().expect("release");
 }
+
+/// A lease kept alive by heartbeats past the retention is never swept: its record's instants
+/// follow the deadline, a sweep leaves it, and it completes.
+pub fn sweep_spares_a_live_lease<E: Engine>(e: &mut E) {
+    let scope = Scope::new("t1", "export");
+    let mut lease = acquired(e.begin(req("t1", "export", "long", b"p")));
+    e.advance(RETENTION - LEASE / 3);
+    let deadline = lease.heartbeat().expect("heartbeat");
+    e.advance(LEASE / 2);
+    assert!(e.now() > T0.saturating_add(RETENTION) && e.now() < deadline);
+    let record = e.get(&scope, "long").expect("get").expect("record");
+    assert!(record.forget_at >= deadline, "{record:?}");
+    assert_eq!(e.stats().expect("stats").due, 0);
+    assert_eq!(
+        e.sweep().expect("sweep").swept(),
+        0,
+        "a live lease is not swept"
+    );
+    assert_eq!(e.get(&scope, "long").expect("get"), Some(record));
+    let done = lease
+        .complete(Response::new(200, "exported"))
+        .expect("complete");
+    assert_eq!(
+        begin_replayed(e.begin(req("t1", "export", "long", b"p"))),
+        done
+    );
+}
