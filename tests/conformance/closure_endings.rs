@@ -256,3 +256,49 @@ pub fn failure_flag_follows_the_stored_state<E: Engine>(e: &mut E) {
         !replayed(e.execute(req("t1", "charge", "f-3", b"p"), &Behavior::panic())).is_failure()
     );
 }
+
+/// Concurrent callers (8 threads at a barrier, 5 rounds: the engines group-commit them) whose
+/// closures end in every way: each caller gets its own outcome — the answering ones `Executed` with their
+/// effect committed, the failing ones their error (or their panic) with nothing stored — and
+/// no caller's failure changes a neighbour's outcome.
+pub fn a_failing_caller_leaves_its_neighbours_outcomes_alone<E: Engine>(e: &mut E) {
+    const THREADS: usize = 8;
+    let e = &*e;
+    for round in 0..5 {
+        let barrier = std::sync::Barrier::new(THREADS);
+        std::thread::scope(|s| {
+            for i in 0..THREADS {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    let label = format!("n-{round}-{i}");
+                    let b = match (i + round) % 4 {
+                        0 => Behavior::retryable(),
+                        1 => Behavior::store_error(),
+                        2 => Behavior::panic(),
+                        _ => Behavior::answer(Response::new(200, label.clone())),
+                    }
+                    .effect(&label);
+                    barrier.wait();
+                    let request = req("t1", "batch", &label, b"p");
+                    let r = catch_unwind(AssertUnwindSafe(|| e.execute(request, &b)));
+                    match ((i + round) % 4, r) {
+                        (0, Ok(Err(Error::Aborted { .. })))
+                        | (1, Ok(Err(Error::Storage { .. })))
+                        | (2, Err(_)) => {
+                            assert_eq!(e.effects(&label), 0, "{label}: nothing committed");
+                            assert_eq!(
+                                e.get(&Scope::new("t1", "batch"), &label).expect("get"),
+                                None
+                            );
+                        }
+                        (3, Ok(Ok(idem::Outcome::Executed(r)))) => {
+                            assert_eq!(r.body(), label.as_bytes());
+                            assert_eq!(e.effects(&label), 1, "{label}: committed once");
+                        }
+                        (kind, other) => panic!("{label} (kind {kind}): unexpected {other:?}"),
+                    }
+                });
+            }
+        });
+    }
+}

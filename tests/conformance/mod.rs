@@ -350,6 +350,7 @@ macro_rules! conformance_tests {
             // Outbox.
             outbox_publishes_each_key_in_commit_order_through_a_retry,
             dead_letter_holds_its_key_until_requeued_and_other_keys_go_on,
+            undelivered_events_are_published_by_the_next_process,
             // Closures.
             retryable_and_store_errors_store_nothing_and_free_the_key,
             panic_unwinds_to_the_caller_and_stores_nothing,
@@ -357,6 +358,7 @@ macro_rules! conformance_tests {
             replay_is_the_first_answer_after_the_state_changed,
             oversized_responses_are_refused_and_rejections_are_kept_fitted,
             failure_flag_follows_the_stored_state,
+            a_failing_caller_leaves_its_neighbours_outcomes_alone,
             // Derived values.
             ids_keys_and_encodings_are_the_same_on_every_engine,
             a_takeover_pushes_the_event_id_of_its_intent,

@@ -238,3 +238,27 @@ pub fn dead_letter_holds_its_key_until_requeued_and_other_keys_go_on<E: Engine>(
     });
     dispatcher.shutdown().expect("shutdown");
 }
+
+/// Events committed by a process that stopped before any dispatcher ran are published by the
+/// next process, with the ids their pushes returned, in commit order.
+pub fn undelivered_events_are_published_by_the_next_process<E: Engine>(e: &mut E) {
+    let mut pushed = Vec::new();
+    for (key, p) in [("1", "x1"), ("2", "x2")] {
+        let b = Behavior::answer(Response::new(200, "ok"))
+            .push(Event::new("topic", p.as_bytes().to_vec()).ordering_key("x"));
+        executed(e.execute(req("t", "push", key, p.as_bytes()), &b));
+        pushed.extend(b.pushed());
+    }
+    e.restart();
+    assert_eq!(e.outbox_stats().expect("stats").pending, 2);
+    let (publisher, calls) = recording(|_| false);
+    let dispatcher = e
+        .start_dispatcher(publisher, DispatcherOptions::new())
+        .expect("start the dispatcher");
+    let got: Vec<EventId> = (0..2).map(|_| next(&calls).id).collect();
+    assert_eq!(got, pushed);
+    wait_until("the deliveries", || {
+        e.outbox_stats().map(|s| s.pending == 0).unwrap_or(false)
+    });
+    dispatcher.shutdown().expect("shutdown");
+}
