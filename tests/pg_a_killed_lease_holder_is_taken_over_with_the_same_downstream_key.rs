@@ -4,7 +4,7 @@
 //! effect per intent.
 //!
 //! A child process (the test binary re-run as the ignored `child_process_entry`) opens its own
-//! [`PgStore`] (server clock, 2 s leases), `begin`s [`KEYS`] keys, "calls a provider" for each
+//! `PgStore` (server clock, 2 s leases), `begin`s `KEYS` keys, "calls a provider" for each
 //! with the lease's downstream key (a row in a provider table of the test's schema: the
 //! provider dedupes on the key, `INSERT … ON CONFLICT (idem_key) DO UPDATE SET calls = calls +
 //! 1 RETURNING charge_id`, so a repeated call counts a call but creates no second charge),

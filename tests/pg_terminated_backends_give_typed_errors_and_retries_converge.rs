@@ -4,8 +4,8 @@
 //! this process's client ports so other tests sharing the server keep theirs), and the callers
 //! retry with the same key on errors.
 //!
-//! Proves: every error a caller sees is a typed [`Error::OutcomeUnknown`] or
-//! [`Error::Storage`] (no panic, no other variant); retries with the same key converge to
+//! Proves: every error a caller sees is a typed `Error::OutcomeUnknown` or
+//! `Error::Storage` (no panic, no other variant); retries with the same key converge to
 //! `Executed` or `Replayed`; every key ends with exactly one effect (a commit that landed
 //! behind an `OutcomeUnknown` is replayed on retry, never run again), at most one caller saw
 //! `Executed` and every caller got the same answer for a key; and the store keeps working once

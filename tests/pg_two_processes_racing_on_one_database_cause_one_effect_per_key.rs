@@ -1,4 +1,4 @@
-//! Two OS processes, one database: two processes each open their own [`PgStore`] on the same
+//! Two OS processes, one database: two processes each open their own `PgStore` on the same
 //! PostgreSQL schema (the server's clock, no manual clock; both opens race to create the
 //! schema's tables), and race 8 threads each over the same 1,000 keys. Every thread walks all
 //! keys in its own shuffled order and calls `execute` with a closure that bumps the key's row
