@@ -225,10 +225,11 @@ pub enum Error {
         reason: String,
     },
 
-    /// A commit failed. Whether it reached the disk is unknown; the store is now fail-stopped.
-    /// Reopen the store, then retry with the same key: the retry replays if the commit did land.
+    /// A commit failed. Whether it landed is unknown. Retry with the same key: the retry
+    /// replays if the commit did land, and runs once if it did not. A file store is now
+    /// fail-stopped (reopen it first); a PostgreSQL store reconnects by itself.
     #[error(
-        "the commit failed and its outcome is unknown ({source}); the store has stopped accepting writes: drop every clone of the Store and every Lease, reopen the file, and retry with the same key"
+        "the commit failed and its outcome is unknown ({source}): retry with the same key, which replays if the commit landed. A file store has stopped accepting writes: drop every clone of the Store and every Lease and reopen the file first; a PostgreSQL store reconnects by itself"
     )]
     OutcomeUnknown {
         /// The storage engine's error (shared by every caller whose request was in the failed

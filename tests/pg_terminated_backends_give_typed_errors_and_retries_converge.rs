@@ -163,10 +163,6 @@ fn own_backends(c: &mut postgres::Client, port: u16) -> i64 {
 }
 
 #[test]
-#[ignore = "engine bug: PgStore::read_row (src/postgres/store.rs:434) gives up after 3 pooled \
-            connections that all turn out dead, so after its idle backends were terminated (or \
-            the server restarted) an idle store fails its next calls with Error::Storage \
-            (3 calls with the default pool of 10) although the server is up"]
 fn an_idle_store_whose_backends_were_all_terminated_answers_its_next_call() {
     let Some(url) = common::pg::pg_url() else {
         return;

@@ -213,6 +213,7 @@ impl PgStoreBuilder {
         let inner = Inner {
             pool,
             pool_timeout: self.pool_timeout,
+            reconnects: max_size + 1,
             sql,
             config: self.config,
             time,

@@ -334,6 +334,9 @@ impl PgStore {
     ) -> Option<Box<Baton>> {
         let mut conn = conn;
         let mut runs = runs;
+        // Dead pooled connections met so far (each is discarded): a restarted server leaves
+        // every idle one dead.
+        let mut reconnects = 0;
         loop {
             let c = match conn.take() {
                 Some(c) => c,
@@ -359,9 +362,13 @@ impl PgStore {
                         runs,
                     }));
                 }
-                // A refusal a re-run fixes, or a connection that broke before anything was
-                // sent in earnest (a restarted server): try again on a fresh connection.
-                Err((failure, _)) if failure != Failure::Refused && runs < MAX_RUNS => {
+                // A connection that broke before anything was sent in earnest (a restarted
+                // server): try again on another one.
+                Err((Failure::Connection, _)) if reconnects < self.inner.reconnects => {
+                    reconnects += 1;
+                }
+                // A refusal a re-run fixes.
+                Err((Failure::Retry, _)) if runs < MAX_RUNS => {
                     runs += 1;
                 }
                 Err((_, e)) => {

@@ -44,6 +44,10 @@ pub(crate) enum TimeSource {
 pub(crate) struct Inner {
     pub(crate) pool: r2d2::Pool<crate::postgres::conn::Manager>,
     pub(crate) pool_timeout: Duration,
+    /// How many dead connections a call may meet before it gives up: the pool's size, plus
+    /// one. After a server restart (or terminated backends) every idle pooled connection is
+    /// dead, and each is discarded as it fails, so a call on an idle store is still answered.
+    pub(crate) reconnects: u32,
     pub(crate) sql: Sql,
     pub(crate) config: Config,
     pub(crate) time: TimeSource,
@@ -422,7 +426,8 @@ impl PgStore {
     }
 
     /// Runs a read of one optional bytea value (and the server's time) for `key`, on a pooled
-    /// connection; a connection that broke (a restarted server) is replaced once.
+    /// connection; a connection that broke (a restarted server) is replaced, as many times as
+    /// the pool may hold dead ones.
     pub(crate) fn read_row(
         &self,
         q: &str,
@@ -443,7 +448,7 @@ impl PgStore {
                 }
                 Err(e) => {
                     conn.saw(&e);
-                    if tries < 3 && classify(&e) != Failure::Refused {
+                    if tries <= self.inner.reconnects && classify(&e) != Failure::Refused {
                         continue;
                     }
                     return Err(storage(e));
