@@ -189,6 +189,12 @@ fn an_idle_store_whose_backends_were_all_terminated_answers_its_next_call() {
             });
         }
     });
+    // Writes share the store's writer connections; holding several connections at once makes
+    // the pool open more, all idle afterwards.
+    let held: Vec<_> = (0..6)
+        .map(|_| store.client().expect("a pooled connection"))
+        .collect();
+    drop(held);
     let idle = own_backends(&mut c, port);
     assert!(idle >= 3, "the warm-up left only {idle} pooled connections");
     let terminated = terminate_own_backends(&mut c, port);

@@ -5,26 +5,30 @@
 //! own connection: the server runs them in parallel).
 //!
 //! A batch, on one pooled connection:
-//! 1. **Open**, one round trip: `BEGIN`, the server's time, and `SELECT … FOR UPDATE` of every
-//!    record and mark row its members named ([`Locks`]), in key order (every batch of every
-//!    process locks in the same order). A row that does not exist is not locked: its first
-//!    writer inserts it, and the unique key makes a second inserter fail (below).
+//! 1. **Open**, one round trip: `BEGIN`, the server's time, and the record and mark rows its
+//!    members named ([`Locks`]): read plainly for claims (most find no row; a finished intent
+//!    is answered from this read, no lock taken, nothing written), `SELECT … FOR UPDATE` in key
+//!    order for the members that will rewrite the row they find (a lease's heartbeat, finish
+//!    or release, a purge; every batch of every process locks in the same order). A row that
+//!    does not exist is not locked: its first writer inserts it, and the unique key makes a
+//!    second inserter fail (below).
 //! 2. **Turns**: each member, in order, decides from the locked rows and what earlier members
 //!    of the batch wrote (two requests for one key behave as if serialised), runs its closure
 //!    (the caller's SQL runs on the connection at once), and leaves its record or mark write
 //!    with the batch.
 //! 3. **Commit**, one round trip: the batch's writes as three statements — `INSERT` of the rows
-//!    that did not exist, `UPDATE` and `DELETE` of the locked ones fenced by the holder token
-//!    they were locked with (`WHERE holder IS NOT DISTINCT FROM …`, the count checked by the
-//!    server, which refuses the transaction if it differs) — and `COMMIT`. Nobody hears
-//!    "done" before the `COMMIT` returned.
+//!    that did not exist, `UPDATE` and `DELETE` of the ones that did, fenced by what the batch
+//!    read (`WHERE holder IS NOT DISTINCT FROM <token> AND record = <the bytes read>`: a lease
+//!    that was taken over, or a row another process rewrote since a plain read, matches
+//!    nothing; the server checks every count and refuses the transaction if one differs) —
+//!    and `COMMIT`. Nobody hears "done" before the `COMMIT` returned.
 //!
 //! Failures:
 //! - a member whose closure fails (an error, a panic, a statement error it swallowed) leaves
 //!   nothing behind: the transaction is rolled back, the members before it re-run in a fresh
 //!   one, the members after it go back to the head of the queue;
 //! - a serialization failure, a deadlock, a row another process inserted first, or a fenced
-//!   write that matched other rows than it locked: the whole batch re-runs (up to
+//!   write whose row changed since it was read: the whole batch re-runs (up to
 //!   [`MAX_RUNS`] times; every member decides again from the rows as they are now, so the
 //!   loser of an insert race replays the winner's answer);
 //! - a connection that fails at the commit: every member gets [`Error::OutcomeUnknown`] (a
@@ -62,29 +66,51 @@ type Signal = group::Signal<Baton>;
 /// A pooled connection.
 pub(crate) type Pooled = r2d2::PooledConnection<crate::postgres::conn::Manager>;
 
-/// The rows a member reads and writes: locked when its batch opens.
+/// The rows a member reads (and may write), read when its batch opens: plainly for a claim
+/// (most claims find no row, and a finished intent is answered from the read), `FOR UPDATE`
+/// for a member that will write the row it finds (a lease's finish, a purge).
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Locks {
     /// Record keys.
     pub records: Vec<Vec<u8>>,
     /// Mark keys.
     pub marks: Vec<Vec<u8>>,
+    /// Read them `FOR UPDATE`.
+    pub lock: bool,
 }
 
 impl Locks {
-    /// The record under `key`.
+    /// Reads the record under `key` (a claim: `execute`, `begin`).
     pub(crate) fn record(key: &[u8]) -> Self {
         Locks {
             records: vec![key.to_vec()],
             marks: Vec::new(),
+            lock: false,
         }
     }
 
-    /// The mark under `key`.
+    /// Locks the record under `key` (a lease's heartbeat, finish or release; a purge).
+    pub(crate) fn locked_record(key: &[u8]) -> Self {
+        Locks {
+            lock: true,
+            ..Locks::record(key)
+        }
+    }
+
+    /// Reads the mark under `key` (`process`, `receive`).
     pub(crate) fn mark(key: &[u8]) -> Self {
         Locks {
             records: Vec::new(),
             marks: vec![key.to_vec()],
+            lock: false,
+        }
+    }
+
+    /// Locks the mark under `key` (a purge).
+    pub(crate) fn locked_mark(key: &[u8]) -> Self {
+        Locks {
+            lock: true,
+            ..Locks::mark(key)
         }
     }
 }
@@ -389,37 +415,47 @@ impl PgStore {
     ) -> Result<(Pooled, Timestamp, HashMap<(Table, Vec<u8>), Option<Found>>), (Failure, Error)>
     {
         let sql = self.sql();
-        let mut records: Vec<&[u8]> = batch
-            .iter()
-            .flat_map(|m| m.meta.records.iter().map(Vec::as_slice))
-            .collect();
-        let mut marks: Vec<&[u8]> = batch
-            .iter()
-            .flat_map(|m| m.meta.marks.iter().map(Vec::as_slice))
-            .collect();
-        records.sort_unstable();
-        records.dedup();
-        marks.sort_unstable();
-        marks.dedup();
+        // Per table: the keys some member locks, and the others (read plainly).
+        let keys = |of: fn(&Locks) -> &Vec<Vec<u8>>, locked: bool| {
+            let mut keys: Vec<&[u8]> = batch
+                .iter()
+                .filter(|m| m.meta.lock == locked)
+                .flat_map(|m| of(&m.meta).iter().map(Vec::as_slice))
+                .collect();
+            keys.sort_unstable();
+            keys.dedup();
+            keys
+        };
+        let locked_records = keys(|l| &l.records, true);
+        let locked_marks = keys(|l| &l.marks, true);
+        let mut read_records = keys(|l| &l.records, false);
+        let mut read_marks = keys(|l| &l.marks, false);
+        read_records.retain(|k| locked_records.binary_search(k).is_err());
+        read_marks.retain(|k| locked_marks.binary_search(k).is_err());
         let mut q = format!("BEGIN; SELECT {NOW_MS};");
-        if !records.is_empty() {
+        for (tag, table, key_col, value_col, holder, keys, lock) in [
+            ("r", &sql.records, "record_key", "record", "holder", &read_records, false),
+            ("r", &sql.records, "record_key", "record", "holder", &locked_records, true),
+            ("m", &sql.marks, "mark_key", "mark", "NULL::bytea", &read_marks, false),
+            ("m", &sql.marks, "mark_key", "mark", "NULL::bytea", &locked_marks, true),
+        ] {
+            if keys.is_empty() {
+                continue;
+            }
             let _ = write!(
                 q,
-                " SELECT 'r', record_key, record, holder FROM {} WHERE record_key IN (",
-                sql.records
+                " SELECT '{tag}', {key_col}, {value_col}, {holder} FROM {table} WHERE {key_col} IN ("
             );
-            in_list(&mut q, &records);
-            q.push_str(") ORDER BY record_key FOR UPDATE;");
+            in_list(&mut q, keys);
+            if lock {
+                // Key order: every batch of every process locks in the same order.
+                let _ = write!(q, ") ORDER BY {key_col} FOR UPDATE;");
+            } else {
+                q.push_str(");");
+            }
         }
-        if !marks.is_empty() {
-            let _ = write!(
-                q,
-                " SELECT 'm', mark_key, mark, NULL::bytea FROM {} WHERE mark_key IN (",
-                sql.marks
-            );
-            in_list(&mut q, &marks);
-            q.push_str(") ORDER BY mark_key FOR UPDATE;");
-        }
+        let records: Vec<&[u8]> = read_records.iter().chain(&locked_records).copied().collect();
+        let marks: Vec<&[u8]> = read_marks.iter().chain(&locked_marks).copied().collect();
         let messages = match conn.client.simple_query(&q) {
             Ok(m) => m,
             Err(e) => {
@@ -589,8 +625,8 @@ fn commit_sql(store: &PgStore, baton: &Baton) -> String {
             let found = baton.found.get(&(*t, key.clone())).cloned().flatten();
             match (found, written) {
                 (None, Some(w)) => inserts.push((key, w)),
-                (Some(f), Some(w)) => updates.push((key, w, f.holder)),
-                (Some(f), None) => deletes.push((key, f.holder)),
+                (Some(f), Some(w)) => updates.push((key, w, f)),
+                (Some(f), None) => deletes.push((key, f)),
                 (None, None) => {}
             }
         }
@@ -623,8 +659,8 @@ fn commit_sql(store: &PgStore, baton: &Baton) -> String {
             out.push_str(";\n");
         }
         if !updates.is_empty() {
-            out.push_str("WITH u (k, state, due, holder, v, expected) AS (VALUES ");
-            for (i, (key, w, expected)) in updates.iter().enumerate() {
+            out.push_str("WITH u (k, state, due, holder, v, expected, was) AS (VALUES ");
+            for (i, (key, w, found)) in updates.iter().enumerate() {
                 out.push_str(if i == 0 { "(" } else { ", (" });
                 bytea(&mut out, key);
                 let _ = write!(out, ", {}::int2, {}::int8, ", w.state, w.due);
@@ -632,30 +668,37 @@ fn commit_sql(store: &PgStore, baton: &Baton) -> String {
                 out.push_str(", ");
                 bytea(&mut out, &w.value);
                 out.push_str(", ");
-                holder(&mut out, expected.as_deref());
+                holder(&mut out, found.holder.as_deref());
+                out.push_str(", ");
+                bytea(&mut out, &found.value);
                 out.push(')');
             }
             let set = match table {
                 Table::Records => "state = u.state, due = u.due, holder = u.holder, record = u.v",
                 Table::Marks => "due = u.due, mark = u.v",
             };
+            // The fence: the row still holds what this batch read (its holder token, and its
+            // exact bytes: a row read without a lock that another transaction rewrote since
+            // matches nothing, and the batch re-runs).
             let fence = match table {
                 Table::Records => " AND t.holder IS NOT DISTINCT FROM u.expected",
                 Table::Marks => "",
             };
             let _ = write!(
                 out,
-                "), done AS (UPDATE {name} t SET {set} FROM u WHERE t.{key_col} = u.k{fence} RETURNING 1) "
+                "), done AS (UPDATE {name} t SET {set} FROM u WHERE t.{key_col} = u.k{fence} AND t.{value_col} = u.was RETURNING 1) "
             );
             check_count(&mut out, updates.len());
         }
         if !deletes.is_empty() {
-            out.push_str("WITH d (k, expected) AS (VALUES ");
-            for (i, (key, expected)) in deletes.iter().enumerate() {
+            out.push_str("WITH d (k, expected, was) AS (VALUES ");
+            for (i, (key, found)) in deletes.iter().enumerate() {
                 out.push_str(if i == 0 { "(" } else { ", (" });
                 bytea(&mut out, key);
                 out.push_str(", ");
-                holder(&mut out, expected.as_deref());
+                holder(&mut out, found.holder.as_deref());
+                out.push_str(", ");
+                bytea(&mut out, &found.value);
                 out.push(')');
             }
             let fence = match table {
@@ -664,11 +707,10 @@ fn commit_sql(store: &PgStore, baton: &Baton) -> String {
             };
             let _ = write!(
                 out,
-                "), done AS (DELETE FROM {name} t USING d WHERE t.{key_col} = d.k{fence} RETURNING 1) "
+                "), done AS (DELETE FROM {name} t USING d WHERE t.{key_col} = d.k{fence} AND t.{value_col} = d.was RETURNING 1) "
             );
             check_count(&mut out, deletes.len());
         }
-        let _ = value_col;
     }
     out.push_str("COMMIT;");
     out

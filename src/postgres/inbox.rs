@@ -115,7 +115,7 @@ impl PgStore {
     }
 
     fn purge_mark(&self, key: Vec<u8>) -> Result<bool, Error> {
-        self.write(Locks::mark(&key), |batch| match batch.mark(&key) {
+        self.write(Locks::locked_mark(&key), |batch| match batch.mark(&key) {
             Ok(None) => Step::Clean(false),
             Ok(Some(_)) | Err(Error::CorruptRecord { .. }) => {
                 batch.remove_mark(&key);
@@ -149,10 +149,6 @@ impl PgStore {
         F: for<'t> FnMut(&'t mut PgTx<'t>) -> Result<T, Abort>,
     {
         let key = mark_key(ns, subscriber, id, &self.config().limits)?;
-        let (now, mark) = self.read_mark(&key)?;
-        if let Some(d) = duplicate(mark, now) {
-            return Ok(d);
-        }
         let retention = self.config().inbox_retention;
         let max = self.config().max_response_bytes;
         let mut announced = false;

@@ -101,7 +101,7 @@ impl PgLease {
     pub fn heartbeat(&mut self) -> Result<Timestamp, Error> {
         let store = self.store.clone();
         let lease = store.config().lease_duration;
-        let deadline = store.write(Locks::record(&self.key), |batch| {
+        let deadline = store.write(Locks::locked_record(&self.key), |batch| {
             let record = match self.held(batch) {
                 Ok(r) => r,
                 Err(e) => return Step::Clean(Err(e)),
@@ -163,7 +163,7 @@ impl PgLease {
         let windows = store.config().windows_for(self.request.scope().operation());
         let max = store.config().max_response_bytes;
         let mut announced = false;
-        let result = store.write(Locks::record(&self.key), |batch| {
+        let result = store.write(Locks::locked_record(&self.key), |batch| {
             let record = match self.held(batch) {
                 Ok(r) => r,
                 Err(e) => return Step::Clean(Err(e)),
@@ -224,7 +224,7 @@ impl PgLease {
     fn release_inner(&self) -> Result<(), Error> {
         let store = &self.store;
         let released =
-            store.write(Locks::record(&self.key), |batch| match self.held(batch) {
+            store.write(Locks::locked_record(&self.key), |batch| match self.held(batch) {
                 Ok(_) => {
                     batch.remove_record(&self.key);
                     Step::Done(Ok(true))

@@ -112,11 +112,14 @@ impl PgStore {
     /// records the result. `f` gets the transaction ([`PgTx`]) to write your own tables
     /// through: its writes and the record commit together, or neither does.
     ///
-    /// - a finished intent is replayed from a plain read (no transaction, no lock): `f` does not
+    /// - a finished intent is replayed from a plain read of its row (no lock taken, nothing
+    ///   written, made by the same round trip that opens the group's transaction): `f` does not
     ///   run, the stored status and body come back byte for byte;
-    /// - otherwise `f` runs after the record's row was locked (`SELECT … FOR UPDATE`) or found
-    ///   absent (then the record's `INSERT` fails if another transaction inserted it first, and
-    ///   the call runs again and replays that one's answer): no check-then-act gap;
+    /// - otherwise `f` runs, and the record is written in its transaction fenced by what was
+    ///   read: an `INSERT` when the row was absent (it fails if another transaction inserted it
+    ///   first), an `UPDATE … WHERE record = <the bytes read>` when it was there (it matches
+    ///   nothing if another transaction rewrote it): either way the call runs again and replays
+    ///   the other's answer. No check-then-act gap;
     ///   `Ok(response)` → Completed; [`Abort::Terminal`] → Failed (replayed later);
     ///   [`Abort::Retryable`] / [`Abort::Store`] / a failed statement → nothing, not even `f`'s
     ///   own writes;
@@ -132,9 +135,6 @@ impl PgStore {
         F: for<'t> FnMut(&'t mut PgTx<'t>) -> Result<Response, Abort>,
     {
         let key = self.admit(&request)?;
-        if let Some(early) = self.read_path(&request, &key)? {
-            return early.into_outcome();
-        }
         let windows = self.inner.config.windows_for(request.scope().operation());
         let mut took_over = false;
         let mut announced = false;
@@ -190,9 +190,6 @@ impl PgStore {
     /// [`PgStore::begin_wait`].
     pub fn begin(&self, request: Request) -> Result<Begin<PgLease>, Error> {
         let key = self.admit(&request)?;
-        if let Some(early) = self.read_path(&request, &key)? {
-            return early.into_begin();
-        }
         let config = &self.inner.config;
         let windows = config.windows_for(request.scope().operation());
         let claimed = self.write(Locks::record(&key), |batch| {
@@ -279,7 +276,7 @@ impl PgStore {
     /// again**, and a live lease on it is fenced out ([`Error::LeaseLost`]).
     pub fn purge(&self, scope: &Scope, key: impl AsRef<[u8]>) -> Result<bool, Error> {
         let key = admit_key(&self.inner.config.limits, scope, key)?;
-        let existed = self.write(Locks::record(&key), |batch| {
+        let existed = self.write(Locks::locked_record(&key), |batch| {
             // The row as locked, whether or not it decodes.
             match batch.record(&key) {
                 Ok(None) => Step::Clean(false),
@@ -378,18 +375,6 @@ impl PgStore {
     fn admit(&self, request: &Request) -> Result<Vec<u8>, Error> {
         self.inner.config.limits.check(request)?;
         Ok(record_key(request))
-    }
-
-    /// The answer of the lock-free path, if it needs no claim: a plain read of the record and
-    /// the server's time.
-    fn read_path(&self, request: &Request, key: &[u8]) -> Result<Option<Early>, Error> {
-        let (now, stored) = self.read_record(key)?;
-        Ok(answers::early(
-            decide(stored.as_ref(), request.fingerprint(), now),
-            request,
-            now,
-            self.inner.config.retry_after_cap,
-        ))
     }
 
     /// The attempt a claim at `now` starts, or the answer it gets instead.
