@@ -153,12 +153,19 @@ where
     }
 }
 
+/// The store's settings: the defaults, or `IDEM_PG_BENCH_WRITERS` writers.
+fn builder(url: &str, schema: &str, callers: usize) -> idem::postgres::PgStoreBuilder {
+    let b = PgStore::builder(url).schema(schema);
+    match env_parse::<usize>("IDEM_PG_BENCH_WRITERS") {
+        Some(w) => b.writers(w.min(callers.max(1))),
+        None => b,
+    }
+}
+
 /// idem: `execute` with a one-statement closure.
 fn idem_run(url: &str, callers: usize, secs: f64, tag: &str) -> Sample {
     let schema = fresh_schema(url, &format!("idem{tag}"));
-    let store = PgStore::builder(url)
-        .schema(&schema)
-        .pool_size((callers as u32).clamp(2, 8) + 8)
+    let store = builder(url, &schema, callers)
         .open()
         .expect("open the PostgreSQL store");
     let upsert = format!(
@@ -264,11 +271,7 @@ fn child(url: &str) {
     let secs: f64 = env_parse("IDEM_PG_BENCH_CHILD_SECS").unwrap_or(3.0);
     let schema: String = std::env::var("IDEM_PG_BENCH_CHILD_SCHEMA").expect("schema");
     let start_ms: u128 = env_parse("IDEM_PG_BENCH_START_MS").unwrap_or(0);
-    let store = PgStore::builder(url)
-        .schema(&schema)
-        .pool_size((callers as u32).clamp(2, 8) + 8)
-        .open()
-        .expect("open");
+    let store = builder(url, &schema, callers).open().expect("open");
     let upsert = format!(
         "INSERT INTO {schema}.effects (k, n) VALUES ($1, 1) ON CONFLICT (k) DO UPDATE SET n = {schema}.effects.n + 1"
     );
