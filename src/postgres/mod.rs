@@ -3,22 +3,29 @@
 //! mark and event bytes, docs/FORMAT.md) and applies the model's rules (decide, instants,
 //! sweep, inbox, versions) exactly as the redb engine does; only the storage differs. Tested
 //! against PostgreSQL 15 (`scripts/pg-test-cluster`); docs/POSTGRES.md says what else may work.
+//! (README.md's PostgreSQL section shows this example.)
 //!
 //! ```no_run
 //! use idem::postgres::PgStore;
-//! use idem::{Outcome, Request, Response, Scope};
+//! use idem::{Begin, Outcome, Request, Response, Scope};
 //!
-//! # fn main() -> Result<(), idem::Error> {
-//! let store = PgStore::open("postgresql://app@db.internal/payments")?;
-//! let req = Request::new(Scope::new("tenant-42", "create_order"), "order-123", &("sku-1", 2u32))?;
-//! let outcome = store.execute(req, |tx| {
-//!     // Your own SQL, in the transaction that also records the answer.
-//!     tx.execute("INSERT INTO orders (id, qty) VALUES ($1, $2)", &[&"order-123", &2i32])?;
-//!     Ok(Response::new(201, r#"{"id":"order-123"}"#).with_resource("order", "order-123"))
-//! })?;
-//! assert!(matches!(outcome, Outcome::Executed(_) | Outcome::Replayed(_)));
-//! # Ok(())
-//! # }
+//! fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let store = PgStore::builder("postgresql://app@db.internal/payments").open()?; // creates schema `idem` if missing
+//!     let req = Request::new(Scope::new("tenant-42", "create_order"), "order-123", &("sku-1", 2u32))?;
+//!     let outcome = store.execute(req, |tx| {
+//!         tx.execute("INSERT INTO orders (id, qty) VALUES ($1, $2)", &[&"order-123", &2i32])?;
+//!         Ok(Response::new(201, r#"{"id":"order-123"}"#))
+//!     })?;
+//!     assert!(matches!(outcome, Outcome::Executed(_) | Outcome::Replayed(_)));
+//!
+//!     let req = Request::from_canonical_bytes(Scope::new("tenant-42", "charge"), "checkout-77", b"amount=4200");
+//!     if let Begin::Acquired(lease) = store.begin(req)? {
+//!         let key = lease.downstream_key().to_hex(); // the same on every node, and as the file store's
+//!         let _ = key; // … call the provider with it …
+//!         lease.complete(Response::new(201, "ch_1"))?;
+//!     }
+//!     Ok(())
+//! }
 //! ```
 //!
 //! | file | owns |
