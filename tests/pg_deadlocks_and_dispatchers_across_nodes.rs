@@ -101,6 +101,9 @@ fn opposite_lock_orders_across_nodes_are_retried_inside_and_finish_once() {
     );
 }
 
+/// What a publisher saw: the event's ordering key, its position in that key, which node.
+type Published = (String, usize, &'static str);
+
 #[test]
 fn two_dispatchers_share_the_outbox_and_keep_each_keys_order() {
     let Some(url) = pg_url() else { return };
@@ -125,7 +128,7 @@ fn two_dispatchers_share_the_outbox_and_keep_each_keys_order() {
             assert!(matches!(outcome, Outcome::Executed(_)));
         }
     }
-    let published: Arc<Mutex<Vec<(String, usize, &'static str)>>> = Arc::default();
+    let published: Arc<Mutex<Vec<Published>>> = Arc::default();
     let publisher = |name: &'static str| {
         let published = Arc::clone(&published);
         let mut calls = 0u64;
