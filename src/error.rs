@@ -139,6 +139,16 @@ pub enum Error {
         source: postcard::Error,
     },
 
+    /// A typed closure's answer (`execute_typed`) could not be encoded for storage. Nothing was
+    /// written (the closure's writes were rolled back) and the key stays free.
+    #[error(
+        "the closure's answer could not be encoded for storage ({source}): give execute_typed a type serde can encode without self-describing formats (postcard), or return a Response from execute"
+    )]
+    AnswerEncoding {
+        /// The serializer's error.
+        source: postcard::Error,
+    },
+
     /// The caller's closure returned a retryable error. Nothing was written (the caller's
     /// writes were rolled back with the record) and the key stays free: retry the request.
     #[error("the operation was aborted with a retryable error and nothing was recorded: {source}")]

@@ -88,6 +88,7 @@ pub mod store {
     pub use crate::model::reports::{Stats, SweepReport};
     pub use crate::model::retention::RetentionPolicy;
     pub use crate::model::scope::Limits;
+    pub use crate::model::typed::Typed;
 }
 
 /// Time: the store's clock (injectable, so expiry is tested without sleeping).

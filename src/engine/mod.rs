@@ -12,6 +12,7 @@
 //! | `boundary.rs` | the storage boundary: redb's panics on damaged data become `CorruptStore`, a caller's panic stays the caller's; `unlatched` for the places with nothing to latch |
 //! | `commit.rs` | group commit on redb: one write transaction and one fsync shared by concurrent writers (`Store::write`), driving the protocol of `runtime/group.rs` |
 //! | `tx.rs` | the transaction handle given to closures ([`Tx`](tx::Tx)) and the work it announces |
+//! | `typed.rs` | `Store::execute_typed`: flow A answering with a serde value |
 //! | `tables.rs` | every table definition, with versioned names, and `open_optional` |
 //! | `expiry.rs` | the expiry index (one entry per record or mark), [`Stats`](expiry::Stats), the index check |
 //! | `marks.rs` | marks (inbox marks, webhook receipts): their storage, their index entries, their sweep (the value and its byte layout are `model/marks.rs`) |
@@ -34,3 +35,4 @@ pub(crate) mod store;
 pub(crate) mod sweep;
 pub(crate) mod tables;
 pub(crate) mod tx;
+pub(crate) mod typed;

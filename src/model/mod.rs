@@ -18,6 +18,7 @@
 //! - `rules`: every decision, sweep, inbox and version rule, and the instant rules (what a
 //!   claim, a takeover, a heartbeat and a finish write), each with its exhaustive table;
 //! - `scope`: scopes, requests and their limits, and the record key;
+//! - `typed`: typed answers (`execute_typed`): a serde value stored and decoded on replay;
 //! - `settings`: the settings every engine shares, their defaults and checks.
 
 pub(crate) mod clock;
@@ -32,3 +33,4 @@ pub(crate) mod retention;
 pub(crate) mod rules;
 pub(crate) mod scope;
 pub(crate) mod settings;
+pub(crate) mod typed;

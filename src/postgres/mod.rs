@@ -35,6 +35,7 @@
 //! | `schema.rs` | every table, with versioned names; the schema an open creates or checks |
 //! | `conn.rs` | the pool's connections (a statement cache each), what a failure means (`Failure`), literals |
 //! | `commit.rs` | group commit: one transaction, one round trip to lock and one to write and commit, for concurrent callers, several batches in flight |
+//! | `typed.rs` | `execute_typed`: flow A answering with a serde value |
 //! | `tx.rs` | the transaction handle given to closures ([`PgTx`]) |
 //! | `lease.rs` | flow B's fenced [`PgLease`] |
 //! | `inbox.rs` | `process`, `receive`, marks |
@@ -53,6 +54,7 @@ pub(crate) mod schema;
 pub(crate) mod store;
 pub(crate) mod sweep;
 pub(crate) mod tx;
+pub(crate) mod typed;
 
 pub use builder::PgStoreBuilder;
 pub use lease::PgLease;

@@ -1,0 +1,126 @@
+//! Typed answers for work that is not HTTP (queue workers, activities): the closure returns a
+//! serde value, which is stored as the response body (postcard, the crate's record encoding)
+//! and given back, decoded, on every replay — `execute_typed` of each engine. A terminal failure
+//! stays a [`Response`] (the closure's `Abort::Terminal`), replayed as it was.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::error::Error;
+use crate::model::response::{Abort, Outcome, Response, Tombstone};
+
+/// The status a typed answer is stored with.
+const TYPED_STATUS: u16 = 200;
+
+/// The answer of `execute_typed`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub enum Typed<T> {
+    /// The closure ran now and its value committed with its writes.
+    Executed(T),
+    /// The intent had already finished: the value it returned then, decoded again. The closure
+    /// did not run.
+    Replayed(T),
+    /// The closure ended with `Abort::Terminal` (now, or when the intent first ran:
+    /// `replayed`); its writes committed and the failure is what every retry gets.
+    Rejected {
+        /// The terminal failure's response.
+        response: Response,
+        /// True when this is a replay of an earlier run's rejection.
+        replayed: bool,
+    },
+    /// Another attempt holds a live lease on this key.
+    InFlight {
+        /// Suggested wait before retrying.
+        retry_after: Duration,
+    },
+    /// The intent finished longer ago than its retention: only its tombstone is left (the value
+    /// is gone). Never run it again.
+    Expired(Tombstone),
+}
+
+impl<T> Typed<T> {
+    /// The value, for an executed or replayed intent.
+    pub fn value(&self) -> Option<&T> {
+        match self {
+            Typed::Executed(v) | Typed::Replayed(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The value, for an executed or replayed intent.
+    pub fn into_value(self) -> Option<T> {
+        match self {
+            Typed::Executed(v) | Typed::Replayed(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+/// The response a typed closure's value is stored as.
+pub(crate) fn encode<T: Serialize>(value: &T) -> Result<Response, Abort> {
+    let body = postcard::to_allocvec(value)
+        .map_err(|source| Abort::Store(Error::AnswerEncoding { source }))?;
+    Ok(Response::new(TYPED_STATUS, body))
+}
+
+/// The typed answer of an engine's outcome for a typed closure.
+pub(crate) fn decode<T: DeserializeOwned>(outcome: Outcome) -> Result<Typed<T>, Error> {
+    let value = |r: &Response| -> Result<T, Error> {
+        postcard::from_bytes(r.body()).map_err(|e| Error::CorruptRecord {
+            reason: format!(
+                "the stored answer of this intent does not decode as the requested type ({e}): the operation's answer type changed since it was stored; give a new answer type a new operation name"
+            ),
+        })
+    };
+    Ok(match outcome {
+        Outcome::Executed(r) if r.is_failure() => Typed::Rejected {
+            response: r,
+            replayed: false,
+        },
+        Outcome::Replayed(r) if r.is_failure() => Typed::Rejected {
+            response: r,
+            replayed: true,
+        },
+        Outcome::Executed(r) => Typed::Executed(value(&r)?),
+        Outcome::Replayed(r) => Typed::Replayed(value(&r)?),
+        Outcome::InFlight { retry_after } => Typed::InFlight { retry_after },
+        Outcome::Expired(t) => Typed::Expired(t),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Charge {
+        id: String,
+        cents: u64,
+    }
+
+    #[test]
+    fn values_round_trip_and_a_changed_type_is_a_typed_error() {
+        let charge = Charge {
+            id: "ch_1".into(),
+            cents: 4200,
+        };
+        let stored = encode(&charge).map_err(|_| ()).unwrap();
+        let back: Typed<Charge> = decode(Outcome::Replayed(stored.clone())).unwrap();
+        assert_eq!(back, Typed::Replayed(charge));
+        let wrong: Result<Typed<Vec<u64>>, Error> = decode(Outcome::Replayed(Response::new(
+            200,
+            vec![
+                0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+            ],
+        )));
+        assert!(matches!(wrong, Err(Error::CorruptRecord { .. })));
+        let rejected: Typed<Charge> = decode(Outcome::Replayed(
+            Response::new(402, "declined").mark_failed(),
+        ))
+        .unwrap();
+        assert!(matches!(rejected, Typed::Rejected { replayed: true, .. }));
+    }
+}
