@@ -54,6 +54,10 @@
 
 // The layers (docs/design.md, "Map"). Imports point one way: faces → messaging → engine →
 // model; `error` is shared (tests/layers_import_one_way.rs checks the direction).
+#[cfg(feature = "tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
+pub mod asynchronous;
+pub mod backend;
 pub(crate) mod engine;
 pub mod error;
 pub(crate) mod messaging;

@@ -11,11 +11,11 @@ use http::request::Parts;
 use http_body_util::{BodyExt, Limited};
 
 use super::answers::{invalid_tenant, misconfigured, problem_response};
-use super::backend::Backend;
 use super::key::{KeyError, parse_key};
 use super::layer::{Config, TenantSource};
 use super::problem;
 use super::tenant::{check_tenant_len, tenant_from_header};
+use crate::backend::Backend;
 
 /// The key of a covered request (`Ok(None)`: no key field at all).
 pub(super) fn key_of<B: Backend>(

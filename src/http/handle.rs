@@ -11,12 +11,12 @@ use http::header::{CONTENT_TYPE, HeaderValue, LOCATION};
 use http::{HeaderMap, StatusCode};
 
 use super::answers::{error_response, handler_failed, plain_response, problem_response};
-use super::backend::{Backend, BackendLease};
 use super::envelope::fit_response;
 use super::layer::{Config, Disposition, disposition};
 use super::lease::{Slot, blocking, finish_lease, take_lease};
 use super::metrics::bump;
 use super::problem;
+use crate::backend::{Backend, BackendLease};
 use crate::model::keys::DownstreamKey;
 use crate::{Abort, Error, Request, Response, Store};
 

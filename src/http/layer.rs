@@ -10,11 +10,11 @@ use http::{Method, StatusCode};
 use tokio::sync::Semaphore;
 use tower::Layer;
 
-use super::backend::Backend;
 use super::key::IDEMPOTENCY_KEY;
 use super::metrics::{Counters, LayerMetrics};
 use super::service::IdempotencyService;
 use crate::Store;
+use crate::backend::Backend;
 
 /// What to do with a covered request that carries no key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

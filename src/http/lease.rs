@@ -10,9 +10,9 @@ use http::StatusCode;
 use parking_lot::Mutex;
 
 use super::answers::problem_response;
-use super::backend::BackendLease;
 use super::metrics::{Counters, bump};
 use super::problem;
+use crate::backend::BackendLease;
 use crate::{Error, Response};
 
 /// Runs on the blocking pool: fails (`failure`) or completes `lease` with `stored`, letting it

@@ -90,7 +90,6 @@
 
 mod admit;
 mod answers;
-mod backend;
 mod envelope;
 mod fingerprint;
 mod handle;
@@ -104,8 +103,8 @@ mod replay;
 mod service;
 mod tenant;
 
+pub use crate::backend::{Backend, BackendLease};
 pub use answers::{PROBLEM_JSON, error_response, problem_response};
-pub use backend::{Backend, BackendLease};
 pub use fingerprint::fingerprint;
 pub use handle::{Idempotency, Recorded};
 pub use key::IDEMPOTENCY_KEY;

@@ -23,7 +23,6 @@ use super::answers::{
     error_response, handler_failed, in_flight, invalid_key, invalid_operation, misconfigured,
     overloaded, plain_response, problem_response,
 };
-use super::backend::{Backend, BackendLease};
 use super::envelope::fit_response;
 use super::fingerprint::fingerprint;
 use super::handle::Idempotency;
@@ -32,6 +31,7 @@ use super::lease::{Slot, blocking, finish_lease, spawn_heartbeat, take_lease};
 use super::metrics::bump;
 use super::problem;
 use super::replay::{expired, replay};
+use crate::backend::{Backend, BackendLease};
 use crate::{Begin, Request, Scope, Store};
 
 /// The service [`IdempotencyLayer`](super::IdempotencyLayer) wraps around an inner service.

@@ -1,12 +1,15 @@
-//! The stores the layer runs on: [`Backend`] is what the layer needs of an engine (claim a key
-//! with a fenced lease, its limits, its clock), [`BackendLease`] what it needs of the lease.
-//! Implemented by the file store ([`Store`] and [`Lease`]) and, with the `postgres` feature,
-//! by the PostgreSQL store (`PgStore` and `PgLease`); sealed, so the layer's promises rest only
-//! on engines that keep the contract.
+//! The engines as one interface, for the faces that run on either (the HTTP layer, the async
+//! face): [`Backend`] is a store — flow A, a flow-B claim, the inbox, its limits and clock — and
+//! [`BackendLease`] its fenced lease. Implemented by the file store ([`Store`] and [`Lease`])
+//! and, with the `postgres` feature, by the PostgreSQL store (`PgStore` and `PgLease`); sealed,
+//! so the faces' promises rest only on engines that keep the contract. The closures get the
+//! engine's own transaction handle ([`BackendLease::Tx`]: `&Tx` on the file store, `&mut PgTx`
+//! on PostgreSQL).
 
+use crate::inbox::{Processed, Receipt};
 use crate::model::keys::DownstreamKey;
 use crate::model::scope::Limits;
-use crate::{Abort, Begin, Error, Lease, Request, Response, Store, Timestamp, Tx};
+use crate::{Abort, Begin, Error, Lease, Outcome, Request, Response, Store, Timestamp, Tx};
 
 mod sealed {
     pub trait Sealed {}
@@ -18,15 +21,35 @@ mod sealed {
     impl Sealed for crate::postgres::PgLease {}
 }
 
-/// A store the [`IdempotencyLayer`](super::IdempotencyLayer) can claim keys in: [`Store`] (one
-/// file) or `idem::postgres::PgStore` (a fleet on one PostgreSQL database). The layer behaves
-/// the same on both.
+/// A store the faces run on: [`Store`] (one file) or `idem::postgres::PgStore` (a fleet on one
+/// PostgreSQL database). The HTTP layer and the async face behave the same on both.
 pub trait Backend: sealed::Sealed + Clone + Send + Sync + 'static {
     /// The store's fenced lease.
     type Lease: BackendLease;
 
+    /// Flow A (`execute` of the engine): `f` runs at most once per intent, in the transaction
+    /// that records its result.
+    fn execute<F>(&self, request: Request, f: F) -> Result<Outcome, Error>
+    where
+        F: for<'t> FnMut(TxOf<'t, Self>) -> Result<Response, Abort>;
+
     /// Claims the key of `request` with a lease, or answers without one (flow B's `begin`).
     fn begin(&self, request: Request) -> Result<Begin<Self::Lease>, Error>;
+
+    /// The inbox (`process` of the engine): `f` runs at most once per message.
+    fn process<T, F>(
+        &self,
+        subscriber: &str,
+        message_id: &[u8],
+        f: F,
+    ) -> Result<Processed<T>, Error>
+    where
+        F: for<'t> FnMut(TxOf<'t, Self>) -> Result<T, Abort>;
+
+    /// Webhook receipts (`receive` of the engine): `f` runs at most once per delivery.
+    fn receive<T, F>(&self, source: &str, delivery_id: &[u8], f: F) -> Result<Receipt<T>, Error>
+    where
+        F: for<'t> FnMut(TxOf<'t, Self>) -> Result<T, Abort>;
 
     /// The store's current time (the database server's, for PostgreSQL).
     fn now(&self) -> Timestamp;
@@ -41,10 +64,14 @@ pub trait Backend: sealed::Sealed + Clone + Send + Sync + 'static {
     fn max_queue(&self) -> usize;
 }
 
-/// The lease a [`Backend`] hands out, as the layer uses it.
+/// The transaction handle a closure of engine `B` gets (`&Tx` on the file store, `&mut PgTx` on
+/// PostgreSQL).
+pub type TxOf<'t, B> = <<B as Backend>::Lease as BackendLease>::Tx<'t>;
+
+/// The lease a [`Backend`] hands out, as the faces use it.
 pub trait BackendLease: sealed::Sealed + Send + 'static {
-    /// What a handler's [`Idempotency::complete_with`](super::Idempotency::complete_with)
-    /// closure gets to write through: `&Tx` on the file store, `&mut PgTx` on PostgreSQL.
+    /// What a closure of this engine gets to write through: `&Tx` on the file store, `&mut
+    /// PgTx` on PostgreSQL.
     type Tx<'t>;
 
     /// The request the lease is for.
@@ -83,6 +110,32 @@ pub trait BackendLease: sealed::Sealed + Send + 'static {
 
 impl Backend for Store {
     type Lease = Lease;
+
+    fn execute<F>(&self, request: Request, mut f: F) -> Result<Outcome, Error>
+    where
+        F: for<'t> FnMut(&'t Tx<'t>) -> Result<Response, Abort>,
+    {
+        Store::execute(self, request, |tx| f(tx))
+    }
+
+    fn process<T, F>(
+        &self,
+        subscriber: &str,
+        message_id: &[u8],
+        mut f: F,
+    ) -> Result<Processed<T>, Error>
+    where
+        F: for<'t> FnMut(&'t Tx<'t>) -> Result<T, Abort>,
+    {
+        Store::process(self, subscriber, message_id, |tx| f(tx))
+    }
+
+    fn receive<T, F>(&self, source: &str, delivery_id: &[u8], mut f: F) -> Result<Receipt<T>, Error>
+    where
+        F: for<'t> FnMut(&'t Tx<'t>) -> Result<T, Abort>,
+    {
+        Store::receive(self, source, delivery_id, |tx| f(tx))
+    }
 
     fn begin(&self, request: Request) -> Result<Begin<Lease>, Error> {
         Store::begin(self, request)
@@ -155,6 +208,32 @@ mod pg {
 
     impl Backend for PgStore {
         type Lease = PgLease;
+
+        fn execute<F>(&self, request: Request, f: F) -> Result<Outcome, Error>
+        where
+            F: for<'t> FnMut(&'t mut PgTx<'t>) -> Result<Response, Abort>,
+        {
+            PgStore::execute(self, request, f)
+        }
+
+        fn process<T, F>(
+            &self,
+            subscriber: &str,
+            message_id: &[u8],
+            f: F,
+        ) -> Result<Processed<T>, Error>
+        where
+            F: for<'t> FnMut(&'t mut PgTx<'t>) -> Result<T, Abort>,
+        {
+            PgStore::process(self, subscriber, message_id, f)
+        }
+
+        fn receive<T, F>(&self, source: &str, delivery_id: &[u8], f: F) -> Result<Receipt<T>, Error>
+        where
+            F: for<'t> FnMut(&'t mut PgTx<'t>) -> Result<T, Abort>,
+        {
+            PgStore::receive(self, source, delivery_id, f)
+        }
 
         fn begin(&self, request: Request) -> Result<Begin<PgLease>, Error> {
             PgStore::begin(self, request)
