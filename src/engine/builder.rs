@@ -40,6 +40,7 @@ use crate::model::settings::{Config, common_settings};
 /// | [`max_queue`](Self::max_queue) | 4,096 requests waiting for the next commit |
 /// | [`queue_timeout`](Self::queue_timeout) | 5 s, then [`Error::Busy`] |
 /// | [`multi_process`](Self::multi_process) | off: one process opens the file |
+/// | [`quick_repair`](Self::quick_repair) | off: a reopen after a crash rebuilds the allocator state |
 /// | [`inbox_retention`](Self::inbox_retention) | 7 days (inbox marks and webhook receipts) |
 ///
 /// Three ways to open a file:
@@ -62,6 +63,7 @@ pub struct StoreBuilder {
     durability: Durability,
     group: GroupConfig,
     multi_process: bool,
+    quick_repair: bool,
 }
 
 /// When a committed answer is on disk.
@@ -97,6 +99,7 @@ impl Default for StoreBuilder {
                 lanes: 1,
             },
             multi_process: false,
+            quick_repair: false,
         }
     }
 }
@@ -119,6 +122,17 @@ impl StoreBuilder {
     /// redb's page cache size in bytes.
     pub fn cache_size(mut self, bytes: usize) -> Self {
         self.cache_size = Some(bytes);
+        self
+    }
+
+    /// redb's quick-repair: every commit also saves the allocator state (and commits in two
+    /// phases), so reopening a file after a crash loads that state instead of walking the whole
+    /// file to rebuild it — seconds to tens of seconds for a multi-GB store, near-instant with
+    /// this. The price is paid per commit, so per *batch* of grouped callers (BENCHMARKS.md,
+    /// "Recovery after a crash", measures both). Default off. (In `multi_process` mode every
+    /// commit saves the state anyway.)
+    pub fn quick_repair(mut self, enabled: bool) -> Self {
+        self.quick_repair = enabled;
         self
     }
 
@@ -397,7 +411,15 @@ impl Store {
             txn.open_table(EXPIRY).map_err(unlatched)?;
         }
         txn.commit().map_err(unlatched)?;
-        let store = Store::new(db, b.config, b.clock, b.durability, b.group, instance);
+        let store = Store::new(
+            db,
+            b.config,
+            b.clock,
+            b.durability,
+            b.group,
+            instance,
+            b.quick_repair,
+        );
         store.start_background()?;
         Ok(store)
     }

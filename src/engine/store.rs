@@ -65,6 +65,8 @@ pub(crate) struct Inner {
     /// The group-commit state.
     group: Group,
     durability: Durability,
+    /// Every batch commit saves redb's allocator state (`StoreBuilder::quick_repair`).
+    quick_repair: bool,
     /// A non-durable commit happened since the flusher last looked.
     unflushed: AtomicBool,
     /// The flusher and sweeper threads.
@@ -373,6 +375,7 @@ impl Store {
         durability: Durability,
         group: GroupConfig,
         instance: [u8; 8],
+        quick_repair: bool,
     ) -> Store {
         let inner = Inner {
             db,
@@ -385,6 +388,7 @@ impl Store {
             lease_changed: Condvar::new(),
             group: Group::new(group),
             durability,
+            quick_repair,
             unflushed: AtomicBool::new(false),
             background: Background::default(),
             sweep_lock: Mutex::new(()),
@@ -581,6 +585,9 @@ impl Store {
             }
         };
         let mut txn = self.inner.db.begin_write().map_err(|e| latched(e.into()))?;
+        if self.inner.quick_repair {
+            txn.set_quick_repair(true);
+        }
         if self.relaxed_durability() {
             txn.set_durability(redb::Durability::None)
                 .map_err(|e| latched(e.into()))?;
