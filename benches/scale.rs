@@ -1,0 +1,375 @@
+//! The file store as it grows: for stores of 100,000 and 1,000,000 records (and 10,000,000 with
+//! `IDEM_SCALE_10M=1`), claims/s with 1 and 64 callers, replay lookups/s, p99, bytes on disk per
+//! record, the process's RSS after a mixed load, and the reopen after a SIGKILL — its time and
+//! the RSS it leaves before the first request — with and without quick-repair, whose cost in
+//! claims/s at 1, 8 and 64 callers it also measures. `Durability::Periodic(10 ms)` next to the
+//! default at 1 and 64 callers.
+//!
+//! ```text
+//! cargo bench --bench scale                       # 100k and 1M records
+//! IDEM_SCALE_10M=1 cargo bench --bench scale      # and 10M (tens of minutes, ~5 GB of disk)
+//! IDEM_BENCH_QUICK=1 cargo bench --bench scale    # 100k only, short runs
+//! ```
+//!
+//! Each measurement that needs a fresh process (RSS, a reopen after SIGKILL) re-executes this
+//! binary as a child. `IDEM_BENCH_DIR` chooses the filesystem (default the system temp dir).
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Barrier;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use idem::{Durability, Outcome, Request, Response, Scope, Store, StoreBuilder};
+
+fn env_parse<T: std::str::FromStr>(name: &str) -> Option<T> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+fn quick() -> bool {
+    std::env::var("IDEM_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+fn request(key: &str) -> Request {
+    Request::from_canonical_bytes(
+        Scope::new("tenant-0042", "create_order"),
+        key,
+        format!("sku=sku-1&qty=2&ref={key}").as_bytes(),
+    )
+}
+
+fn claim(store: &Store, key: &str) {
+    let outcome = store
+        .execute(request(key), |_| {
+            Ok(Response::new(201, r#"{"ok":true}"#).with_resource("order", "o1"))
+        })
+        .expect("claim");
+    assert!(matches!(outcome, Outcome::Executed(_)), "{key}");
+}
+
+fn replay(store: &Store, key: &str) {
+    let outcome = store
+        .execute(request(key), |_| panic!("a replay runs nothing"))
+        .expect("replay");
+    assert!(matches!(outcome, Outcome::Replayed(_)), "{key}");
+}
+
+fn existing(i: u64) -> String {
+    format!("pre-{i:010}")
+}
+
+/// Fills `path` with `n` records through the public API (64 threads, relaxed durability, one
+/// flush at the end), and returns how long it took.
+fn build(path: &Path, n: u64) -> Duration {
+    let started = Instant::now();
+    let store = Store::builder()
+        .durability(Durability::Periodic(Duration::from_millis(200)))
+        .open(path)
+        .expect("open for the fill");
+    let threads = 64u64;
+    thread::scope(|s| {
+        for t in 0..threads {
+            let store = &store;
+            s.spawn(move || {
+                let mut i = t;
+                while i < n {
+                    claim(store, &existing(i));
+                    i += threads;
+                }
+            });
+        }
+    });
+    drop(store); // flushes
+    started.elapsed()
+}
+
+/// Calls per second and the p99 of `callers` threads doing `op(caller, i)` for ~`secs`.
+fn rate(callers: usize, secs: f64, op: impl Fn(usize, u64) + Sync) -> (f64, Duration) {
+    let barrier = Barrier::new(callers);
+    let limit = Duration::from_secs_f64(secs);
+    let (n, elapsed, mut lat) = thread::scope(|s| {
+        let hs: Vec<_> = (0..callers)
+            .map(|c| {
+                let (barrier, op) = (&barrier, &op);
+                s.spawn(move || {
+                    barrier.wait();
+                    let start = Instant::now();
+                    let mut lat = Vec::new();
+                    let mut i = 0;
+                    while start.elapsed() < limit {
+                        let t = Instant::now();
+                        op(c, i);
+                        lat.push(t.elapsed());
+                        i += 1;
+                    }
+                    (i, start.elapsed(), lat)
+                })
+            })
+            .collect();
+        let mut n = 0;
+        let mut elapsed = Duration::ZERO;
+        let mut lat = Vec::new();
+        for h in hs {
+            let (i, e, l) = h.join().expect("caller");
+            n += i;
+            elapsed = elapsed.max(e);
+            lat.extend(l);
+        }
+        (n, elapsed, lat)
+    });
+    lat.sort_unstable();
+    let p99 = lat
+        .get(((lat.len() as f64 * 0.99) as usize).min(lat.len().saturating_sub(1)))
+        .copied()
+        .unwrap_or_default();
+    (n as f64 / elapsed.as_secs_f64(), p99)
+}
+
+/// This process's resident set size, in MiB (Linux `/proc/self/status`).
+fn rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+fn copy(from: &Path, to: &Path) {
+    std::fs::copy(from, to).expect("copy the store");
+    std::fs::File::open(to)
+        .and_then(|f| f.sync_all())
+        .expect("sync the copy");
+}
+
+/// Drops the OS page cache (root only); reopen times are then cold. Returns whether it could.
+fn drop_caches() -> bool {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open("/proc/sys/vm/drop_caches")
+        .and_then(|mut f| f.write_all(b"3\n"))
+        .is_ok()
+}
+
+/// Runs this binary as a child `mode` on `path`, returning its stdout lines.
+fn child(mode: &str, path: &Path, extra: &[(&str, String)]) -> std::process::Child {
+    let exe = std::env::current_exe().expect("bench binary");
+    let mut c = Command::new(exe);
+    c.env("IDEM_SCALE_CHILD", mode).env("IDEM_SCALE_PATH", path);
+    for (k, v) in extra {
+        c.env(k, v);
+    }
+    c.stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start a child")
+}
+
+/// Child: opens `path` (the default configuration, or with `IDEM_SCALE_CACHE` bytes of cache),
+/// runs `IDEM_SCALE_SECS` of 8-thread mixed load (90 % replays of existing keys, 10 % new
+/// keys), prints `rss <MiB>`.
+fn child_mixed(path: &Path) {
+    let n: u64 = env_parse("IDEM_SCALE_N").unwrap_or(1);
+    let secs: f64 = env_parse("IDEM_SCALE_SECS").unwrap_or(60.0);
+    let mut b = Store::builder();
+    if let Some(bytes) = env_parse::<usize>("IDEM_SCALE_CACHE") {
+        b = b.cache_size(bytes);
+    }
+    let store = b.open(path).expect("open");
+    let (ops, _) = rate(8, secs, |c, i| {
+        if i % 10 == 9 {
+            claim(&store, &format!("mixed-{c:02}-{i:010}"));
+        } else {
+            let k = (i.wrapping_mul(2_654_435_761).wrapping_add(c as u64 * 97)) % n;
+            replay(&store, &existing(k));
+        }
+    });
+    println!("rss {:.1}", rss_mib());
+    println!("ops {ops:.0}");
+}
+
+/// Child: claims on `path` (quick-repair per `IDEM_SCALE_QR`) until killed; prints `ready` once
+/// it committed some.
+fn child_crash(path: &Path) {
+    let qr = std::env::var("IDEM_SCALE_QR").as_deref() == Ok("1");
+    let store = Store::builder().quick_repair(qr).open(path).expect("open");
+    let mut out = std::io::stdout();
+    thread::scope(|s| {
+        for t in 0..8 {
+            let store = &store;
+            s.spawn(move || {
+                for i in 0u64.. {
+                    claim(store, &format!("crash-{t}-{i:010}"));
+                }
+            });
+        }
+        thread::sleep(Duration::from_millis(500));
+        let _ = writeln!(out, "ready");
+        let _ = out.flush();
+    });
+}
+
+/// Child: opens `path` (after a crash) and prints how long the open took and the RSS then.
+fn child_reopen(path: &Path) {
+    let started = Instant::now();
+    let store = Store::open(path).expect("reopen");
+    let took = started.elapsed();
+    println!("reopen_ms {}", took.as_millis());
+    println!("rss {:.1}", rss_mib());
+    drop(store);
+}
+
+fn field(lines: &[String], name: &str) -> Option<f64> {
+    lines
+        .iter()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+}
+
+fn output(mut c: std::process::Child) -> Vec<String> {
+    let lines = BufReader::new(c.stdout.take().expect("stdout"))
+        .lines()
+        .map_while(Result::ok)
+        .collect();
+    let _ = c.wait();
+    lines
+}
+
+/// A SIGKILL while claiming, then a reopen in a fresh process: (reopen ms, RSS MiB).
+fn crash_and_reopen(store: &Path, work: &Path, quick_repair: bool) -> (f64, f64) {
+    copy(store, work);
+    let mut c = child(
+        "crash",
+        work,
+        &[("IDEM_SCALE_QR", if quick_repair { "1" } else { "0" }.into())],
+    );
+    let mut lines = BufReader::new(c.stdout.take().expect("stdout")).lines();
+    while let Some(Ok(line)) = lines.next() {
+        if line == "ready" {
+            break;
+        }
+    }
+    let _ = c.kill();
+    let _ = c.wait();
+    let cold = drop_caches();
+    let out = output(child("reopen", work, &[]));
+    if !cold {
+        eprintln!("scale: could not drop the page cache (not root): the reopen is warm");
+    }
+    (
+        field(&out, "reopen_ms").unwrap_or(f64::NAN),
+        field(&out, "rss").unwrap_or(f64::NAN),
+    )
+}
+
+/// How a fresh store for the configuration rows is built.
+type Config = fn() -> StoreBuilder;
+
+fn main() {
+    if let Ok(mode) = std::env::var("IDEM_SCALE_CHILD") {
+        let path = PathBuf::from(std::env::var_os("IDEM_SCALE_PATH").expect("path"));
+        match mode.as_str() {
+            "mixed" => child_mixed(&path),
+            "crash" => child_crash(&path),
+            "reopen" => child_reopen(&path),
+            _ => {}
+        }
+        return;
+    }
+    let quick = quick();
+    let mut sizes: Vec<u64> = if quick {
+        vec![100_000]
+    } else {
+        vec![100_000, 1_000_000]
+    };
+    if std::env::var("IDEM_SCALE_10M").is_ok_and(|v| v == "1") {
+        sizes.push(10_000_000);
+    }
+    let secs = if quick { 1.0 } else { 3.0 };
+    let mixed_secs: f64 =
+        env_parse("IDEM_SCALE_MIXED_SECS").unwrap_or(if quick { 10.0 } else { 60.0 });
+    let parent = std::env::var_os("IDEM_BENCH_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    let dir = tempfile::tempdir_in(parent).expect("bench dir");
+    let commit = Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    println!(
+        "file store at scale (commit {commit}; runs of ~{secs:.0} s; mixed load {mixed_secs:.0} s)\n"
+    );
+    println!(
+        "| records | build | bytes/record | claims/s 1 | p99 1 | claims/s 64 | p99 64 | replays/s 1 | RSS after mixed (default) | RSS after mixed (64 MiB cache) | reopen after SIGKILL | RSS at reopen | reopen, quick-repair | RSS, quick-repair |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for &n in &sizes {
+        let master = dir.path().join(format!("master-{n}.redb"));
+        let built = build(&master, n);
+        let bytes = std::fs::metadata(&master).map_or(0, |m| m.len());
+        let work = dir.path().join("work.redb");
+        copy(&master, &work);
+        let store = Store::open(&work).expect("open the copy");
+        let (c1, p1) = rate(1, secs, |c, i| claim(&store, &format!("n1-{c}-{i:010}")));
+        let (c64, p64) = rate(64, secs, |c, i| claim(&store, &format!("n64-{c}-{i:010}")));
+        let (r1, _) = rate(1, secs, |_, i| {
+            let k = i.wrapping_mul(2_654_435_761) % n;
+            replay(&store, &existing(k));
+        });
+        drop(store);
+        let mut rss = Vec::new();
+        for cache in [None, Some(64usize << 20)] {
+            copy(&master, &work);
+            let mut extra = vec![
+                ("IDEM_SCALE_N", n.to_string()),
+                ("IDEM_SCALE_SECS", mixed_secs.to_string()),
+            ];
+            if let Some(c) = cache {
+                extra.push(("IDEM_SCALE_CACHE", c.to_string()));
+            }
+            let out = output(child("mixed", &work, &extra));
+            rss.push(field(&out, "rss").unwrap_or(f64::NAN));
+        }
+        let (plain_ms, plain_rss) = crash_and_reopen(&master, &work, false);
+        let (qr_ms, qr_rss) = crash_and_reopen(&master, &work, true);
+        println!(
+            "| {n} | {:.1} s | {:.0} | {c1:.0} | {:.2} ms | {c64:.0} | {:.2} ms | {r1:.0} | {:.0} MiB | {:.0} MiB | {plain_ms:.0} ms | {plain_rss:.0} MiB | {qr_ms:.0} ms | {qr_rss:.0} MiB |",
+            built.as_secs_f64(),
+            bytes as f64 / n as f64,
+            p1.as_secs_f64() * 1e3,
+            p64.as_secs_f64() * 1e3,
+            rss[0],
+            rss[1],
+        );
+        let _ = std::fs::remove_file(&master);
+    }
+
+    // Quick-repair's cost, and Durability::Periodic(10 ms), on a fresh store.
+    println!("\n| configuration | claims/s 1 | claims/s 8 | claims/s 64 |");
+    println!("|---|---|---|---|");
+    let configs: [(&str, Config); 3] = [
+        ("default (Immediate)", Store::builder),
+        ("quick_repair(true)", || Store::builder().quick_repair(true)),
+        ("Durability::Periodic(10 ms)", || {
+            Store::builder().durability(Durability::Periodic(Duration::from_millis(10)))
+        }),
+    ];
+    for (name, make) in configs {
+        let path = dir.path().join("fresh.redb");
+        let _ = std::fs::remove_file(&path);
+        let store = make().open(&path).expect("open");
+        let rates: Vec<f64> = [1usize, 8, 64]
+            .iter()
+            .map(|&c| rate(c, secs, |k, i| claim(&store, &format!("f{c}-{k}-{i:010}"))).0)
+            .collect();
+        println!(
+            "| {name} | {:.0} | {:.0} | {:.0} |",
+            rates[0], rates[1], rates[2]
+        );
+    }
+}
