@@ -41,8 +41,8 @@
 //!
 //! Add it with `cargo add idem-store` (the package's name; the library is `idem`).
 //!
-//! See `README.md` for the guarantees (and non-guarantees) and `docs/design.md` for the
-//! invariants and crash-safety argument.
+//! See `README.md` for the guarantees (and non-guarantees), [`docs::design`] for the
+//! invariants and crash-safety argument, and [`docs::format`] for every stored byte.
 
 // docs.rs builds with `--cfg docsrs` (Cargo.toml, `[package.metadata.docs.rs]`) on nightly: the
 // feature-gated items then carry their "Available on crate feature ..." badge.
@@ -148,6 +148,10 @@ pub use messaging::webhook;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
+
+// The documents of docs/ as rustdoc pages (no items): idem::docs::{design, format, http,
+// reliability}.
+pub mod docs;
 
 /// README.md's code blocks compile and run as doctests.
 #[cfg(doctest)]
