@@ -97,7 +97,7 @@
 //!
 //! - flow A: [`Store::execute`]; flow B: [`Store::begin`], [`Lease`], [`Store::begin_wait`];
 //! - messages: [`Store::process`] (inbox), [`Store::receive`] with the [`webhook`] verifiers;
-//! - events: [`Tx::outbox`](Tx::outbox) and [`Store::start_dispatcher`] (transactional outbox);
+//! - events: [`Tx::outbox`] and [`Store::start_dispatcher`] (transactional outbox);
 //! - settings: [`StoreBuilder`], [`RetentionPolicy`] ([`StoreBuilder::retention_policy`]);
 //! - HTTP: [`IdempotencyLayer`] with axum (feature `http`);
 //! - PostgreSQL: [`PgStore::execute`], [`PgStore::begin`], [`PgStore::process`],
