@@ -89,7 +89,7 @@
 //! | `webhooks` | yes | [`webhook`]: GitHub and Standard Webhooks signature verification, before [`Store::receive`] |
 //! | `http` | no | [`IdempotencyLayer`]: the `Idempotency-Key` layer for axum/hyper/tower services |
 //! | `postgres` | no | [`PgStore`]: the PostgreSQL engine (`idem::postgres`) |
-//! | `cli` | no | the `idem` operator binary: inspect, export, check and repair a store |
+//! | `cli` | no | the `idem` operator binary: `stats`, `get`, `export`, `check`, `purge`, `sweep`, `compact` (and `pg` for PostgreSQL) |
 //!
 //! ## Where to start
 //!
