@@ -6,6 +6,7 @@
 //! | [`design`] | the layers, the tables, a record's lifecycle, the decisions and their invariants, group commit, crash safety operation by operation |
 //! | [`format`](mod@format) | every stored byte: tables, record keys and values, checksums, marks, outbox event ids, the HTTP layer's formats, and the compatibility rules |
 //! | [`http`] | the HTTP contract of `idem::http::IdempotencyLayer` (feature `http`): which requests are covered, the key grammar, every answer, what is recorded |
+//! | [`postgres`] | the PostgreSQL engine (feature `postgres`): what was tested, its tables and schema versions, the fleet's clock, group commit and its invariants, failures, crash safety per operation, settings, what is not guaranteed |
 //! | [`reliability`] | the fault model, each invariant with the test that checks it, the bad-input index, the figures and how to reproduce them |
 //!
 //! These modules hold no items: they are documentation only. Their code blocks are examples of
@@ -33,6 +34,12 @@ pub mod format {}
 ///
 #[doc = include_str!("../docs/HTTP.md")]
 pub mod http {}
+
+/// The PostgreSQL engine: tables, the fleet's clock, group commit, failures, crash safety
+/// (`docs/POSTGRES.md`).
+///
+#[doc = include_str!("../docs/POSTGRES.md")]
+pub mod postgres {}
 
 /// Reliability: what is tested, how, and the figures (`docs/RELIABILITY.md`).
 ///

@@ -110,6 +110,8 @@
 //! - [`docs::format`]: every stored byte (records, marks, outbox event ids, the HTTP layer's
 //!   formats) and the compatibility rules;
 //! - [`docs::http`]: the HTTP contract of the `Idempotency-Key` layer;
+//! - [`docs::postgres`]: the PostgreSQL engine: its tables, the fleet's clock, group commit,
+//!   failures and crash safety, what it does not guarantee;
 //! - [`docs::reliability`]: the fault model, which test checks which invariant, the figures.
 //!
 //! The repository's `README.md` states the guarantees (and non-guarantees) in one page.
@@ -250,7 +252,7 @@ pub use messaging::webhook;
 pub mod http;
 
 // The documents of docs/ as rustdoc pages (no items): idem::docs::{design, format, http,
-// reliability}.
+// postgres, reliability}.
 pub mod docs;
 
 /// README.md's code blocks compile and run as doctests.
