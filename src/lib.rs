@@ -13,6 +13,8 @@
 //! Keys are always scoped by tenant and operation ([`Scope`]); the request is stored only as a
 //! fingerprint; the same key with a different payload is [`Error::PayloadMismatch`].
 //!
+//! ## Flow A: your writes and the answer commit together
+//!
 //! ```
 //! use idem::{Outcome, Request, Response, Scope, Store};
 //! use redb::{ReadableTable, TableDefinition};
@@ -35,15 +37,115 @@
 //! assert!(matches!(first, Outcome::Executed(_)));
 //! assert!(matches!(retry, Outcome::Replayed(_)));
 //! assert_eq!(first.response(), retry.response()); // same status and body, byte for byte
+//! # let read = store.begin_read()?;
+//! # assert_eq!(read.open_table(ORDERS)?.get("order-123")?.map(|q| q.value()), Some(2));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## Flow B: a call to another system, made with a stable key
+//!
+//! ```
+//! use std::collections::HashMap;
+//! use idem::{Begin, Request, Response, Scope, Store};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! let store = Store::open(dir.path().join("idem.redb"))?;
+//! // A payment provider that deduplicates on the idempotency key it is sent.
+//! let mut provider: HashMap<String, u64> = HashMap::new();
+//! let mut charge = |amount: u64| -> Result<Response, Box<dyn std::error::Error>> {
+//!     let req = Request::new(Scope::new("tenant-42", "charge"), "invoice-7", &amount)?;
+//!     Ok(match store.begin(req)? {
+//!         Begin::Acquired(lease) => {
+//!             // The same key on every attempt, even a takeover after a crash.
+//!             provider.entry(lease.downstream_key().to_hex()).or_insert(amount);
+//!             lease.complete(Response::new(200, "charged"))?
+//!         }
+//!         Begin::Replayed(stored) => stored,
+//!         other => return Err(format!("not now: {other:?}").into()),
+//!     })
+//! };
+//! let first = charge(1_000)?;
+//! let retry = charge(1_000)?; // replayed: the provider is not called again
+//! assert_eq!(first, retry);
+//! assert_eq!(provider.len(), 1);
 //! # Ok(())
 //! # }
 //! ```
 //!
 //! Add it with `cargo add idem-store` (the package's name; the library is `idem`).
 //!
-//! See `README.md` for the guarantees (and non-guarantees) and `docs/design.md` for the
-//! invariants and crash-safety argument.
+//! ## Engines
+//!
+//! - **File store** ([`Store`]): one redb file, no server; group commit, fail-stop on I/O errors.
+//! - **PostgreSQL** ([`PgStore`], feature `postgres`): the same API and guarantees for a fleet of
+//!   processes sharing one database; closures get a `&mut PgTx` for your own SQL.
+//!
+//! ## Features
+//!
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | `webhooks` | yes | [`webhook`]: GitHub and Standard Webhooks signature verification, before [`Store::receive`] |
+//! | `http` | no | [`IdempotencyLayer`]: the `Idempotency-Key` layer for axum/hyper/tower services |
+//! | `postgres` | no | [`PgStore`]: the PostgreSQL engine (`idem::postgres`) |
+//! | `cli` | no | the `idem` operator binary: `stats`, `get`, `export`, `check`, `purge`, `sweep`, `compact` (and `pg` for PostgreSQL) |
+//!
+//! ## Where to start
+//!
+//! Every entry point below has an example that runs as a doctest:
+//!
+//! - flow A: [`Store::execute`]; flow B: [`Store::begin`], [`Lease`], [`Store::begin_wait`];
+//! - messages: [`Store::process`] (inbox), [`Store::receive`] with the [`webhook`] verifiers;
+//! - events: [`Tx::outbox`] and [`Store::start_dispatcher`] (transactional outbox);
+//! - settings: [`StoreBuilder`], [`RetentionPolicy`] ([`StoreBuilder::retention_policy`]);
+//! - HTTP: [`IdempotencyLayer`] with axum (feature `http`);
+//! - PostgreSQL: [`PgStore::execute`], [`PgStore::begin`], [`PgStore::process`],
+//!   [`PgStoreBuilder`] (feature `postgres`; their examples need a server, so they only compile).
+//!
+//! ## Documents
+//!
+//! - [`docs::design`]: the layers, a record's lifecycle, the invariants and the crash-safety
+//!   argument, operation by operation;
+//! - [`docs::format`]: every stored byte (records, marks, outbox event ids, the HTTP layer's
+//!   formats) and the compatibility rules;
+//! - [`docs::http`]: the HTTP contract of the `Idempotency-Key` layer;
+//! - [`docs::postgres`]: the PostgreSQL engine: its tables, the fleet's clock, group commit,
+//!   failures and crash safety, what it does not guarantee;
+//! - [`docs::reliability`]: the fault model, which test checks which invariant, the figures.
+//!
+//! The repository's `README.md` states the guarantees (and non-guarantees) in one page.
+//!
 
+// Links to items behind a feature: to the item when the feature is on (docs.rs builds with every
+// feature), otherwise to the features table above, so a build without the feature has no
+// broken link.
+#![cfg_attr(feature = "postgres", doc = "[`PgStore`]: postgres::PgStore")]
+#![cfg_attr(not(feature = "postgres"), doc = "[`PgStore`]: #features")]
+#![cfg_attr(
+    feature = "postgres",
+    doc = "[`PgStore::execute`]: postgres::PgStore::execute"
+)]
+#![cfg_attr(not(feature = "postgres"), doc = "[`PgStore::execute`]: #features")]
+#![cfg_attr(
+    feature = "postgres",
+    doc = "[`PgStore::begin`]: postgres::PgStore::begin"
+)]
+#![cfg_attr(not(feature = "postgres"), doc = "[`PgStore::begin`]: #features")]
+#![cfg_attr(
+    feature = "postgres",
+    doc = "[`PgStore::process`]: postgres::PgStore::process"
+)]
+#![cfg_attr(not(feature = "postgres"), doc = "[`PgStore::process`]: #features")]
+#![cfg_attr(
+    feature = "postgres",
+    doc = "[`PgStoreBuilder`]: postgres::PgStoreBuilder"
+)]
+#![cfg_attr(not(feature = "postgres"), doc = "[`PgStoreBuilder`]: #features")]
+#![cfg_attr(feature = "http", doc = "[`IdempotencyLayer`]: http::IdempotencyLayer")]
+#![cfg_attr(not(feature = "http"), doc = "[`IdempotencyLayer`]: #features")]
+#![cfg_attr(feature = "webhooks", doc = "[`webhook`]: webhook")]
+#![cfg_attr(not(feature = "webhooks"), doc = "[`webhook`]: #features")]
 // docs.rs builds with `--cfg docsrs` (Cargo.toml, `[package.metadata.docs.rs]`) on nightly: the
 // feature-gated items then carry their "Available on crate feature ..." badge.
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -153,6 +255,10 @@ pub use messaging::webhook;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
+
+// The documents of docs/ as rustdoc pages (no items): idem::docs::{design, format, http,
+// postgres, reliability}.
+pub mod docs;
 
 /// README.md's code blocks compile and run as doctests.
 #[cfg(doctest)]

@@ -55,6 +55,51 @@ use crate::model::settings::{Config, common_settings};
 /// before the store opens it (`tempfile`, `touch`, a deployment step). A damaged file is
 /// [`Error::CorruptStore`] for all three, never a panic: a panic redb raises while reading
 /// damaged pages is contained (docs/design.md, "Damaged files").
+///
+/// # Example
+///
+/// Retention stated as the windows in which a duplicate can still arrive
+/// ([`RetentionPolicy`](crate::RetentionPolicy)): within the longest one a retry is replayed in
+/// full; after it, until the tombstone horizon, it gets [`Outcome::Expired`] (status and
+/// resource pointer, no body) and still never runs again; after the horizon the key is free.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem::clock::ManualClock;
+/// use idem::{Outcome, Request, Response, RetentionPolicy, Scope, Store, Timestamp};
+///
+/// const HOUR: Duration = Duration::from_secs(3600);
+/// const DAY: Duration = Duration::from_secs(24 * 3600);
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// let clock = ManualClock::new(Timestamp(1_700_000_000_000));
+/// let store = Store::builder()
+///     .retention_policy(
+///         RetentionPolicy::new()
+///             .client_retry(HOUR)           // apps retry for an hour
+///             .webhook_replay(3 * DAY)      // providers redeliver for 3 days: the retention
+///             .tombstone_horizon(30 * DAY), // then a tombstone keeps the key bound
+///     )
+///     .clock(clock.clone())
+///     .open(dir.path().join("idem.redb"))?;
+///
+/// let refund = || -> Result<Outcome, idem::Error> {
+///     let request = Request::new(Scope::new("tenant-42", "refund"), "refund-1", &500u32)?;
+///     store.execute(request, |_tx| Ok(Response::new(201, "refunded").with_resource("refund", "rf_1")))
+/// };
+/// assert!(matches!(refund()?, Outcome::Executed(_)));
+///
+/// clock.advance(2 * DAY); // within the retention: the full answer
+/// assert_eq!(refund()?.response().map(|r| r.body()), Some(&b"refunded"[..]));
+///
+/// clock.advance(2 * DAY); // past it: the tombstone, and the refund does not run again
+/// let Outcome::Expired(tombstone) = refund()? else { unreachable!() };
+/// assert_eq!(tombstone.status(), 201);
+/// assert_eq!(tombstone.resource().map(|r| r.id.as_str()), Some("rf_1"));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct StoreBuilder {
     config: Config,

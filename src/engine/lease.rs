@@ -31,6 +31,45 @@ pub type Begin<L = Lease> = crate::model::response::Begin<L>;
 /// finishing call (`complete`, `fail`, `release`) consumes the lease; if it returns an error
 /// other than `LeaseLost`, the lease is released on drop, and a retry of the intent starts
 /// again with the same [`Lease::downstream_key`].
+///
+/// # Example
+///
+/// A worker claims a job and stalls past its lease (a GC pause, a partition) without dying.
+/// Another worker takes the job over with the same downstream key; when the first one wakes
+/// up, its lease is fenced out: it can neither complete nor release what the new holder owns.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem::clock::ManualClock;
+/// use idem::{Begin, Error, Request, Response, Scope, Store, Timestamp};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// let clock = ManualClock::new(Timestamp(1_700_000_000_000));
+/// let store = Store::builder()
+///     .clock(clock.clone())
+///     .lease_duration(Duration::from_secs(30))
+///     .open(dir.path().join("idem.redb"))?;
+/// let job = || Request::new(Scope::new("tenant-42", "ship_parcel"), "parcel-5", "express");
+///
+/// let Begin::Acquired(stalled) = store.begin(job()?)? else { unreachable!() };
+/// assert_eq!(stalled.attempt(), 1);
+///
+/// clock.advance(Duration::from_secs(31)); // no heartbeat: the lease lapsed
+/// let Begin::Acquired(takeover) = store.begin(job()?)? else { unreachable!() };
+/// assert_eq!(takeover.takeover_of(), Some(1));
+/// assert_eq!(takeover.downstream_key(), stalled.downstream_key()); // the carrier dedupes
+///
+/// // The stale holder is fenced by its token: nothing it does reaches the record.
+/// let late = stalled.complete(Response::new(200, "label from attempt 1"));
+/// assert!(matches!(late, Err(Error::LeaseLost { .. })));
+///
+/// takeover.complete(Response::new(200, "label from attempt 2"))?;
+/// let Begin::Replayed(answer) = store.begin(job()?)? else { unreachable!() };
+/// assert_eq!(answer.body(), b"label from attempt 2");
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct Lease {
     store: Store,

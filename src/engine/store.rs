@@ -150,6 +150,50 @@ impl Store {
     /// A replay normally comes from a read transaction. If the intent finishes while this call
     /// waits for redb's writer lock, the replay is read inside that write transaction, which
     /// writes nothing (if no other caller in it wrote, it is aborted: no fsync).
+    ///
+    /// # Example
+    ///
+    /// A retry after a lost answer replays it: the closure ran once, and its write and the
+    /// record committed together. The same key with another payload is refused.
+    ///
+    /// ```
+    /// use std::cell::Cell;
+    /// use idem::redb::{ReadableTable, TableDefinition};
+    /// use idem::{Error, Outcome, Request, Response, Scope, Store};
+    ///
+    /// const ORDERS: TableDefinition<&str, u32> = TableDefinition::new("orders");
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(dir.path().join("idem.redb"))?;
+    /// let scope = Scope::new("tenant-42", "create_order");
+    /// let runs = Cell::new(0);
+    /// let create = |quantity: u32| -> Result<Outcome, Error> {
+    ///     let request = Request::new(scope.clone(), "order-123", &("sku-1", quantity))?;
+    ///     store.execute(request, |tx| {
+    ///         runs.set(runs.get() + 1);
+    ///         tx.open_table(ORDERS)?.insert("order-123", quantity)?;
+    ///         Ok(Response::new(201, r#"{"id":"order-123"}"#).with_resource("order", "order-123"))
+    ///     })
+    /// };
+    ///
+    /// let first = create(2)?;
+    /// let retry = create(2)?;
+    /// assert!(matches!(&first, Outcome::Executed(r) if r.status() == 201));
+    /// assert!(retry.is_replay());
+    /// assert_eq!(first.response(), retry.response()); // the same status and body
+    /// assert_eq!(runs.get(), 1); // the closure ran once
+    ///
+    /// // The order row committed with the record.
+    /// let orders = store.begin_read()?.open_table(ORDERS)?;
+    /// assert_eq!(orders.get("order-123")?.map(|q| q.value()), Some(2));
+    ///
+    /// // The key is bound to its first payload.
+    /// assert!(matches!(create(5), Err(Error::PayloadMismatch { .. })));
+    /// assert_eq!(runs.get(), 1);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn execute<F>(&self, request: Request, mut f: F) -> Result<Outcome, Error>
     where
         F: FnMut(&Tx<'_>) -> Result<Response, Abort>,
@@ -205,6 +249,68 @@ impl Store {
     /// [`Lease::downstream_key`]), or the stored result (`Begin::Replayed`, or
     /// `Begin::Expired` past the retention), or `Begin::InFlight`; a different
     /// payload is [`Error::PayloadMismatch`]. Fails fast; see [`Store::begin_wait`] to wait.
+    ///
+    /// # Example
+    ///
+    /// A charge through a provider that deduplicates on the key it is sent. The first attempt
+    /// fails on the provider's side and releases the key; the retry sends the same downstream
+    /// key, completes, and every later retry replays the answer without calling the provider.
+    ///
+    /// ```
+    /// use std::collections::HashMap;
+    /// use idem::{Begin, Request, Response, Scope, Store};
+    ///
+    /// /// A payment provider that honours idempotency keys (a stand-in for a real API).
+    /// #[derive(Default)]
+    /// struct Provider {
+    ///     charges: HashMap<String, u64>,
+    ///     fail_next: bool,
+    /// }
+    /// impl Provider {
+    ///     fn charge(&mut self, idempotency_key: &str, cents: u64) -> Result<String, &'static str> {
+    ///         if std::mem::take(&mut self.fail_next) {
+    ///             return Err("503 from the provider");
+    ///         }
+    ///         self.charges.entry(idempotency_key.to_owned()).or_insert(cents);
+    ///         Ok(format!("ch_{}", &idempotency_key[..8]))
+    ///     }
+    /// }
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(dir.path().join("idem.redb"))?;
+    /// let mut provider = Provider { fail_next: true, ..Provider::default() };
+    /// let mut keys_sent = Vec::new();
+    /// let mut pay = |invoice: &str, cents: u64| -> Result<Option<Response>, Box<dyn std::error::Error>> {
+    ///     let request = Request::new(Scope::new("tenant-42", "pay_invoice"), invoice, &cents)?;
+    ///     match store.begin(request)? {
+    ///         Begin::Acquired(lease) => {
+    ///             let key = lease.downstream_key().to_hex();
+    ///             keys_sent.push(key.clone());
+    ///             match provider.charge(&key, cents) {
+    ///                 Ok(charge) => Ok(Some(lease.complete(Response::new(200, charge))?)),
+    ///                 // Nothing happened downstream: give the key up so a retry runs now.
+    ///                 Err(_) => {
+    ///                     lease.release()?;
+    ///                     Ok(None)
+    ///                 }
+    ///             }
+    ///         }
+    ///         Begin::Replayed(stored) => Ok(Some(stored)),
+    ///         Begin::InFlight { .. } | Begin::Expired(_) => Ok(None),
+    ///     }
+    /// };
+    ///
+    /// assert_eq!(pay("inv-7", 1_000)?, None); // the provider failed; the key was released
+    /// let paid = pay("inv-7", 1_000)?.expect("the retry completes");
+    /// let again = pay("inv-7", 1_000)?.expect("a replay");
+    /// assert_eq!(paid, again); // replayed, byte for byte
+    /// assert_eq!(keys_sent.len(), 2); // the replay did not call the provider
+    /// assert_eq!(keys_sent[0], keys_sent[1]); // both attempts sent the same key
+    /// assert_eq!(provider.charges.len(), 1); // one charge
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn begin(&self, request: Request) -> Result<Begin, Error> {
         let key = self.admit(&request)?;
         if let Some(early) = self.read_path(&request, &key)? {
@@ -254,6 +360,37 @@ impl Store {
     /// to notice a lapsing lease or another process's commit. `Duration::MAX` waits without a
     /// deadline. Refused with [`Error::Reentrant`] inside a closure of the same store (the
     /// holder could never finish while this thread holds the writer).
+    ///
+    /// # Example
+    ///
+    /// A second worker gets the same job while the first still runs it: [`Store::begin`]
+    /// answers `InFlight` at once, `begin_wait` waits and gets the first worker's answer.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem::{Begin, Request, Response, Scope, Store};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(dir.path().join("idem.redb"))?;
+    /// let job = || Request::new(Scope::new("tenant-42", "render_report"), "report-9", "q3");
+    ///
+    /// let Begin::Acquired(lease) = store.begin(job()?)? else { unreachable!() };
+    /// assert!(matches!(store.begin(job()?)?, Begin::InFlight { .. }));
+    ///
+    /// let second = std::thread::scope(|s| -> Result<Begin, idem::Error> {
+    ///     let waiter = s.spawn(|| store.begin_wait(job()?, Duration::from_secs(10)));
+    ///     // The first worker finishes; the waiter is woken at once.
+    ///     lease.complete(Response::new(200, "report.pdf"))?;
+    ///     waiter.join().expect("the waiter does not panic")
+    /// })?;
+    /// match second {
+    ///     Begin::Replayed(answer) => assert_eq!(answer.body(), b"report.pdf"),
+    ///     other => panic!("expected the first worker's answer, got {other:?}"),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn begin_wait(&self, request: Request, max_wait: Duration) -> Result<Begin, Error> {
         if self.in_closure() {
             return Err(Error::Reentrant);

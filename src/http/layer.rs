@@ -78,6 +78,60 @@ pub(super) struct Config<B> {
 /// The layer runs on any [`Backend`]: the file store ([`Store`], the default type) or, with the
 /// `postgres` feature, `idem::postgres::PgStore` for a fleet of replicas sharing one database
 /// (`IdempotencyLayer::tenant_header(pg_store, "x-tenant-id")`); its behaviour is the same.
+///
+/// # Example
+///
+/// An axum route behind the layer, driven with tower's `oneshot` (no socket). The retry of a
+/// request whose answer was lost gets the recorded answer without running the handler; the
+/// same key with another body is refused.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::sync::atomic::{AtomicU32, Ordering};
+/// use axum::Router;
+/// use axum::body::{Body, to_bytes};
+/// use axum::http::{Request, StatusCode};
+/// use axum::routing::post;
+/// use idem::http::IdempotencyLayer;
+/// use tower::ServiceExt; // `oneshot`
+///
+/// #[tokio::main(flavor = "current_thread")]
+/// async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// #   let dir = tempfile::tempdir()?;
+///     let store = idem::Store::open(dir.path().join("idem.redb"))?;
+///     let orders = Arc::new(AtomicU32::new(0));
+///     let counter = Arc::clone(&orders);
+///     let app = Router::new()
+///         .route("/v1/orders", post(move |body: String| async move {
+///             let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+///             (StatusCode::CREATED, format!("order {n}: {body}"))
+///         }))
+///         // `route_layer`: the layer sees the route template, part of the operation.
+///         .route_layer(IdempotencyLayer::tenant_header(store, "x-tenant-id"));
+///
+///     let post_order = |key: &str, body: &'static str| {
+///         Request::post("/v1/orders")
+///             .header("x-tenant-id", "tenant-42")
+///             .header("idempotency-key", key)
+///             .body(Body::from(body))
+///     };
+///
+///     let first = app.clone().oneshot(post_order("k-1", "2 x sku-1")?).await?;
+///     assert_eq!(first.status(), StatusCode::CREATED);
+///     let first_body = to_bytes(first.into_body(), 1 << 20).await?;
+///
+///     let retry = app.clone().oneshot(post_order("k-1", "2 x sku-1")?).await?;
+///     assert_eq!(retry.status(), StatusCode::CREATED);
+///     assert_eq!(retry.headers()["idempotent-replayed"], "true");
+///     assert_eq!(to_bytes(retry.into_body(), 1 << 20).await?, first_body);
+///     assert_eq!(orders.load(Ordering::SeqCst), 1); // the handler ran once
+///
+///     let reused = app.oneshot(post_order("k-1", "9 x sku-1")?).await?;
+///     assert_eq!(reused.status(), StatusCode::UNPROCESSABLE_ENTITY);
+///     assert_eq!(orders.load(Ordering::SeqCst), 1);
+///     Ok(())
+/// }
+/// ```
 #[derive(Clone)]
 pub struct IdempotencyLayer<B: Backend = Store> {
     config: Arc<Config<B>>,

@@ -4,7 +4,7 @@
 //! The header is an IETF draft (draft-ietf-httpapi-idempotency-key-header); the contract below
 //! is ours, documented in `docs/HTTP.md`.
 //!
-//! ```no_run
+//! ```
 //! use axum::{Router, routing::post};
 //! use idem::http::IdempotencyLayer;
 //!
@@ -15,7 +15,14 @@
 //!     // `route_layer`: the layer sees the matched route template (`/v1/orders/{id}`).
 //!     .route_layer(layer)
 //! # }
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! #     let dir = tempfile::tempdir()?;
+//! #     let _app = app(idem::Store::open(dir.path().join("idem.redb"))?);
+//! #     Ok(())
+//! # }
 //! ```
+//!
+//! A request through it, its retry and a reused key: [`IdempotencyLayer`]'s example.
 //!
 //! # What the layer guarantees, and what it does not
 //!

@@ -42,6 +42,54 @@ impl Store {
     /// when the last `Store` clone is dropped. [`Store::compact`] answers [`Error::InUse`]
     /// while it runs. A publisher that never returns blocks shutdown: give its calls a
     /// timeout.
+    ///
+    /// # Example
+    ///
+    /// A closure publisher (here a channel standing in for a broker client). A publish that
+    /// fails is retried with backoff; the event keeps its id, the key consumers deduplicate
+    /// on. Shutting down waits for the publish in progress and its delivery mark.
+    ///
+    /// ```
+    /// use std::sync::mpsc;
+    /// use std::time::Duration;
+    /// use idem::error::BoxError;
+    /// use idem::outbox::{DispatcherOptions, Event, OutboxEvent};
+    /// use idem::{Request, Response, Scope, Store};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(dir.path().join("idem.redb"))?;
+    /// let (broker, published) = mpsc::channel::<OutboxEvent>();
+    /// let mut broker_down_once = true;
+    /// let publisher = move |event: &OutboxEvent| -> Result<(), BoxError> {
+    ///     if std::mem::take(&mut broker_down_once) {
+    ///         return Err("broker unavailable".into()); // a failed attempt: retried later
+    ///     }
+    ///     broker.send(event.clone())?; // Ok only once the broker has the event
+    ///     Ok(())
+    /// };
+    /// let options = DispatcherOptions::new().backoff(Duration::from_millis(10), Duration::from_secs(1));
+    /// let dispatcher = store.start_dispatcher(publisher, options)?;
+    ///
+    /// let mut pushed = None;
+    /// let request = Request::new(Scope::new("tenant-42", "create_order"), "order-9", &1u32)?;
+    /// store.execute(request, |tx| {
+    ///     pushed = Some(tx.outbox().push(Event::new("order.created", "order-9"))?);
+    ///     Ok(Response::new(201, "order-9"))
+    /// })?;
+    ///
+    /// // The commit wakes the dispatcher; the second attempt reaches the broker.
+    /// let event = published.recv_timeout(Duration::from_secs(10))?;
+    /// assert_eq!((event.topic.as_str(), &event.payload[..]), ("order.created", &b"order-9"[..]));
+    /// assert_eq!(Some(event.id), pushed); // the id the push returned
+    /// assert_eq!(event.failed_attempts, 1);
+    ///
+    /// dispatcher.shutdown()?;
+    /// assert_eq!(store.outbox_stats()?.pending, 0); // marked delivered
+    /// assert_eq!(store.outbox_metrics().delivered, 1);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn start_dispatcher(
         &self,
         publisher: impl Publisher,

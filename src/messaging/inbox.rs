@@ -42,6 +42,46 @@ impl Store {
     /// ([`crate::store::Limits`]; errors name them `operation` and `idempotency key`). Marks live for
     /// [`crate::StoreBuilder::inbox_retention`]; [`Store::sweep`] removes older ones. `f` may
     /// run more than once per call (same contract as [`Store::execute`]).
+    ///
+    /// # Example
+    ///
+    /// A queue consumer that credits an account once per message, however often the broker
+    /// redelivers it. A transient failure writes nothing (do not ack: the redelivery runs
+    /// again); once processed, a redelivery is a duplicate and the credit is not applied twice.
+    ///
+    /// ```
+    /// use idem::inbox::Processed;
+    /// use idem::redb::{ReadableTable, TableDefinition};
+    /// use idem::{Abort, Error, Store};
+    ///
+    /// const BALANCES: TableDefinition<&str, u64> = TableDefinition::new("balances");
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(dir.path().join("idem.redb"))?;
+    /// let consume = |message_id: &str, ledger_up: bool| {
+    ///     store.process("billing-consumer", message_id, |tx| {
+    ///         if !ledger_up {
+    ///             return Err(Abort::retryable("the ledger is unavailable"));
+    ///         }
+    ///         let mut balances = tx.open_table(BALANCES)?;
+    ///         let credited = balances.get("acct-1")?.map_or(0, |v| v.value()) + 250;
+    ///         balances.insert("acct-1", credited)?;
+    ///         Ok(credited)
+    ///     })
+    /// };
+    ///
+    /// // A transient failure: nothing written, the message is not consumed.
+    /// assert!(matches!(consume("msg-1", false), Err(Error::Aborted { .. })));
+    /// // The redelivery runs; the next ones are duplicates (ack them, do nothing).
+    /// assert_eq!(consume("msg-1", true)?, Processed::Processed(250));
+    /// assert!(matches!(consume("msg-1", true)?, Processed::Duplicate { rejection: None, .. }));
+    ///
+    /// let balances = store.begin_read()?.open_table(BALANCES)?;
+    /// assert_eq!(balances.get("acct-1")?.map(|v| v.value()), Some(250)); // credited once
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn process<T, F>(
         &self,
         subscriber: &str,
@@ -69,6 +109,52 @@ impl Store {
     /// `webhooks` feature), so nothing is persisted for a forged request. Keep `f` short: push
     /// heavy work into the outbox ([`Tx::outbox`]). Same contract as [`Store::process`];
     /// receipts live for [`crate::StoreBuilder::inbox_retention`].
+    ///
+    /// # Example
+    ///
+    /// A GitHub webhook endpoint: the signature is checked first (a forged request stores
+    /// nothing), then the receipt and an outbox event for the heavy work commit together; the
+    /// sender's redelivery of the same `X-GitHub-Delivery` id is a duplicate.
+    ///
+    #[cfg_attr(feature = "webhooks", doc = "```")]
+    #[cfg_attr(not(feature = "webhooks"), doc = "```ignore")]
+    /// use idem::inbox::Receipt;
+    /// use idem::outbox::Event;
+    /// use idem::webhook::verify_github;
+    /// use idem::Store;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(dir.path().join("idem.redb"))?;
+    /// let secret = b"It's a Secret to Everybody"; // from your configuration
+    ///
+    /// // The HTTP status to answer a delivery with.
+    /// let on_delivery = |delivery_id: &str, signature: Option<&str>, body: &[u8]| -> Result<u16, idem::Error> {
+    ///     if verify_github(secret, body, signature).is_err() {
+    ///         return Ok(401); // forged or altered: nothing is stored
+    ///     }
+    ///     let receipt = store.receive("github", delivery_id, |tx| {
+    ///         tx.outbox().push(Event::new("github.push", body))?;
+    ///         Ok(())
+    ///     })?;
+    ///     Ok(match receipt {
+    ///         Receipt::Accepted(()) => 202,
+    ///         Receipt::Duplicate { rejection: None, .. } => 200, // already have it: stop sending
+    ///         Receipt::Rejected(r) | Receipt::Duplicate { rejection: Some(r), .. } => r.status(),
+    ///         _ => 500,
+    ///     })
+    /// };
+    ///
+    /// // GitHub's documented example signature of this body under this secret.
+    /// let signature = "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17";
+    /// let delivery = "72d3162e-cc78-11e3-81ab-4c9367dc0958";
+    /// assert_eq!(on_delivery(delivery, Some(signature), b"Hello, World!")?, 202);
+    /// assert_eq!(on_delivery(delivery, Some(signature), b"Hello, World!")?, 200); // redelivery
+    /// assert_eq!(on_delivery("forged-1", Some(signature), b"Hello, Mallory!")?, 401);
+    /// assert_eq!(store.outbox_stats()?.pending, 1); // one event for the one delivery
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn receive<T, F>(
         &self,
         source: &str,

@@ -31,6 +31,49 @@ pub struct Outbox<'a, 't> {
 impl<'t> Tx<'t> {
     /// The transactional outbox: events pushed here commit with this transaction's writes, or
     /// not at all. See [`Outbox`].
+    ///
+    /// # Example
+    ///
+    /// The `order.created` event commits with the order; a closure that aborts leaves neither.
+    /// [`Store::start_dispatcher`] publishes what committed.
+    ///
+    /// ```
+    /// use idem::outbox::Event;
+    /// use idem::redb::TableDefinition;
+    /// use idem::{Abort, Request, Response, Scope, Store};
+    ///
+    /// const ORDERS: TableDefinition<&str, u32> = TableDefinition::new("orders");
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(dir.path().join("idem.redb"))?;
+    /// let order = |key: &str, in_stock: bool| {
+    ///     let request = Request::new(Scope::new("tenant-42", "create_order"), key, &2u32)?;
+    ///     store.execute(request, |tx| {
+    ///         tx.open_table(ORDERS)?.insert(key, 2)?;
+    ///         tx.outbox().push(
+    ///             Event::new("order.created", format!(r#"{{"id":"{key}"}}"#))
+    ///                 .ordering_key(key) // this order's events are published in order
+    ///                 .header("content-type", "application/json"),
+    ///         )?;
+    ///         if !in_stock {
+    ///             return Err(Abort::retryable("out of stock")); // the row and the event roll back
+    ///         }
+    ///         Ok(Response::new(201, key))
+    ///     })
+    /// };
+    ///
+    /// assert!(order("order-1", false).is_err());
+    /// assert_eq!(store.outbox_stats()?.pending, 0);
+    /// order("order-2", true)?;
+    /// order("order-2", true)?; // a replay pushes nothing
+    /// let pending = store.pending_events(10)?;
+    /// assert_eq!(pending.len(), 1);
+    /// assert_eq!(pending[0].topic, "order.created");
+    /// assert_eq!(pending[0].payload, br#"{"id":"order-2"}"#);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn outbox(&self) -> Outbox<'_, 't> {
         Outbox { tx: self }
     }

@@ -10,6 +10,51 @@
 //!
 //! HMAC and SHA-256 come from RustCrypto (`hmac`, `sha2`); comparisons use `Mac::verify_slice`
 //! (constant time).
+//!
+//! # Example
+//!
+//! A Standard Webhooks endpoint: verify the headers and the raw body, then record the receipt
+//! under the `webhook-id` (the delivery id) with the work it causes, in one transaction. A
+//! redelivery is a duplicate: answer 2xx so the sender stops. (GitHub's scheme is the same
+//! with [`verify_github`] and the `X-GitHub-Delivery` id: see [`crate::Store::receive`].)
+//!
+//! ```
+//! use idem::inbox::Receipt;
+//! use idem::redb::TableDefinition;
+//! use idem::webhook::{StandardWebhooks, WebhookError};
+//! use idem::{Store, Timestamp};
+//!
+//! const EVENTS: TableDefinition<&str, &[u8]> = TableDefinition::new("provider_events");
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! let store = Store::open(dir.path().join("idem.redb"))?;
+//! let verifier = StandardWebhooks::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")?;
+//!
+//! // The request, as received (the Standard Webhooks specification's example).
+//! let (id, timestamp) = ("msg_p5jXN8AQM9LWM0D4loKWxJek", "1614265330");
+//! let signature = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=";
+//! let body = br#"{"test": 2432232314}"#;
+//! let now = Timestamp(1_614_265_330_000 + 30_000); // 30 s later; in a service: store.now()
+//!
+//! verifier.verify(Some(id), Some(timestamp), Some(signature), body, now)?;
+//! let first = store.receive("acme-payments", id, |tx| {
+//!     tx.open_table(EVENTS)?.insert(id, &body[..])?;
+//!     Ok(())
+//! })?;
+//! assert!(matches!(first, Receipt::Accepted(())));
+//! let again = store.receive("acme-payments", id, |_tx| Ok(()))?;
+//! assert!(matches!(again, Receipt::Duplicate { rejection: None, .. }));
+//!
+//! // An altered body, or a replay of the request an hour later, is rejected before any write.
+//! let altered = verifier.verify(Some(id), Some(timestamp), Some(signature), b"{}", now);
+//! assert_eq!(altered, Err(WebhookError::BadSignature));
+//! let late = Timestamp(now.as_millis() + 3_600_000);
+//! let replayed = verifier.verify(Some(id), Some(timestamp), Some(signature), body, late);
+//! assert!(matches!(replayed, Err(WebhookError::OutsideTolerance { .. })));
+//! # Ok(())
+//! # }
+//! ```
 
 use std::time::Duration;
 
@@ -72,6 +117,24 @@ pub enum WebhookError {
 /// An empty `secret` is [`WebhookError::BadSecret`] for every request, checked first: anyone
 /// can compute an HMAC under the empty key, so accepting it would accept forged requests (an
 /// unset environment variable is the usual cause).
+///
+/// # Example
+///
+/// GitHub's documented example: the secret `It's a Secret to Everybody` signs `Hello, World!`.
+///
+/// ```
+/// use idem::webhook::{WebhookError, verify_github};
+///
+/// let secret = b"It's a Secret to Everybody";
+/// let header = Some("sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17");
+/// assert_eq!(verify_github(secret, b"Hello, World!", header), Ok(()));
+/// assert_eq!(verify_github(secret, b"Hello, World?", header), Err(WebhookError::BadSignature));
+/// assert!(matches!(
+///     verify_github(secret, b"Hello, World!", None),
+///     Err(WebhookError::MissingHeader { name: "X-Hub-Signature-256" })
+/// ));
+/// assert!(matches!(verify_github(b"", b"Hello, World!", header), Err(WebhookError::BadSecret { .. })));
+/// ```
 pub fn verify_github(secret: &[u8], body: &[u8], header: Option<&str>) -> Result<(), WebhookError> {
     const NAME: &str = "X-Hub-Signature-256";
     let mut mac = mac(secret)?;
@@ -93,6 +156,31 @@ pub fn verify_github(secret: &[u8], body: &[u8], header: Option<&str>) -> Result
 }
 
 /// A Standard Webhooks verifier for one secret.
+///
+/// # Example
+///
+/// The specification's example request, checked at a time within the tolerance; during a
+/// key rotation the sender signs with both secrets, and either signature is enough.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem::Timestamp;
+/// use idem::webhook::StandardWebhooks;
+///
+/// # fn main() -> Result<(), idem::webhook::WebhookError> {
+/// let verifier = StandardWebhooks::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")?
+///     .tolerance(Duration::from_secs(60));
+/// let signatures = "v1,bm90LXRoZS1uZXctc2lnbmF0dXJl v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=";
+/// verifier.verify(
+///     Some("msg_p5jXN8AQM9LWM0D4loKWxJek"), // webhook-id: the delivery id
+///     Some("1614265330"),                   // webhook-timestamp
+///     Some(signatures),                     // webhook-signature
+///     br#"{"test": 2432232314}"#,
+///     Timestamp(1_614_265_345_000),         // now: 15 s after the timestamp
+/// )?;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct StandardWebhooks {
     key: Vec<u8>,

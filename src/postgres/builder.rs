@@ -38,6 +38,31 @@ use crate::runtime::signal::Signal;
 /// Opening connects, then creates the schema's tables if they are missing (every process of a
 /// fleet may open at once: the first creates them, the others wait for it and check them), or
 /// checks their version.
+///
+/// # Example
+///
+/// (`no_run`: it needs a server.)
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use idem::RetentionPolicy;
+/// use idem::postgres::PgStore;
+///
+/// const HOUR: Duration = Duration::from_secs(3600);
+///
+/// # fn main() -> Result<(), idem::Error> {
+/// let store = PgStore::builder("postgresql://app@db.internal:5432/payments")
+///     .schema("idem_payments") // two fleets on one database keep apart by schema
+///     .writers(4)
+///     .pool_size(16)
+///     .lease_duration(Duration::from_secs(60))
+///     .retention_policy(RetentionPolicy::new().client_retry(24 * HOUR).settlement(7 * 24 * HOUR))
+///     .sweep_interval(Duration::from_secs(60))
+///     .open()?;
+/// assert_eq!(store.schema(), "idem_payments");
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct PgStoreBuilder {
     url: String,

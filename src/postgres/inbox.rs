@@ -22,6 +22,41 @@ impl PgStore {
     /// answered [`Processed::Rejected`] (a redelivery carries the same response);
     /// [`Abort::Retryable`] / [`Abort::Store`] → nothing is written ([`Error::Aborted`] or the
     /// error): do not ack; a live mark → [`Processed::Duplicate`] without running `f`.
+    ///
+    /// # Example
+    ///
+    /// (`no_run`: it needs a server.) A consumer that credits an account once per message,
+    /// whichever node of the fleet the broker redelivers it to.
+    ///
+    /// ```no_run
+    /// use idem::inbox::Processed;
+    /// use idem::postgres::PgStore;
+    /// use idem::{Abort, Response};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = PgStore::open("postgresql://app@db.internal/billing")?;
+    /// let (message_id, account, cents) = ("msg-81", "acct-1", 250i64); // from the broker
+    /// let processed = store.process("billing-consumer", message_id, |tx| {
+    ///     let updated = tx.execute(
+    ///         "UPDATE balances SET cents = cents + $2 WHERE account = $1",
+    ///         &[&account, &cents],
+    ///     )?;
+    ///     if updated == 0 {
+    ///         // Consumed, never retried; a redelivery gets the same answer.
+    ///         return Err(Abort::terminal(Response::new(404, "no such account")));
+    ///     }
+    ///     Ok(updated)
+    /// })?; // an `Err` (a failed statement, a retryable abort): nothing written, do not ack
+    /// match processed {
+    ///     Processed::Processed(_) | Processed::Duplicate { rejection: None, .. } => { /* ack */ }
+    ///     Processed::Rejected(why) | Processed::Duplicate { rejection: Some(why), .. } => {
+    ///         println!("ack and dead-letter: {}", String::from_utf8_lossy(why.body()));
+    ///     }
+    ///     _ => {}
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn process<T, F>(
         &self,
         subscriber: &str,

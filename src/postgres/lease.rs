@@ -24,6 +24,39 @@ use crate::postgres::tx::PgTx;
 /// Dropping an unfinished lease releases it (the key is free at once). If the process dies,
 /// the lease deadline — on the database server's clock — frees the key for a takeover, by any
 /// process.
+///
+/// # Example
+///
+/// (`no_run`: it needs a server.) A long export keeps its lease with heartbeats; a takeover of
+/// a crashed attempt resumes with the same downstream key, so the receiver drops the chunks it
+/// already has.
+///
+/// ```no_run
+/// use idem::postgres::PgStore;
+/// use idem::{Begin, Request, Response, Scope};
+///
+/// # fn send_chunk(idempotency_key: &str, chunk: u32) -> Result<(), std::io::Error> { Ok(()) }
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = PgStore::open("postgresql://app@db.internal/exports")?;
+/// let request = Request::new(Scope::new("tenant-42", "export"), "export-2024-06", "csv")?;
+/// let Begin::Acquired(mut lease) = store.begin(request)? else {
+///     return Ok(()); // done already, or running on another node
+/// };
+/// if let Some(previous) = lease.takeover_of() {
+///     println!("attempt {previous} stopped heartbeating; resuming with the same key");
+/// }
+/// let key = lease.downstream_key().to_hex();
+/// for chunk in 0..10 {
+///     send_chunk(&key, chunk)?;
+///     lease.heartbeat()?; // LeaseLost if another node took over: stop then
+/// }
+/// lease.complete_with(|tx| {
+///     tx.execute("UPDATE exports SET done = true WHERE id = $1", &[&"export-2024-06"])?;
+///     Ok(Response::new(200, "exported"))
+/// })?;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct PgLease {
     store: PgStore,

@@ -130,6 +130,33 @@ impl PgStore {
     /// `f` may be called more than once per call (concurrent calls share one transaction, and
     /// another caller's failure or a serialization failure re-runs it); only the committed
     /// run's writes persist. Keep its effects inside the transaction.
+    ///
+    /// # Example
+    ///
+    /// (`no_run`: it needs a server.) Your own SQL runs through the `&mut PgTx` the closure
+    /// gets, in the transaction that records the answer.
+    ///
+    /// ```no_run
+    /// use idem::postgres::PgStore;
+    /// use idem::{Outcome, Request, Response, Scope};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = PgStore::open("postgresql://app@db.internal/shop")?;
+    /// let request = Request::new(Scope::new("tenant-42", "create_order"), "order-123", &("sku-1", 2i32))?;
+    /// let outcome = store.execute(request.clone(), |tx| {
+    ///     tx.execute(
+    ///         "INSERT INTO orders (id, sku, qty) VALUES ($1, $2, $3)",
+    ///         &[&"order-123", &"sku-1", &2i32],
+    ///     )?;
+    ///     Ok(Response::new(201, r#"{"id":"order-123"}"#).with_resource("order", "order-123"))
+    /// })?;
+    /// // A retry, from this process or any other sharing the database, replays the answer.
+    /// let retry = store.execute(request, |_tx| unreachable!("a finished intent never runs again"))?;
+    /// assert!(retry.is_replay());
+    /// assert_eq!(outcome.response(), retry.response());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn execute<F>(&self, request: Request, mut f: F) -> Result<Outcome, Error>
     where
         F: for<'t> FnMut(&'t mut PgTx<'t>) -> Result<Response, Abort>,
@@ -188,6 +215,41 @@ impl PgStore {
     /// or the stored result (`Begin::Replayed`, `Begin::Expired`), or `Begin::InFlight`; a
     /// different payload is [`Error::PayloadMismatch`]. Fails fast; see
     /// [`PgStore::begin_wait`].
+    ///
+    /// # Example
+    ///
+    /// (`no_run`: it needs a server.) The provider gets the lease's downstream key; the charge
+    /// is recorded in your own table with the answer ([`PgLease::complete_with`]), or the key
+    /// is released when nothing happened downstream.
+    ///
+    /// ```no_run
+    /// use idem::postgres::PgStore;
+    /// use idem::{Begin, Request, Response, Scope};
+    ///
+    /// # fn charge(idempotency_key: &str, cents: i64) -> Result<String, std::io::Error> { Ok(format!("ch_{idempotency_key}")) }
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = PgStore::open("postgresql://app@db.internal/payments")?;
+    /// let request = Request::new(Scope::new("tenant-42", "pay_invoice"), "inv-7", &1_000i64)?;
+    /// match store.begin(request)? {
+    ///     Begin::Acquired(lease) => match charge(&lease.downstream_key().to_hex(), 1_000) {
+    ///         Ok(charge_id) => {
+    ///             lease.complete_with(|tx| {
+    ///                 tx.execute(
+    ///                     "INSERT INTO payments (invoice, charge_id) VALUES ($1, $2)",
+    ///                     &[&"inv-7", &charge_id],
+    ///                 )?;
+    ///                 Ok(Response::new(200, charge_id.clone()))
+    ///             })?;
+    ///         }
+    ///         Err(_) => lease.release()?, // nothing happened downstream: a retry runs at once
+    ///     },
+    ///     Begin::Replayed(answer) => println!("already paid: {:?}", answer.body()),
+    ///     Begin::InFlight { retry_after } => println!("another node is paying; retry in {retry_after:?}"),
+    ///     Begin::Expired(_) => println!("paid, long ago"),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn begin(&self, request: Request) -> Result<Begin<PgLease>, Error> {
         let key = self.admit(&request)?;
         let config = &self.inner.config;
