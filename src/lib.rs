@@ -89,6 +89,7 @@
 //! | `webhooks` | yes | [`webhook`]: GitHub and Standard Webhooks signature verification, before [`Store::receive`] |
 //! | `http` | no | [`IdempotencyLayer`]: the `Idempotency-Key` layer for axum/hyper/tower services |
 //! | `postgres` | no | [`PgStore`]: the PostgreSQL engine (`idem::postgres`) |
+//! | `tokio` | no | [`AsyncStore`]: either engine from async code, off the runtime, with a bound on calls in flight (`idem::asynchronous`) |
 //! | `cli` | no | the `idem` operator binary: `stats`, `get`, `export`, `check`, `purge`, `sweep`, `compact` (and `pg` for PostgreSQL) |
 //!
 //! ## Where to start
@@ -142,6 +143,8 @@
     doc = "[`PgStoreBuilder`]: postgres::PgStoreBuilder"
 )]
 #![cfg_attr(not(feature = "postgres"), doc = "[`PgStoreBuilder`]: #features")]
+#![cfg_attr(feature = "tokio", doc = "[`AsyncStore`]: asynchronous::AsyncStore")]
+#![cfg_attr(not(feature = "tokio"), doc = "[`AsyncStore`]: #features")]
 #![cfg_attr(feature = "http", doc = "[`IdempotencyLayer`]: http::IdempotencyLayer")]
 #![cfg_attr(not(feature = "http"), doc = "[`IdempotencyLayer`]: #features")]
 #![cfg_attr(feature = "webhooks", doc = "[`webhook`]: webhook")]
