@@ -434,10 +434,42 @@ impl PgStore {
         read_marks.retain(|k| locked_marks.binary_search(k).is_err());
         let mut q = format!("BEGIN; SELECT {NOW_MS};");
         for (tag, table, key_col, value_col, holder, keys, lock) in [
-            ("r", &sql.records, "record_key", "record", "holder", &read_records, false),
-            ("r", &sql.records, "record_key", "record", "holder", &locked_records, true),
-            ("m", &sql.marks, "mark_key", "mark", "NULL::bytea", &read_marks, false),
-            ("m", &sql.marks, "mark_key", "mark", "NULL::bytea", &locked_marks, true),
+            (
+                "r",
+                &sql.records,
+                "record_key",
+                "record",
+                "holder",
+                &read_records,
+                false,
+            ),
+            (
+                "r",
+                &sql.records,
+                "record_key",
+                "record",
+                "holder",
+                &locked_records,
+                true,
+            ),
+            (
+                "m",
+                &sql.marks,
+                "mark_key",
+                "mark",
+                "NULL::bytea",
+                &read_marks,
+                false,
+            ),
+            (
+                "m",
+                &sql.marks,
+                "mark_key",
+                "mark",
+                "NULL::bytea",
+                &locked_marks,
+                true,
+            ),
         ] {
             if keys.is_empty() {
                 continue;
@@ -454,7 +486,11 @@ impl PgStore {
                 q.push_str(");");
             }
         }
-        let records: Vec<&[u8]> = read_records.iter().chain(&locked_records).copied().collect();
+        let records: Vec<&[u8]> = read_records
+            .iter()
+            .chain(&locked_records)
+            .copied()
+            .collect();
         let marks: Vec<&[u8]> = read_marks.iter().chain(&locked_marks).copied().collect();
         let messages = match conn.client.simple_query(&q) {
             Ok(m) => m,

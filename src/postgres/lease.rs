@@ -223,15 +223,16 @@ impl PgLease {
 
     fn release_inner(&self) -> Result<(), Error> {
         let store = &self.store;
-        let released =
-            store.write(Locks::locked_record(&self.key), |batch| match self.held(batch) {
+        let released = store.write(Locks::locked_record(&self.key), |batch| {
+            match self.held(batch) {
                 Ok(_) => {
                     batch.remove_record(&self.key);
                     Step::Done(Ok(true))
                 }
                 Err(Error::LeaseLost { .. }) => Step::Clean(Ok(false)),
                 Err(e) => Step::Clean(Err(e)),
-            })??;
+            }
+        })??;
         if released {
             store.lease_event();
         }
