@@ -13,6 +13,7 @@ use super::answers::problem_response;
 use super::backend::BackendLease;
 use super::metrics::{Counters, bump};
 use super::problem;
+use crate::runtime::observe;
 use crate::{Error, Response};
 
 /// Runs on the blocking pool: fails (`failure`) or completes `lease` with `stored`, letting it
@@ -87,8 +88,20 @@ pub(super) fn spawn_heartbeat<L: BackendLease>(
                 None => Beat::Gone,
                 Some(lease) => match lease.heartbeat() {
                     Ok(_) => Beat::Extended,
-                    Err(e) if transient(&e) => Beat::Retry,
-                    Err(_) => Beat::Stop,
+                    Err(e) if transient(&e) => {
+                        observe::warn!(
+                            "a running handler's lease heartbeat failed; retrying soon",
+                            error = observe::display(observe::Redacted(&e)),
+                        );
+                        Beat::Retry
+                    }
+                    Err(e) => {
+                        observe::warn!(
+                            "a running handler's lease heartbeat failed for good: its answer will not be recorded",
+                            error = observe::display(observe::Redacted(&e)),
+                        );
+                        Beat::Stop
+                    }
                 },
             })
             .await;

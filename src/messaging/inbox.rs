@@ -17,6 +17,7 @@ use crate::model::marks::{
 use crate::model::outbox::Origin;
 use crate::model::response::Abort;
 use crate::model::rules::inbox::processed_mark;
+use crate::runtime::observe::{Call, Engine};
 
 impl Store {
     /// Inbox: processes the message `message_id` for `subscriber` at most once. `f` runs inside
@@ -139,6 +140,21 @@ impl Store {
     }
 
     fn consume<T, F>(
+        &self,
+        ns: u8,
+        subscriber: &str,
+        id: &[u8],
+        mut f: F,
+    ) -> Result<Consumed<T>, Error>
+    where
+        F: FnMut(&Tx<'_>) -> Result<T, Abort>,
+    {
+        Call::consume(Engine::Redb, ns == NS_WEBHOOK, subscriber)
+            .observe(|_| self.consume_observed(ns, subscriber, id, &mut f))
+    }
+
+    /// [`Store::consume`], inside its observed call (`runtime/observe.rs`).
+    fn consume_observed<T, F>(
         &self,
         ns: u8,
         subscriber: &str,

@@ -11,6 +11,7 @@ use crate::model::scope::Request;
 use crate::postgres::commit::{Batch, Locks, Step};
 use crate::postgres::store::PgStore;
 use crate::postgres::tx::PgTx;
+use crate::runtime::observe::{self, Attempted, Call, Engine, Kind};
 
 /// The right to finish one intent, held by exactly one attempt at a time across every process
 /// sharing the database.
@@ -113,7 +114,8 @@ impl PgLease {
                 Ok(()) => Step::Done(Ok(deadline)),
                 Err(e) => Step::Abort(e),
             }
-        })??;
+        })?;
+        let deadline = deadline.inspect_err(observe::lease_error)?;
         self.deadline = deadline;
         Ok(deadline)
     }
@@ -156,6 +158,15 @@ impl PgLease {
     }
 
     fn finish_held<F>(&mut self, mut f: F) -> Result<Response, Error>
+    where
+        F: for<'t> FnMut(&'t mut PgTx<'t>) -> Result<Response, Abort>,
+    {
+        Call::of(Engine::Postgres, Kind::Finish, self.request.scope())
+            .observe(|_| self.finish_observed(&mut f))
+    }
+
+    /// [`PgLease::finish_held`], inside its observed call (`runtime/observe.rs`).
+    fn finish_observed<F>(&mut self, mut f: F) -> Result<Response, Error>
     where
         F: for<'t> FnMut(&'t mut PgTx<'t>) -> Result<Response, Abort>,
     {
@@ -245,7 +256,19 @@ impl Drop for PgLease {
         if !self.finished && !self.lapse_on_drop {
             // Best effort: if this fails (the server is unreachable), the lease deadline frees
             // the key instead.
-            let _ = self.release_inner();
+            if let Err(e) = self.release_inner() {
+                observe::warn!(
+                    "a lease dropped unfinished could not be released: its key stays claimed until the lease lapses",
+                    operation = self.request.scope().operation(),
+                    error = observe::display(observe::Redacted(&e)),
+                );
+            }
         }
+    }
+}
+
+impl Attempted for PgLease {
+    fn attempt_number(&self) -> u32 {
+        self.attempt
     }
 }
