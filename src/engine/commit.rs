@@ -26,12 +26,13 @@ use std::sync::atomic::Ordering;
 use redb::WriteTransaction;
 
 use crate::engine::boundary::{Panicked, catch_storage_panic};
+use crate::engine::store::ENGINE;
 use crate::engine::store::Store;
 use crate::error::Error;
 use crate::model::clock::Timestamp;
 use crate::runtime::group;
 pub(crate) use crate::runtime::group::GroupConfig;
-use crate::runtime::observe::{self, Engine, QueueWait, Stopwatch};
+use crate::runtime::observe::{self, QueueWait, Stopwatch};
 
 /// The protocol's state for redb (one lane: redb has one writer).
 pub(crate) type Group = group::Group<Baton, ()>;
@@ -227,7 +228,7 @@ impl Store {
         let counters = &self.group().counters;
         let mine = match result {
             Ok(()) => {
-                observe::batch(Engine::Redb, batch.len(), reruns, committed);
+                observe::batch(ENGINE, batch.len(), reruns, committed);
                 counters.commits.fetch_add(1, Ordering::Relaxed);
                 counters.committed_ops.fetch_add(n, Ordering::Relaxed);
                 for m in &batch[..batch.len() - 1] {

@@ -1,6 +1,7 @@
 //! Flow B's fenced lease.
 
 use crate::engine::commit::{Durable, Step};
+use crate::engine::store::ENGINE;
 use crate::engine::store::Store;
 use crate::engine::tx::Tx;
 use crate::error::Error;
@@ -13,7 +14,7 @@ use crate::model::response::Response;
 use crate::model::rules::holds_lease;
 use crate::model::rules::instants;
 use crate::model::scope::Request;
-use crate::runtime::observe::{self, Attempted, Call, Engine, Kind};
+use crate::runtime::observe::{self, Attempted, Call, Kind};
 
 /// The answer to [`Store::begin`]: `Acquired(Lease)`, `Replayed(Response)`, `InFlight { retry_after }`
 /// or `Expired(Tombstone)`. Generic over the lease type so every engine answers with the same enum
@@ -191,7 +192,7 @@ impl Lease {
     where
         F: FnMut(&Tx<'_>) -> Result<Response, Abort>,
     {
-        Call::of(Engine::Redb, Kind::Finish, self.request.scope())
+        Call::of(ENGINE, Kind::Finish, self.request.scope())
             .observe(|_| self.finish_observed(&mut f))
     }
 

@@ -162,7 +162,7 @@ impl Store {
     where
         F: FnMut(&Tx<'_>) -> Result<Response, Abort>,
     {
-        Call::of(Engine::Redb, Kind::Execute, request.scope())
+        Call::of(ENGINE, Kind::Execute, request.scope())
             .observe(|call| self.execute_observed(request, &mut f, call))
     }
 
@@ -224,8 +224,7 @@ impl Store {
     /// `Begin::Expired` past the retention), or `Begin::InFlight`; a different
     /// payload is [`Error::PayloadMismatch`]. Fails fast; see [`Store::begin_wait`] to wait.
     pub fn begin(&self, request: Request) -> Result<Begin, Error> {
-        Call::of(Engine::Redb, Kind::Begin, request.scope())
-            .observe(|_| self.begin_observed(request))
+        Call::of(ENGINE, Kind::Begin, request.scope()).observe(|_| self.begin_observed(request))
     }
 
     /// [`Store::begin`], inside its observed call (`runtime/observe.rs`).
@@ -280,7 +279,7 @@ impl Store {
     /// holder could never finish while this thread holds the writer).
     pub fn begin_wait(&self, request: Request, max_wait: Duration) -> Result<Begin, Error> {
         // One observed call however many claims the wait makes.
-        Call::of(Engine::Redb, Kind::Begin, request.scope())
+        Call::of(ENGINE, Kind::Begin, request.scope())
             .observe(|_| self.begin_wait_observed(request, max_wait))
     }
 
@@ -911,3 +910,6 @@ enum Claimed {
     Early(Early),
     Free(Attempt),
 }
+
+/// This engine's name in what it reports (feature `tracing`: the spans' `engine` field).
+pub(crate) const ENGINE: Engine = Engine("redb");

@@ -8,6 +8,7 @@
 //! retention like any expired record.
 
 use crate::engine::commit::{Durable, Step};
+use crate::engine::store::ENGINE;
 use crate::engine::store::Store;
 use crate::engine::tx::Tx;
 use crate::error::Error;
@@ -17,7 +18,7 @@ use crate::model::marks::{
 use crate::model::outbox::Origin;
 use crate::model::response::Abort;
 use crate::model::rules::inbox::processed_mark;
-use crate::runtime::observe::{Call, Engine};
+use crate::runtime::observe::Call;
 
 impl Store {
     /// Inbox: processes the message `message_id` for `subscriber` at most once. `f` runs inside
@@ -149,7 +150,7 @@ impl Store {
     where
         F: FnMut(&Tx<'_>) -> Result<T, Abort>,
     {
-        Call::consume(Engine::Redb, ns == NS_WEBHOOK, subscriber)
+        Call::consume(ENGINE, ns == NS_WEBHOOK, subscriber)
             .observe(|_| self.consume_observed(ns, subscriber, id, &mut f))
     }
 

@@ -51,9 +51,10 @@ use crate::model::marks::Mark;
 use crate::model::record::{Record, State};
 use crate::model::rules::sweep_due;
 use crate::postgres::conn::{Conn, FENCE_MARK, Failure, NOW_MS, at_commit, bytea, classify, unhex};
+use crate::postgres::store::ENGINE;
 use crate::postgres::store::PgStore;
 use crate::runtime::group;
-use crate::runtime::observe::{self, Engine, QueueWait, Stopwatch};
+use crate::runtime::observe::{self, QueueWait, Stopwatch};
 
 /// How many times a batch runs before a retryable refusal (serialization failure, deadlock,
 /// insert race) is reported to its members as [`Error::Storage`].
@@ -601,7 +602,7 @@ impl PgStore {
         if !baton.dirty {
             // Nobody wrote: every answer is final; nothing to commit.
             rollback(&mut baton.conn);
-            observe::batch(Engine::Postgres, n, baton.runs.saturating_sub(1), None);
+            observe::batch(ENGINE, n, baton.runs.saturating_sub(1), None);
             for m in &baton.batch[..n - 1] {
                 m.send(Signal::Committed);
             }
@@ -614,7 +615,7 @@ impl PgStore {
         match baton.conn.client.simple_query(&statement) {
             Ok(_) => {
                 observe::batch(
-                    Engine::Postgres,
+                    ENGINE,
                     n,
                     baton.runs.saturating_sub(1),
                     Some(timer.elapsed()),

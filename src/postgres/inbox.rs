@@ -11,9 +11,10 @@ use crate::model::response::Abort;
 use crate::model::rules::inbox::processed_mark;
 use crate::postgres::commit::{Locks, Step};
 use crate::postgres::conn::NOW_MS;
+use crate::postgres::store::ENGINE;
 use crate::postgres::store::PgStore;
 use crate::postgres::tx::PgTx;
-use crate::runtime::observe::{Call, Engine};
+use crate::runtime::observe::Call;
 
 impl PgStore {
     /// Inbox: processes the message `message_id` for `subscriber` at most once, across every
@@ -149,7 +150,7 @@ impl PgStore {
     where
         F: for<'t> FnMut(&'t mut PgTx<'t>) -> Result<T, Abort>,
     {
-        Call::consume(Engine::Postgres, ns == NS_WEBHOOK, subscriber)
+        Call::consume(ENGINE, ns == NS_WEBHOOK, subscriber)
             .observe(|_| self.consume_observed(ns, subscriber, id, &mut f))
     }
 

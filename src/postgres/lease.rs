@@ -9,9 +9,10 @@ use crate::model::response::{Abort, Response};
 use crate::model::rules::{answers, holds_lease, instants};
 use crate::model::scope::Request;
 use crate::postgres::commit::{Batch, Locks, Step};
+use crate::postgres::store::ENGINE;
 use crate::postgres::store::PgStore;
 use crate::postgres::tx::PgTx;
-use crate::runtime::observe::{self, Attempted, Call, Engine, Kind};
+use crate::runtime::observe::{self, Attempted, Call, Kind};
 
 /// The right to finish one intent, held by exactly one attempt at a time across every process
 /// sharing the database.
@@ -161,7 +162,7 @@ impl PgLease {
     where
         F: for<'t> FnMut(&'t mut PgTx<'t>) -> Result<Response, Abort>,
     {
-        Call::of(Engine::Postgres, Kind::Finish, self.request.scope())
+        Call::of(ENGINE, Kind::Finish, self.request.scope())
             .observe(|_| self.finish_observed(&mut f))
     }
 

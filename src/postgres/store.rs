@@ -135,7 +135,7 @@ impl PgStore {
     where
         F: for<'t> FnMut(&'t mut PgTx<'t>) -> Result<Response, Abort>,
     {
-        Call::of(Engine::Postgres, Kind::Execute, request.scope())
+        Call::of(ENGINE, Kind::Execute, request.scope())
             .observe(|call| self.execute_observed(request, &mut f, call))
     }
 
@@ -200,8 +200,7 @@ impl PgStore {
     /// different payload is [`Error::PayloadMismatch`]. Fails fast; see
     /// [`PgStore::begin_wait`].
     pub fn begin(&self, request: Request) -> Result<Begin<PgLease>, Error> {
-        Call::of(Engine::Postgres, Kind::Begin, request.scope())
-            .observe(|_| self.begin_observed(request))
+        Call::of(ENGINE, Kind::Begin, request.scope()).observe(|_| self.begin_observed(request))
     }
 
     /// [`PgStore::begin`], inside its observed call (`runtime/observe.rs`).
@@ -258,7 +257,7 @@ impl PgStore {
         max_wait: Duration,
     ) -> Result<Begin<PgLease>, Error> {
         // One observed call however many claims the wait makes.
-        Call::of(Engine::Postgres, Kind::Begin, request.scope())
+        Call::of(ENGINE, Kind::Begin, request.scope())
             .observe(|_| self.begin_wait_observed(request, max_wait))
     }
 
@@ -589,3 +588,6 @@ impl std::fmt::Debug for PgClient {
         f.debug_struct("PgClient").finish_non_exhaustive()
     }
 }
+
+/// This engine's name in what it reports (feature `tracing`: the spans' `engine` field).
+pub(crate) const ENGINE: Engine = Engine("postgres");

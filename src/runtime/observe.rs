@@ -63,23 +63,15 @@ pub(crate) fn display<T>(value: T) -> T {
     value
 }
 
-/// Which engine a call ran on: the `engine` field.
+/// Which engine a call ran on: the `engine` field. Each engine names itself (`ENGINE` in its
+/// store's file): this layer names no engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Engine {
-    /// The redb file engine.
-    Redb,
-    /// The PostgreSQL engine.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    Postgres,
-}
+pub(crate) struct Engine(pub(crate) &'static str);
 
 impl Engine {
     #[cfg_attr(not(feature = "tracing"), allow(dead_code))]
     pub(crate) const fn name(self) -> &'static str {
-        match self {
-            Engine::Redb => "redb",
-            Engine::Postgres => "postgres",
-        }
+        self.0
     }
 }
 
