@@ -13,7 +13,6 @@ use super::answers::problem_response;
 use super::backend::BackendLease;
 use super::metrics::{Counters, bump};
 use super::problem;
-use crate::runtime::observe;
 use crate::{Error, Response};
 
 /// Runs on the blocking pool: fails (`failure`) or completes `lease` with `stored`, letting it
@@ -75,6 +74,7 @@ pub(super) fn spawn_heartbeat<L: BackendLease>(
     every: Duration,
     counters: Arc<Counters>,
 ) -> tokio::task::JoinHandle<()> {
+    use crate::runtime::observe;
     let weak = Arc::downgrade(slot);
     let retry = (every / 4).max(Duration::from_millis(5));
     tokio::spawn(async move {
