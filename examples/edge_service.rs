@@ -1114,7 +1114,7 @@ fn bind_error(addr: SocketAddr, e: &std::io::Error) -> String {
     }
 }
 
-async fn run(args: Args) -> Result<Stopped, String> {
+async fn run(args: Args, telemetry: Telemetry) -> Result<Stopped, String> {
     // Bind first: a busy port is the commonest start-up failure, and it should not leave a
     // store file behind in a directory the operator did not mean to use.
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -1126,7 +1126,7 @@ async fn run(args: Args) -> Result<Stopped, String> {
             let store = open_store(&args.data, lease)
                 .map_err(|e| format!("cannot open the store in {}: {e}", args.data.display()))?;
             let what = format!("store {}", args.data.join("idem.redb").display());
-            serve_on(args, listener, store, what).await
+            serve_on(args, listener, store, what, telemetry).await
         }
         #[cfg(feature = "postgres")]
         Some(url) => {
@@ -1139,7 +1139,7 @@ async fn run(args: Args) -> Result<Stopped, String> {
             .and_then(|r| r);
             let store = opened.map_err(|e| format!("cannot open the PostgreSQL store: {e}"))?;
             let what = format!("PostgreSQL schema {}", args.pg_schema);
-            serve_on(args, listener, store, what).await
+            serve_on(args, listener, store, what, telemetry).await
         }
         #[cfg(not(feature = "postgres"))]
         Some(_) => Err(
@@ -1156,6 +1156,7 @@ async fn serve_on<E: Engine>(
     listener: tokio::net::TcpListener,
     store: E,
     what: String,
+    telemetry: Telemetry,
 ) -> Result<Stopped, String>
 where
     for<'t> TxOf<'t, E>: Books,
@@ -1174,7 +1175,9 @@ where
     let signal = shutdown_signal();
     eprintln!("edge_service: listening on http://{addr} ({what})");
     let timeouts = args.timeouts();
-    let router = with_timeouts(app(store.clone(), delivered), &timeouts);
+    telemetry.spawn_upkeep();
+    let service = app(store.clone(), delivered).merge(telemetry.routes());
+    let router = with_timeouts(service, &timeouts);
     let stopped = serve(listener, router, &timeouts, async {
         signal.await;
         eprintln!(
@@ -1194,9 +1197,116 @@ where
     Ok(stopped)
 }
 
+/// Logs with tracing-subscriber's fmt subscriber on stderr, filtered by `RUST_LOG` (default
+/// `info`; an unreadable value falls back to it). With idem's `tracing` feature, idem's warnings
+/// appear there (a failed background sweep or dispatcher round, an answer that could not be
+/// recorded, a failed heartbeat), and `RUST_LOG=idem=debug` adds a line per decision (inside its
+/// `execute` / `begin` / `finish` span: engine, tenant, operation, decision) and per group-commit
+/// batch. The service's own lines (listening, shutting down, stopped) are printed directly and
+/// come whatever the filter.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // `try_init`: a subscriber set before (none in this binary) stays.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// The content type of the Prometheus text exposition format.
+#[cfg(feature = "metrics")]
+pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Histogram buckets of the latencies (`*_seconds`): 100 µs to 2.5 s.
+#[cfg(feature = "metrics")]
+const SECONDS_BUCKETS: [f64; 12] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 2.5,
+];
+
+/// Histogram buckets of `idem_commit_batch_size`: powers of two up to the default `max_batch`.
+#[cfg(feature = "metrics")]
+const BATCH_BUCKETS: [f64; 11] = [
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+];
+
+/// What the service exposes about itself besides its logs: with idem's `metrics` feature,
+/// `GET /metrics` in the Prometheus text format (every counter, gauge and histogram idem
+/// records, e.g. `idem_outcomes_total{call="begin",operation="POST /v1/payments",outcome="replayed"}`),
+/// from metrics-exporter-prometheus's recorder; without the feature, nothing.
+#[derive(Clone, Default)]
+pub struct Telemetry {
+    #[cfg(feature = "metrics")]
+    prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
+}
+
+impl Telemetry {
+    /// Installs the Prometheus recorder as the process's `metrics` recorder (feature `metrics`;
+    /// nothing without it). Latencies and batch sizes are rendered as Prometheus histograms.
+    pub fn install() -> Result<Telemetry, String> {
+        #[cfg(feature = "metrics")]
+        let telemetry = {
+            use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+            let handle = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &SECONDS_BUCKETS)
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full("idem_commit_batch_size".into()),
+                        &BATCH_BUCKETS,
+                    )
+                })
+                .and_then(|b| b.install_recorder())
+                .map_err(|e| format!("cannot install the Prometheus metrics recorder: {e}"))?;
+            Telemetry {
+                prometheus: Some(handle),
+            }
+        };
+        #[cfg(not(feature = "metrics"))]
+        let telemetry = Telemetry::default();
+        Ok(telemetry)
+    }
+
+    /// `GET /metrics` (feature `metrics`), outside the Idempotency-Key layer and without a
+    /// tenant; no route without the feature.
+    pub fn routes(&self) -> Router {
+        #[cfg(feature = "metrics")]
+        if let Some(handle) = self.prometheus.clone() {
+            return Router::new().route(
+                "/metrics",
+                get(move || {
+                    let text = handle.render();
+                    async move { ([(CONTENT_TYPE, PROMETHEUS_TEXT)], text) }
+                }),
+            );
+        }
+        Router::new()
+    }
+
+    /// Runs the recorder's upkeep (it drains histogram samples) every 5 s on the runtime.
+    fn spawn_upkeep(&self) {
+        #[cfg(feature = "metrics")]
+        if let Some(handle) = self.prometheus.clone() {
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    handle.run_upkeep();
+                }
+            });
+        }
+    }
+}
+
 fn main() -> ExitCode {
     // `--help` prints usage and exits 0; a bad flag prints clap's error and exits 2.
     let args = Args::parse();
+    init_logging();
+    let telemetry = match Telemetry::install() {
+        Ok(telemetry) => telemetry,
+        Err(e) => {
+            eprintln!("edge_service: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -1207,7 +1317,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(run(args));
+    let result = runtime.block_on(run(args, telemetry));
     // Tasks still holding store handles (a handler cut off by the grace period) are dropped
     // here, so the store closes (its Drop makes every acknowledged commit durable) before exit.
     // A blocking store call still running after 5 s is left to the OS: redb is crash-safe.

@@ -14,6 +14,7 @@ use crate::engine::builder::Durability;
 use crate::engine::commit::{Durable, Step};
 use crate::engine::store::{Store, WeakStore};
 use crate::error::Error;
+use crate::runtime::observe;
 
 /// The background threads of one store.
 #[derive(Default)]
@@ -63,8 +64,8 @@ impl Background {
         let me = std::thread::current().id();
         for t in handles {
             // The last handle may be dropped by a background thread itself; it ends on its own.
-            if t.thread().id() != me {
-                let _ = t.join();
+            if t.thread().id() != me && t.join().is_err() {
+                observe::warn!("a background thread of the store (flusher or sweeper) panicked");
             }
         }
     }
@@ -86,7 +87,12 @@ impl Store {
                 let _alive = &alive;
                 // A failure is counted in the metrics; a fail-stopped store fails every pass
                 // until it is reopened.
-                let _ = store.sweep();
+                if let Err(e) = store.sweep() {
+                    observe::warn!(
+                        "a background sweep pass failed; the next runs at the next interval",
+                        error = observe::display(observe::Redacted(&e)),
+                    );
+                }
             })?;
         }
         Ok(())
@@ -130,7 +136,14 @@ fn tick_loop(
 fn flush(store: &Store) {
     // The durable commit clears the flag (in commit_batch) only if it succeeds; a failure
     // latches the store and later ticks find it fail-stopped.
-    if store.unflushed() {
-        let _ = store.write(Durable::Forced, |_, _| Step::Clean(()));
+    // Once fail-stopped, every tick fails alike: only the failure itself is worth a warning.
+    if store.unflushed()
+        && let Err(e) = store.write(Durable::Forced, |_, _| Step::Clean(()))
+        && !matches!(e, Error::FailStopped { .. })
+    {
+        observe::warn!(
+            "the flusher's durable commit failed: commits since the last one may not be durable",
+            error = observe::display(observe::Redacted(&e)),
+        );
     }
 }

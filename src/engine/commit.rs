@@ -26,11 +26,13 @@ use std::sync::atomic::Ordering;
 use redb::WriteTransaction;
 
 use crate::engine::boundary::{Panicked, catch_storage_panic};
+use crate::engine::store::ENGINE;
 use crate::engine::store::Store;
 use crate::error::Error;
 use crate::model::clock::Timestamp;
 use crate::runtime::group;
 pub(crate) use crate::runtime::group::GroupConfig;
+use crate::runtime::observe::{self, QueueWait, Stopwatch};
 
 /// The protocol's state for redb (one lane: redb has one writer).
 pub(crate) type Group = group::Group<Baton, ()>;
@@ -67,6 +69,9 @@ pub(crate) struct Baton {
     durable: bool,
     /// Some member kept writes in the transaction.
     dirty: bool,
+    /// Runs of the batch's members so far: 0, then +1 each time a failed member's prefix runs
+    /// again (`shrink`).
+    reruns: u32,
 }
 
 impl Store {
@@ -85,6 +90,7 @@ impl Store {
         self.check_writable()?;
         let group = &self.group();
         let me = Member::new(durable == Durable::Forced, ());
+        let mut queued = QueueWait::start();
         let mut signal = group.join(&me)?;
         let mut value: Option<T> = None;
         loop {
@@ -104,6 +110,7 @@ impl Store {
                     }
                 }
                 Signal::Turn(mut baton) => {
+                    queued.ended();
                     // The storage boundary (store.rs): a panic in the caller's closure or clock
                     // (marked as caller code) is that member's failure and is resumed on its
                     // thread; a panic of redb on damaged data is `CorruptStore`, and fail-stop.
@@ -174,6 +181,7 @@ impl Store {
                 pos: 0,
                 durable: false,
                 dirty: false,
+                reruns: 0,
             })),
             Err(e) => {
                 self.fail_all(&batch, &e);
@@ -190,9 +198,11 @@ impl Store {
             batch,
             durable,
             dirty,
+            reruns,
             ..
         } = *baton;
         let n = batch.len() as u64;
+        let mut committed = None;
         let result = if !dirty && !durable {
             // Nobody wrote: nothing to make durable, and every answer is already final.
             self.abort(txn);
@@ -205,7 +215,9 @@ impl Store {
             if durable {
                 self.force_durable(&mut txn);
             }
+            let timer = Stopwatch::start();
             let result = self.commit(txn);
+            committed = Some(timer.elapsed());
             if result.is_ok() {
                 // Batches commit one at a time, so this ordering is exact: a durable commit
                 // persists every earlier one, a relaxed one leaves work for the flusher.
@@ -216,6 +228,7 @@ impl Store {
         let counters = &self.group().counters;
         let mine = match result {
             Ok(()) => {
+                observe::batch(ENGINE, batch.len(), reruns, committed);
                 counters.commits.fetch_add(1, Ordering::Relaxed);
                 counters.committed_ops.fetch_add(n, Ordering::Relaxed);
                 for m in &batch[..batch.len() - 1] {
@@ -238,7 +251,11 @@ impl Store {
     /// at the head of the queue.
     fn shrink(&self, baton: Box<Baton>) {
         let Baton {
-            txn, batch, pos, ..
+            txn,
+            batch,
+            pos,
+            reruns,
+            ..
         } = *baton;
         let group = &self.group();
         // Requeue first (it cannot panic), so a panic in abort or begin strands nobody.
@@ -259,6 +276,7 @@ impl Store {
                     pos: 0,
                     durable: false,
                     dirty: false,
+                    reruns: reruns.saturating_add(1),
                 })));
             }
             Err(e) => {

@@ -23,6 +23,7 @@ use crate::model::keys::hex;
 use crate::model::record::Record;
 use crate::model::reports::Stats;
 use crate::model::rules::sweep_due;
+use crate::runtime::observe;
 
 /// Entry kind of an idempotency record (its key is in `idem.records.v1`).
 pub(crate) const KIND_RECORD: u8 = 0x01;
@@ -118,6 +119,7 @@ impl Store {
     pub fn stats(&self) -> Result<Stats, Error> {
         let now = self.now();
         self.read("counting the records", |read| stats_in(read, now))
+            .inspect(observe::records)
     }
 
     /// Checks that the expiry index matches the records exactly: every record that decodes has

@@ -1,6 +1,7 @@
 //! Flow B's fenced lease.
 
 use crate::engine::commit::{Durable, Step};
+use crate::engine::store::ENGINE;
 use crate::engine::store::Store;
 use crate::engine::tx::Tx;
 use crate::error::Error;
@@ -13,6 +14,7 @@ use crate::model::response::Response;
 use crate::model::rules::holds_lease;
 use crate::model::rules::instants;
 use crate::model::scope::Request;
+use crate::runtime::observe::{self, Attempted, Call, Kind};
 
 /// The answer to [`Store::begin`]: `Acquired(Lease)`, `Replayed(Response)`, `InFlight { retry_after }`
 /// or `Expired(Tombstone)`. Generic over the lease type so every engine answers with the same enum
@@ -170,7 +172,8 @@ impl Lease {
                 Ok(()) => Step::Done(Ok(deadline)),
                 Err(e) => Step::Abort(e),
             }
-        })??;
+        })?;
+        let deadline = deadline.inspect_err(observe::lease_error)?;
         self.deadline = deadline;
         Ok(deadline)
     }
@@ -225,6 +228,15 @@ impl Lease {
     }
 
     fn finish_held<F>(&mut self, mut f: F) -> Result<Response, Error>
+    where
+        F: FnMut(&Tx<'_>) -> Result<Response, Abort>,
+    {
+        Call::of(ENGINE, Kind::Finish, self.request.scope())
+            .observe(|_| self.finish_observed(&mut f))
+    }
+
+    /// [`Lease::finish_held`], inside its observed call (`runtime/observe.rs`).
+    fn finish_observed<F>(&mut self, mut f: F) -> Result<Response, Error>
     where
         F: FnMut(&Tx<'_>) -> Result<Response, Abort>,
     {
@@ -304,7 +316,19 @@ impl Drop for Lease {
         if !self.finished && !self.lapse_on_drop {
             // Best effort: if this fails (fail-stopped store, I/O error), the lease deadline
             // frees the key instead. I/O failures were latched by the store already.
-            let _ = self.release_inner();
+            if let Err(e) = self.release_inner() {
+                observe::warn!(
+                    "a lease dropped unfinished could not be released: its key stays claimed until the lease lapses",
+                    operation = self.request.scope().operation(),
+                    error = observe::display(observe::Redacted(&e)),
+                );
+            }
         }
+    }
+}
+
+impl Attempted for Lease {
+    fn attempt_number(&self) -> u32 {
+        self.attempt
     }
 }

@@ -43,6 +43,7 @@ use crate::model::rules::instants::{self, Attempt};
 use crate::model::rules::{Decision, decide};
 use crate::model::scope::{Limits, Request, Scope, admit_key, record_key};
 use crate::model::settings::Config;
+use crate::runtime::observe::{self, Call, Engine, Kind};
 use crate::runtime::signal::Signal;
 
 /// Granularity of `begin_wait`'s polling (it is also woken at once by local completions).
@@ -90,12 +91,21 @@ impl Drop for Inner {
             let db = &self.db;
             // A drop must not panic: redb failing on a damaged file here loses nothing that
             // was acknowledged as durable (this commit only raises durability).
-            let _ = catch_unwind(AssertUnwindSafe(|| {
-                if let Ok(mut txn) = db.begin_write() {
-                    let _ = txn.set_durability(redb::Durability::Immediate);
-                    let _ = txn.commit();
-                }
+            let flushed = catch_unwind(AssertUnwindSafe(|| -> Result<(), redb::Error> {
+                let mut txn = db.begin_write()?;
+                let _ = txn.set_durability(redb::Durability::Immediate);
+                Ok(txn.commit()?)
             }));
+            match flushed {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => observe::warn!(
+                    "closing the store: the last commits could not be made durable",
+                    error = observe::display(e),
+                ),
+                Err(_) => observe::warn!(
+                    "closing the store: the last commits could not be made durable (redb panicked: a damaged file?)"
+                ),
+            }
         }
     }
 }
@@ -198,6 +208,15 @@ impl Store {
     where
         F: FnMut(&Tx<'_>) -> Result<Response, Abort>,
     {
+        Call::of(ENGINE, Kind::Execute, request.scope())
+            .observe(|call| self.execute_observed(request, &mut f, call))
+    }
+
+    /// [`Store::execute`], inside its observed `call` (`runtime/observe.rs`).
+    fn execute_observed<F>(&self, request: Request, mut f: F, call: &Call) -> Result<Outcome, Error>
+    where
+        F: FnMut(&Tx<'_>) -> Result<Response, Abort>,
+    {
         let key = self.admit(&request)?;
         if let Some(early) = self.read_path(&request, &key)? {
             return early.into_outcome();
@@ -240,6 +259,7 @@ impl Store {
         if took_over && outcome.is_ok() {
             // This finished a lapsed flow-B lease: wake its waiters.
             self.lease_event();
+            call.took_over();
         }
         outcome
     }
@@ -312,6 +332,11 @@ impl Store {
     /// # }
     /// ```
     pub fn begin(&self, request: Request) -> Result<Begin, Error> {
+        Call::of(ENGINE, Kind::Begin, request.scope()).observe(|_| self.begin_observed(request))
+    }
+
+    /// [`Store::begin`], inside its observed call (`runtime/observe.rs`).
+    fn begin_observed(&self, request: Request) -> Result<Begin, Error> {
         let key = self.admit(&request)?;
         if let Some(early) = self.read_path(&request, &key)? {
             return early.into_begin();
@@ -392,6 +417,13 @@ impl Store {
     /// # }
     /// ```
     pub fn begin_wait(&self, request: Request, max_wait: Duration) -> Result<Begin, Error> {
+        // One observed call however many claims the wait makes.
+        Call::of(ENGINE, Kind::Begin, request.scope())
+            .observe(|_| self.begin_wait_observed(request, max_wait))
+    }
+
+    /// [`Store::begin_wait`], inside its observed call (`runtime/observe.rs`).
+    fn begin_wait_observed(&self, request: Request, max_wait: Duration) -> Result<Begin, Error> {
         if self.in_closure() {
             return Err(Error::Reentrant);
         }
@@ -399,7 +431,7 @@ impl Store {
         let give_up = Instant::now().checked_add(max_wait);
         loop {
             let seen = self.lease_events_seen();
-            match self.begin(request.clone())? {
+            match self.begin_observed(request.clone())? {
                 Begin::InFlight { retry_after } => {
                     let now = Instant::now();
                     let slice = match give_up {
@@ -742,7 +774,12 @@ impl Store {
         if let Durability::Periodic(_) = self.inner.durability {
             // Raising durability cannot conflict with a savepoint (idem takes none); if redb
             // refuses anyway, the commit stays non-durable and the flusher covers it.
-            let _ = txn.set_durability(redb::Durability::Immediate);
+            if let Err(e) = txn.set_durability(redb::Durability::Immediate) {
+                observe::warn!(
+                    "a forced durable commit stays non-durable until the flusher's next tick",
+                    error = observe::display(e),
+                );
+            }
         }
     }
 
@@ -1017,3 +1054,6 @@ enum Claimed {
     Early(Early),
     Free(Attempt),
 }
+
+/// This engine's name in what it reports (feature `tracing`: the spans' `engine` field).
+pub(crate) const ENGINE: Engine = Engine("redb");

@@ -22,6 +22,7 @@ use crate::model::clock::Timestamp;
 use crate::model::record::Record;
 use crate::model::reports::SweepReport;
 use crate::model::rules::{SweepAction, sweep_action, sweep_due};
+use crate::runtime::observe;
 
 /// Totals over every pass since open, for [`crate::store::Metrics`].
 #[derive(Debug, Default)]
@@ -70,6 +71,12 @@ impl Store {
     ) -> Result<SweepReport, Error> {
         let mut report = SweepReport::default();
         let result = self.sweep_pass(&mut report, &mut progress);
+        // `idem_records{state}` after every pass that ran (one read of the expiry index).
+        observe::with_metrics(|| {
+            if result.is_ok() {
+                let _ = self.stats();
+            }
+        });
         let mut totals = self.sweep_totals();
         totals.passes += 1;
         totals.swept += report.swept();

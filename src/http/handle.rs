@@ -14,7 +14,7 @@ use super::answers::{error_response, handler_failed, plain_response, problem_res
 use super::envelope::fit_response;
 use super::layer::{Config, Disposition, disposition};
 use super::lease::{Slot, blocking, finish_lease, take_lease};
-use super::metrics::bump;
+use super::metrics::{bump, handler_failure, not_recorded, released};
 use super::problem;
 use crate::backend::{Backend, BackendLease};
 use crate::model::keys::DownstreamKey;
@@ -181,14 +181,14 @@ impl<B: Backend> Idempotency<B> {
                 }
                 // Not recorded because of its status: the handler's answer still goes out.
                 (Err(Error::Aborted { .. }), Some((r, Disposition::Release))) => {
-                    let _ = lease.release();
+                    released(&lease.release());
                     Completed::Released(r)
                 }
                 // Lost: nothing of ours to release.
                 (Err(e @ Error::LeaseLost { .. }), _) => Completed::Failed(e),
                 // Rolled back: nothing of `f` happened.
                 (Err(e), _) => {
-                    let _ = lease.release();
+                    released(&lease.release());
                     Completed::Failed(e)
                 }
                 // `Ok` comes only from a run that kept its answer.
@@ -208,11 +208,11 @@ impl<B: Backend> Idempotency<B> {
             }
             Ok(Completed::Released(r)) => plain_response(r.status, r.headers, r.body),
             Ok(Completed::Panicked { recorded }) => {
-                bump(if recorded {
-                    &counters.handler_failures
+                if recorded {
+                    handler_failure(counters);
                 } else {
-                    &counters.not_recorded
-                });
+                    not_recorded(counters, None);
+                }
                 let (status, headers, body) = handler_failed();
                 plain_response(status, headers, body)
             }

@@ -74,6 +74,7 @@ pub(super) fn spawn_heartbeat<L: BackendLease>(
     every: Duration,
     counters: Arc<Counters>,
 ) -> tokio::task::JoinHandle<()> {
+    use crate::runtime::observe;
     let weak = Arc::downgrade(slot);
     let retry = (every / 4).max(Duration::from_millis(5));
     tokio::spawn(async move {
@@ -87,8 +88,20 @@ pub(super) fn spawn_heartbeat<L: BackendLease>(
                 None => Beat::Gone,
                 Some(lease) => match lease.heartbeat() {
                     Ok(_) => Beat::Extended,
-                    Err(e) if transient(&e) => Beat::Retry,
-                    Err(_) => Beat::Stop,
+                    Err(e) if transient(&e) => {
+                        observe::warn!(
+                            "a running handler's lease heartbeat failed; retrying soon",
+                            error = observe::display(observe::Redacted(&e)),
+                        );
+                        Beat::Retry
+                    }
+                    Err(e) => {
+                        observe::warn!(
+                            "a running handler's lease heartbeat failed for good: its answer will not be recorded",
+                            error = observe::display(observe::Redacted(&e)),
+                        );
+                        Beat::Stop
+                    }
                 },
             })
             .await;

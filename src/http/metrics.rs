@@ -3,6 +3,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::Error;
+use crate::runtime::observe;
+
 /// The layer's counters (monotonic since it was built), shared by its clones.
 #[derive(Debug, Default)]
 pub(super) struct Counters {
@@ -15,6 +18,48 @@ pub(super) struct Counters {
 
 pub(super) fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Counts an answer the layer could not record after the handler ran (`error`: why, when the
+/// store said), with a warning (feature `tracing`).
+pub(super) fn not_recorded(counters: &Counters, error: Option<&Error>) {
+    bump(&counters.not_recorded);
+    observe::warn!(
+        "an answer could not be recorded after its handler ran: the key stays claimed until its lease lapses, and only then may a retry run the handler again",
+        error = observe::display(Why(error)),
+    );
+}
+
+/// Counts a handler that failed after it started and was recorded as a terminal `500`, with a
+/// warning (feature `tracing`).
+pub(super) fn handler_failure(counters: &Counters) {
+    bump(&counters.handler_failures);
+    observe::warn!(
+        "a handler failed after it started (it panicked, its body failed, or the service returned an error): recorded as a terminal 500"
+    );
+}
+
+/// Warns (feature `tracing`) when giving a key up failed: its lease then lapses at its deadline.
+pub(super) fn released(result: &Result<(), Error>) {
+    if let Err(e) = result {
+        observe::warn!(
+            "a lease could not be released: its key stays claimed until the lease lapses",
+            error = observe::display(observe::Redacted(e)),
+        );
+    }
+}
+
+/// A failure as a warning shows it: the store's error (redacted: never the key), or a store call
+/// that did not return (it panicked, or its task was cancelled).
+struct Why<'a>(Option<&'a Error>);
+
+impl std::fmt::Display for Why<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(e) => observe::Redacted(e).fmt(f),
+            None => f.write_str("the store call did not return (it panicked or was cancelled)"),
+        }
+    }
 }
 
 /// What one [`IdempotencyLayer`](super::IdempotencyLayer) (with its clones and the services they built) has seen since

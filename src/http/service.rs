@@ -28,7 +28,7 @@ use super::fingerprint::fingerprint;
 use super::handle::Idempotency;
 use super::layer::{Config, Disposition, MissingKey, TenantSource, disposition};
 use super::lease::{Slot, blocking, finish_lease, spawn_heartbeat, take_lease};
-use super::metrics::bump;
+use super::metrics::{bump, handler_failure, not_recorded, released};
 use super::problem;
 use super::replay::{expired, replay};
 use crate::backend::{Backend, BackendLease};
@@ -267,8 +267,10 @@ async fn record<B: Backend>(
     let status = resp.status();
     let Disposition::Record { failure } = disposition(config, status) else {
         // The user's policy: this status means no effect happened, so the key is given up.
-        if let Some(lease) = take_lease(slot).await {
-            let _ = blocking(move || lease.release()).await;
+        if let Some(lease) = take_lease(slot).await
+            && let Ok(result) = blocking(move || lease.release()).await
+        {
+            released(&result);
         }
         return resp;
     };
@@ -296,7 +298,7 @@ async fn record_failure<B: Backend>(
     if let Some(lease) = take_lease(slot).await
         && finish(config, lease, true, status, &headers, &body).await
     {
-        bump(&config.counters.handler_failures);
+        handler_failure(&config.counters);
     }
     plain_response(status, headers, body)
 }
@@ -317,7 +319,10 @@ async fn finish<B: Backend>(
     let done = blocking(move || finish_lease(lease, failure, stored)).await;
     let recorded = matches!(done, Ok(Ok(_)));
     if !recorded {
-        bump(&config.counters.not_recorded);
+        not_recorded(
+            &config.counters,
+            done.as_ref().ok().and_then(|r| r.as_ref().err()),
+        );
     } else if !body_kept {
         bump(&config.counters.bodies_not_kept);
     }

@@ -20,6 +20,7 @@ use crate::engine::tables::{OUTBOX, OUTBOX_DEAD, open_optional};
 use crate::error::Error;
 use crate::model::clock::Timestamp;
 use crate::model::outbox::{AfterFailure, DispatcherOptions, Publisher, Stored};
+use crate::runtime::observe::Every;
 use crate::runtime::publish::{
     DispatchCounters, Jitter, Published, Round, dispatch_loop, publish_in_order,
 };
@@ -108,14 +109,24 @@ impl Store {
                 options,
             };
             let idle = d.options.idle_recheck;
+            let mut gauges = Every::new(OUTBOX_GAUGES_EVERY);
             dispatch_loop(&stop, &thread_signal, idle, || {
                 let store = d.weak.upgrade()?;
                 let round = d.round(&store, &mut jitter, &stop);
+                if gauges.due() {
+                    // `outbox_stats` sets the outbox gauges (feature `metrics`); a failure
+                    // leaves them as they were.
+                    let _ = store.outbox_stats();
+                }
                 Some((round, store.now()))
             });
         })
     }
 }
+
+/// How often the dispatcher refreshes the outbox gauges (feature `metrics`): redb keeps the
+/// counts, so reading them is cheap.
+const OUTBOX_GAUGES_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 struct Dispatcher<P> {
     weak: WeakStore,

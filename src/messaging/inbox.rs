@@ -8,6 +8,7 @@
 //! retention like any expired record.
 
 use crate::engine::commit::{Durable, Step};
+use crate::engine::store::ENGINE;
 use crate::engine::store::Store;
 use crate::engine::tx::Tx;
 use crate::error::Error;
@@ -17,6 +18,7 @@ use crate::model::marks::{
 use crate::model::outbox::Origin;
 use crate::model::response::Abort;
 use crate::model::rules::inbox::processed_mark;
+use crate::runtime::observe::Call;
 
 impl Store {
     /// Inbox: processes the message `message_id` for `subscriber` at most once. `f` runs inside
@@ -225,6 +227,21 @@ impl Store {
     }
 
     fn consume<T, F>(
+        &self,
+        ns: u8,
+        subscriber: &str,
+        id: &[u8],
+        mut f: F,
+    ) -> Result<Consumed<T>, Error>
+    where
+        F: FnMut(&Tx<'_>) -> Result<T, Abort>,
+    {
+        Call::consume(ENGINE, ns == NS_WEBHOOK, subscriber)
+            .observe(|_| self.consume_observed(ns, subscriber, id, &mut f))
+    }
+
+    /// [`Store::consume`], inside its observed call (`runtime/observe.rs`).
+    fn consume_observed<T, F>(
         &self,
         ns: u8,
         subscriber: &str,

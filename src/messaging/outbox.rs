@@ -21,6 +21,7 @@ use crate::model::outbox::{
     DeadLetter, Event, EventId, OutboxEvent, OutboxMetrics, OutboxStats, Stored,
     event_id_from_identity, event_id_from_origin,
 };
+use crate::runtime::observe;
 use crate::runtime::publish::DispatchCounters;
 
 /// The outbox of one transaction; see [`Tx::outbox`].
@@ -188,6 +189,7 @@ impl Store {
     /// Counts undelivered events and dead letters (redb keeps the counts: no scan).
     pub fn outbox_stats(&self) -> Result<OutboxStats, Error> {
         self.read("counting the outbox", outbox_stats_in)
+            .inspect(observe::outbox)
     }
 
     /// The first `limit` undelivered events, in commit order.

@@ -51,8 +51,10 @@ use crate::model::marks::Mark;
 use crate::model::record::{Record, State};
 use crate::model::rules::sweep_due;
 use crate::postgres::conn::{Conn, FENCE_MARK, Failure, NOW_MS, at_commit, bytea, classify, unhex};
+use crate::postgres::store::ENGINE;
 use crate::postgres::store::PgStore;
 use crate::runtime::group;
+use crate::runtime::observe::{self, QueueWait, Stopwatch};
 
 /// How many times a batch runs before a retryable refusal (serialization failure, deadlock,
 /// insert race) is reported to its members as [`Error::Storage`].
@@ -290,6 +292,7 @@ impl PgStore {
         }
         let group = self.group();
         let me = Member::new(false, locks);
+        let mut queued = QueueWait::start();
         let mut signal = group.join(&me)?;
         let mut value: Option<T> = None;
         loop {
@@ -304,6 +307,7 @@ impl PgStore {
                     }
                 }
                 Signal::Turn(mut baton) => {
+                    queued.ended();
                     let step =
                         catch_unwind(AssertUnwindSafe(|| work(&mut Batch { baton: &mut baton })));
                     match step {
@@ -598,6 +602,7 @@ impl PgStore {
         if !baton.dirty {
             // Nobody wrote: every answer is final; nothing to commit.
             rollback(&mut baton.conn);
+            observe::batch(ENGINE, n, baton.runs.saturating_sub(1), None);
             for m in &baton.batch[..n - 1] {
                 m.send(Signal::Committed);
             }
@@ -606,8 +611,15 @@ impl PgStore {
             return Some(Signal::Committed);
         }
         let statement = commit_sql(self, &baton);
+        let timer = Stopwatch::start();
         match baton.conn.client.simple_query(&statement) {
             Ok(_) => {
+                observe::batch(
+                    ENGINE,
+                    n,
+                    baton.runs.saturating_sub(1),
+                    Some(timer.elapsed()),
+                );
                 group.counters.commits.fetch_add(1, Ordering::Relaxed);
                 group
                     .counters

@@ -20,6 +20,7 @@ use crate::model::outbox::{AfterFailure, DispatcherOptions, Publisher, Stored};
 use crate::postgres::commit::rollback;
 use crate::postgres::conn::{NOW_MS, at_commit, storage};
 use crate::postgres::store::{Inner, PgStore};
+use crate::runtime::observe::Every;
 use crate::runtime::publish::{DispatchCounters, Jitter, Round, dispatch_loop, publish_in_order};
 use crate::runtime::worker::{DispatcherHandle, spawn_dispatcher};
 
@@ -53,16 +54,26 @@ impl PgStore {
                 options,
             };
             let idle = d.options.idle_recheck;
+            let mut gauges = Every::new(OUTBOX_GAUGES_EVERY);
             dispatch_loop(&stop, &thread_signal, idle, || {
                 let store = PgStore {
                     inner: d.weak.upgrade()?,
                 };
                 let round = d.round(&store, &mut jitter, &stop);
+                if gauges.due() {
+                    // `outbox_stats` sets the outbox gauges (feature `metrics`); a failure
+                    // leaves them as they were.
+                    let _ = store.outbox_stats();
+                }
                 Some((round, store.now()))
             });
         })
     }
 }
+
+/// How often the dispatcher refreshes the outbox gauges (feature `metrics`): each refresh counts
+/// the outbox's rows on the server, so not every round.
+const OUTBOX_GAUGES_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 struct Dispatcher<P> {
     weak: Weak<Inner>,

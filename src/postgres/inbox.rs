@@ -11,8 +11,10 @@ use crate::model::response::Abort;
 use crate::model::rules::inbox::processed_mark;
 use crate::postgres::commit::{Locks, Step};
 use crate::postgres::conn::NOW_MS;
+use crate::postgres::store::ENGINE;
 use crate::postgres::store::PgStore;
 use crate::postgres::tx::PgTx;
+use crate::runtime::observe::Call;
 
 impl PgStore {
     /// Inbox: processes the message `message_id` for `subscriber` at most once, across every
@@ -174,6 +176,21 @@ impl PgStore {
     }
 
     fn consume<T, F>(
+        &self,
+        ns: u8,
+        subscriber: &str,
+        id: &[u8],
+        mut f: F,
+    ) -> Result<Consumed<T>, Error>
+    where
+        F: for<'t> FnMut(&'t mut PgTx<'t>) -> Result<T, Abort>,
+    {
+        Call::consume(ENGINE, ns == NS_WEBHOOK, subscriber)
+            .observe(|_| self.consume_observed(ns, subscriber, id, &mut f))
+    }
+
+    /// [`PgStore::consume`], inside its observed call (`runtime/observe.rs`).
+    fn consume_observed<T, F>(
         &self,
         ns: u8,
         subscriber: &str,

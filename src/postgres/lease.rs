@@ -9,8 +9,10 @@ use crate::model::response::{Abort, Response};
 use crate::model::rules::{answers, holds_lease, instants};
 use crate::model::scope::Request;
 use crate::postgres::commit::{Batch, Locks, Step};
+use crate::postgres::store::ENGINE;
 use crate::postgres::store::PgStore;
 use crate::postgres::tx::PgTx;
+use crate::runtime::observe::{self, Attempted, Call, Kind};
 
 /// The right to finish one intent, held by exactly one attempt at a time across every process
 /// sharing the database.
@@ -146,7 +148,8 @@ impl PgLease {
                 Ok(()) => Step::Done(Ok(deadline)),
                 Err(e) => Step::Abort(e),
             }
-        })??;
+        })?;
+        let deadline = deadline.inspect_err(observe::lease_error)?;
         self.deadline = deadline;
         Ok(deadline)
     }
@@ -189,6 +192,15 @@ impl PgLease {
     }
 
     fn finish_held<F>(&mut self, mut f: F) -> Result<Response, Error>
+    where
+        F: for<'t> FnMut(&'t mut PgTx<'t>) -> Result<Response, Abort>,
+    {
+        Call::of(ENGINE, Kind::Finish, self.request.scope())
+            .observe(|_| self.finish_observed(&mut f))
+    }
+
+    /// [`PgLease::finish_held`], inside its observed call (`runtime/observe.rs`).
+    fn finish_observed<F>(&mut self, mut f: F) -> Result<Response, Error>
     where
         F: for<'t> FnMut(&'t mut PgTx<'t>) -> Result<Response, Abort>,
     {
@@ -278,7 +290,19 @@ impl Drop for PgLease {
         if !self.finished && !self.lapse_on_drop {
             // Best effort: if this fails (the server is unreachable), the lease deadline frees
             // the key instead.
-            let _ = self.release_inner();
+            if let Err(e) = self.release_inner() {
+                observe::warn!(
+                    "a lease dropped unfinished could not be released: its key stays claimed until the lease lapses",
+                    operation = self.request.scope().operation(),
+                    error = observe::display(observe::Redacted(&e)),
+                );
+            }
         }
+    }
+}
+
+impl Attempted for PgLease {
+    fn attempt_number(&self) -> u32 {
+        self.attempt
     }
 }

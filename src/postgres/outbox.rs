@@ -17,6 +17,7 @@ use crate::model::rules::versions::advance;
 use crate::postgres::conn::storage;
 use crate::postgres::store::PgStore;
 use crate::postgres::tx::PgTx;
+use crate::runtime::observe;
 use crate::runtime::publish::DispatchCounters;
 
 /// The outbox of one PostgreSQL transaction; see [`PgTx::outbox`].
@@ -139,10 +140,12 @@ impl PgStore {
         );
         let mut conn = self.connection()?;
         let row = conn.client.query_one(q.as_str(), &[]).map_err(storage)?;
-        Ok(OutboxStats {
+        let stats = OutboxStats {
             pending: u64::try_from(row.get::<_, i64>(0)).unwrap_or(0),
             dead: u64::try_from(row.get::<_, i64>(1)).unwrap_or(0),
-        })
+        };
+        observe::outbox(&stats);
+        Ok(stats)
     }
 
     /// The first `limit` undelivered events, in commit order.

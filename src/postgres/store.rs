@@ -25,6 +25,7 @@ use crate::postgres::conn::{Failure, NOW_MS, classify, no_connection, storage};
 use crate::postgres::lease::PgLease;
 use crate::postgres::schema::Sql;
 use crate::postgres::tx::{PgTx, TxState};
+use crate::runtime::observe::{Call, Engine, Kind};
 use crate::runtime::signal::Signal;
 
 /// Granularity of `begin_wait`'s polling (it is also woken at once by this store's own lease
@@ -161,6 +162,15 @@ impl PgStore {
     where
         F: for<'t> FnMut(&'t mut PgTx<'t>) -> Result<Response, Abort>,
     {
+        Call::of(ENGINE, Kind::Execute, request.scope())
+            .observe(|call| self.execute_observed(request, &mut f, call))
+    }
+
+    /// [`PgStore::execute`], inside its observed `call` (`runtime/observe.rs`).
+    fn execute_observed<F>(&self, request: Request, mut f: F, call: &Call) -> Result<Outcome, Error>
+    where
+        F: for<'t> FnMut(&'t mut PgTx<'t>) -> Result<Response, Abort>,
+    {
         let key = self.admit(&request)?;
         let windows = self.inner.config.windows_for(request.scope().operation());
         let mut took_over = false;
@@ -205,6 +215,7 @@ impl PgStore {
         let outcome = outcome?;
         if took_over && outcome.is_ok() {
             self.lease_event();
+            call.took_over();
         }
         outcome
     }
@@ -251,6 +262,11 @@ impl PgStore {
     /// # }
     /// ```
     pub fn begin(&self, request: Request) -> Result<Begin<PgLease>, Error> {
+        Call::of(ENGINE, Kind::Begin, request.scope()).observe(|_| self.begin_observed(request))
+    }
+
+    /// [`PgStore::begin`], inside its observed call (`runtime/observe.rs`).
+    fn begin_observed(&self, request: Request) -> Result<Begin<PgLease>, Error> {
         let key = self.admit(&request)?;
         let config = &self.inner.config;
         let windows = config.windows_for(request.scope().operation());
@@ -302,13 +318,24 @@ impl PgStore {
         request: Request,
         max_wait: Duration,
     ) -> Result<Begin<PgLease>, Error> {
+        // One observed call however many claims the wait makes.
+        Call::of(ENGINE, Kind::Begin, request.scope())
+            .observe(|_| self.begin_wait_observed(request, max_wait))
+    }
+
+    /// [`PgStore::begin_wait`], inside its observed call (`runtime/observe.rs`).
+    fn begin_wait_observed(
+        &self,
+        request: Request,
+        max_wait: Duration,
+    ) -> Result<Begin<PgLease>, Error> {
         if self.in_closure() {
             return Err(Error::Reentrant);
         }
         let give_up = Instant::now().checked_add(max_wait);
         loop {
             let seen = *self.inner.lease_events.lock();
-            match self.begin(request.clone())? {
+            match self.begin_observed(request.clone())? {
                 Begin::InFlight { retry_after } => {
                     let now = Instant::now();
                     let slice = match give_up {
@@ -623,3 +650,6 @@ impl std::fmt::Debug for PgClient {
         f.debug_struct("PgClient").finish_non_exhaustive()
     }
 }
+
+/// This engine's name in what it reports (feature `tracing`: the spans' `engine` field).
+pub(crate) const ENGINE: Engine = Engine("postgres");

@@ -22,6 +22,7 @@ use crate::model::rules::{SweepAction, sweep_action, sweep_due};
 use crate::postgres::commit::rollback;
 use crate::postgres::conn::{NOW_MS, at_commit, storage};
 use crate::postgres::store::{Inner, PgStore};
+use crate::runtime::observe;
 
 impl PgStore {
     /// Runs one sweep pass: shrinks records past their response window to tombstones, deletes
@@ -49,6 +50,10 @@ impl PgStore {
         }
         self.prune_ordering_keys()?;
         report.duration = started.elapsed();
+        // `idem_records{state}` after every pass (one counting statement).
+        observe::with_metrics(|| {
+            let _ = self.stats();
+        });
         Ok(report)
     }
 
@@ -69,14 +74,16 @@ impl PgStore {
             storage(e)
         })?;
         let n = |i: usize| u64::try_from(row.get::<_, i64>(i)).unwrap_or(0);
-        Ok(Stats {
+        let stats = Stats {
             records: n(0),
             pending: n(1),
             completed: n(2),
             failed: n(3),
             tombstones: n(4),
             due: n(5),
-        })
+        };
+        observe::records(&stats);
+        Ok(stats)
     }
 
     /// The store's time, read from the server now (or the injected clock).
@@ -258,7 +265,12 @@ impl Sweeper {
                         return;
                     };
                     // A failed pass (the server unreachable) is tried again next interval.
-                    let _ = PgStore { inner }.sweep();
+                    if let Err(e) = (PgStore { inner }).sweep() {
+                        observe::warn!(
+                            "a background sweep pass failed; the next runs at the next interval",
+                            error = observe::display(observe::Redacted(&e)),
+                        );
+                    }
                 }
             })
             .map_err(|source| Error::Spawn {
@@ -277,8 +289,9 @@ impl Sweeper {
         drop(self.stop);
         if let Some(t) = self.thread.take()
             && t.thread().id() != std::thread::current().id()
+            && t.join().is_err()
         {
-            let _ = t.join();
+            observe::warn!("the background sweeper thread panicked");
         }
     }
 }

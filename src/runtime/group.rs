@@ -164,6 +164,7 @@ impl<B, M> Group<B, M> {
             };
             if timed_out && g.active >= lanes && g.queue.len() >= self.config.max_queue {
                 self.counters.busy.fetch_add(1, Ordering::Relaxed);
+                crate::runtime::observe::busy();
                 return Err(Error::Busy {
                     queued: g.queue.len(),
                     waited: self.config.queue_timeout,

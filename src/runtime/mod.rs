@@ -11,6 +11,7 @@
 //! and `error.rs` (tests/layers_import_one_way.rs).
 
 pub(crate) mod group;
+pub(crate) mod observe;
 pub(crate) mod publish;
 pub(crate) mod signal;
 pub(crate) mod worker;

@@ -14,6 +14,7 @@ use crate::model::clock::Timestamp;
 use crate::model::outbox::{
     AfterFailure, DispatcherOptions, OutboxMetrics, Publisher, Stored, after_failure,
 };
+use crate::runtime::observe;
 use crate::runtime::signal::Signal;
 
 /// One failed attempt, for the engine to record.
@@ -147,6 +148,12 @@ impl DispatchCounters {
             .failed
             .iter()
             .filter(|f| f.action == AfterFailure::DeadLetter)
+            .inspect(|f| {
+                observe::warn!(
+                    "an outbox event became a dead letter: it holds back its ordering key until requeued or discarded",
+                    seq = f.seq,
+                )
+            })
             .count();
         self.dead_lettered.fetch_add(dead as u64, Ordering::Relaxed);
     }
@@ -194,7 +201,14 @@ pub(crate) fn dispatch_loop(
                 .saturating_since(now)
                 .min(idle_recheck)
                 .max(Duration::from_millis(1)),
-            _ => idle_recheck,
+            Ok(_) => idle_recheck,
+            Err(e) => {
+                observe::warn!(
+                    "an outbox dispatcher round failed; its events stay and the next round runs after the idle period",
+                    error = observe::display(observe::Redacted(&e)),
+                );
+                idle_recheck
+            }
         };
         signal.wait_unless_changed(seen, wait, stopping);
     }

@@ -53,7 +53,12 @@ impl DispatcherHandle {
 
 impl Drop for DispatcherHandle {
     fn drop(&mut self) {
-        let _ = self.stop_and_join();
+        if let Err(e) = self.stop_and_join() {
+            crate::runtime::observe::warn!(
+                "stopping the outbox dispatcher on drop",
+                error = crate::runtime::observe::display(e),
+            );
+        }
     }
 }
 

@@ -29,6 +29,9 @@ pub fn spawn(dir: &Path, flags: &[&str]) -> (Child, SocketAddr, Lines<BufReader<
         .arg(dir)
         .args(["--listen", "127.0.0.1:0"])
         .args(flags)
+        // The service's stderr is what the tests read: a RUST_LOG of the developer's would add
+        // log lines to it.
+        .env_remove("RUST_LOG")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
