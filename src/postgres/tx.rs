@@ -208,7 +208,7 @@ fn statement_failed(e: &postgres::Error) -> Error {
 }
 
 /// A client error with the server's own words (`postgres::Error`'s display is only "db error"):
-/// severity, message, detail and SQLSTATE.
+/// severity, message and SQLSTATE, and the detail on a second line.
 pub(crate) fn describe(e: &postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => {
@@ -218,8 +218,10 @@ pub(crate) fn describe(e: &postgres::Error) -> String {
                 db.message(),
                 db.code().code()
             );
+            // On a line of its own: a detail may quote row values, which a redacted display
+            // (the observability warnings) leaves out by keeping the first line only.
             if let Some(detail) = db.detail() {
-                text.push_str(": ");
+                text.push_str("\nDETAIL: ");
                 text.push_str(detail);
             }
             text

@@ -597,6 +597,7 @@ pub(crate) fn error_kind(e: &Error) -> &'static str {
         Error::LeaseLost { .. } => "lease_lost",
         Error::ResponseTooLarge { .. } => "response_too_large",
         Error::Fingerprint { .. } => "fingerprint",
+        Error::AnswerEncoding { .. } => "answer_encoding",
         Error::Aborted { .. } => "aborted",
         Error::ReservedTable { .. } => "reserved_table",
         Error::CorruptRecord { .. } => "corrupt_record",
