@@ -216,6 +216,14 @@ impl<B: Backend> AsyncStore<B> {
             .await
     }
 
+    /// Flow B's claim for a face that keeps the engine's own lease (the HTTP layer holds it in
+    /// a slot shared with its heartbeats): an admission like [`AsyncStore::begin`].
+    #[cfg(feature = "http")]
+    pub(crate) async fn begin_held(&self, request: Request) -> Result<Begin<B::Lease>, Error> {
+        let store = self.store.clone();
+        self.admitted(move || store.begin(request)).await
+    }
+
     /// Runs an admission on the blocking pool, holding a permit for its length, or answers
     /// `Busy` at once when none is free.
     async fn admitted<T: Send + 'static>(
@@ -242,12 +250,19 @@ impl<B: Backend> AsyncStore<B> {
 pub(crate) async fn blocking<T: Send + 'static>(
     call: impl FnOnce() -> Result<T, Error> + Send + 'static,
 ) -> Result<T, Error> {
-    match tokio::task::spawn_blocking(call).await {
-        Ok(result) => result,
-        Err(_) => Err(Error::Internal {
+    run_blocking(call).await?
+}
+
+/// Runs any store work `f` on the blocking pool (the one place the faces leave the async
+/// runtime); `Err` when it panicked or was cancelled.
+pub(crate) async fn run_blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, Error> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|_| Error::Internal {
             what: "a store call on the blocking pool panicked or was cancelled",
-        }),
-    }
+        })
 }
 
 /// A flow-B lease, finished from async code (each call on the blocking pool; never refused for

@@ -7,13 +7,13 @@ use std::sync::atomic::Ordering;
 use http::header::{CONTENT_TYPE, HeaderName, LOCATION};
 use http::request::Parts;
 use http::{Method, StatusCode};
-use tokio::sync::Semaphore;
 use tower::Layer;
 
 use super::key::IDEMPOTENCY_KEY;
 use super::metrics::{Counters, LayerMetrics};
 use super::service::IdempotencyService;
 use crate::Store;
+use crate::asynchronous::AsyncStore;
 use crate::backend::Backend;
 
 /// What to do with a covered request that carries no key.
@@ -42,8 +42,7 @@ pub(super) enum TenantSource {
     BadHeaderName(String),
 }
 
-#[derive(Clone)]
-pub(super) struct Config<B> {
+pub(super) struct Config<B: Backend> {
     pub(super) store: B,
     pub(super) tenant: TenantSource,
     pub(super) operation: Option<Arc<PartsFn>>,
@@ -54,10 +53,29 @@ pub(super) struct Config<B> {
     pub(super) body_limit: usize,
     pub(super) missing_key: MissingKey,
     pub(super) record_status: Arc<StatusFn>,
-    /// One permit per store admission (`begin`) running; shared by the layer's clones.
-    pub(super) admissions: Arc<Semaphore>,
-    pub(super) max_in_flight: usize,
+    /// The async face the layer's admissions (`begin`) go through: its bound on admissions in
+    /// flight is the layer's `max_in_flight`, shared by the layer's clones.
+    pub(super) calls: AsyncStore<B>,
     pub(super) counters: Arc<Counters>,
+}
+
+impl<B: Backend> Clone for Config<B> {
+    fn clone(&self) -> Self {
+        Config {
+            store: self.store.clone(),
+            tenant: self.tenant.clone(),
+            operation: self.operation.clone(),
+            methods: self.methods.clone(),
+            key_header: self.key_header.clone(),
+            fingerprint_headers: self.fingerprint_headers.clone(),
+            replay_headers: self.replay_headers.clone(),
+            body_limit: self.body_limit,
+            missing_key: self.missing_key,
+            record_status: Arc::clone(&self.record_status),
+            calls: self.calls.clone(),
+            counters: Arc::clone(&self.counters),
+        }
+    }
 }
 
 /// The tower [`Layer`]. Build it with [`IdempotencyLayer::new`] (any tenant extractor) or
@@ -144,22 +162,10 @@ impl<B: Backend> std::fmt::Debug for IdempotencyLayer<B> {
             .field("key_header", &self.config.key_header)
             .field("body_limit", &self.config.body_limit)
             .field("missing_key", &self.config.missing_key)
-            .field("max_in_flight", &self.config.max_in_flight)
+            .field("max_in_flight", &self.config.calls.max_in_flight())
             .finish_non_exhaustive()
     }
 }
-
-/// A semaphore size within tokio's bounds (at least one permit).
-fn permits(n: usize) -> usize {
-    n.clamp(1, Semaphore::MAX_PERMITS)
-}
-
-/// The default bound on store admissions: half of tokio's default blocking pool (512
-/// threads). Every admission occupies a blocking thread while it waits for the store; with
-/// more admissions than threads, the surplus would queue in tokio's blocking queue and the
-/// calls that finish started requests (recording, heartbeats), which queue behind them in
-/// FIFO order, would be delayed past their lease deadline. Half leaves them threads.
-const DEFAULT_MAX_IN_FLIGHT: usize = 256;
 
 impl<B: Backend> IdempotencyLayer<B> {
     /// A layer on `store` whose tenant comes from `tenant` (e.g. the authenticated principal an
@@ -194,7 +200,10 @@ impl<B: Backend> IdempotencyLayer<B> {
     }
 
     fn with_tenant(store: B, tenant: TenantSource) -> Self {
-        let max_in_flight = permits(store.max_queue().min(DEFAULT_MAX_IN_FLIGHT));
+        // The face's default bound: the store's `max_queue`, at most 256 (half of tokio's default
+        // blocking pool: every admission occupies a blocking thread while it waits, and the
+        // calls that finish started requests — recordings, heartbeats — must still find one).
+        let calls = AsyncStore::new(store.clone());
         IdempotencyLayer {
             config: Arc::new(Config {
                 store,
@@ -207,8 +216,7 @@ impl<B: Backend> IdempotencyLayer<B> {
                 body_limit: 1024 * 1024,
                 missing_key: MissingKey::Reject,
                 record_status: Arc::new(|s: StatusCode| s != StatusCode::SERVICE_UNAVAILABLE),
-                admissions: Arc::new(Semaphore::new(max_in_flight)),
-                max_in_flight,
+                calls,
                 counters: Arc::default(),
             }),
         }
@@ -290,25 +298,21 @@ impl<B: Backend> IdempotencyLayer<B> {
     /// its answer, heartbeats) are not counted against the limit and are never refused, so a
     /// started request always records.
     pub fn max_in_flight(self, n: usize) -> Self {
-        let n = permits(n);
-        self.edit(|c| {
-            c.max_in_flight = n;
-            c.admissions = Arc::new(Semaphore::new(n));
-        })
+        self.edit(|c| c.calls = c.calls.clone().with_max_in_flight(n))
     }
 
     /// A snapshot of this layer's counters (shared with its clones and the services they
     /// built).
     pub fn metrics(&self) -> LayerMetrics {
         let c = &self.config.counters;
-        let max = self.config.max_in_flight;
+        let max = self.config.calls.max_in_flight();
         LayerMetrics {
             bodies_not_kept: c.bodies_not_kept.load(Ordering::Relaxed),
             overloaded: c.overloaded.load(Ordering::Relaxed),
             handler_failures: c.handler_failures.load(Ordering::Relaxed),
             not_recorded: c.not_recorded.load(Ordering::Relaxed),
             heartbeat_failures: c.heartbeat_failures.load(Ordering::Relaxed),
-            in_flight: max.saturating_sub(self.config.admissions.available_permits()),
+            in_flight: self.config.calls.in_flight(),
             max_in_flight: max,
         }
     }
@@ -339,7 +343,7 @@ pub(super) enum Disposition {
 }
 
 /// The one place a status is judged: the user's `record_status` policy, then failure or not.
-pub(super) fn disposition<B>(config: &Config<B>, status: StatusCode) -> Disposition {
+pub(super) fn disposition<B: Backend>(config: &Config<B>, status: StatusCode) -> Disposition {
     if !(config.record_status)(status) {
         Disposition::Release
     } else {

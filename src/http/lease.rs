@@ -128,18 +128,24 @@ pub(super) fn spawn_heartbeat<L: BackendLease>(
 /// task was cancelled), nothing is released: the key stays claimed until the deadline.
 pub(super) struct Slot<L>(pub(super) Mutex<Option<L>>);
 
-/// Runs a store call on the blocking pool; a panic there becomes a `500` problem.
+/// Runs a store call on the blocking pool, through the async face
+/// (`crate::asynchronous::run_blocking`); a panic there becomes a `500` problem.
 pub(super) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, http::Response<Body>> {
-    tokio::task::spawn_blocking(f).await.map_err(|_| {
-        problem_response(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            problem::STORE_FAILED,
-            "Store call failed",
-            "a store call failed unexpectedly; retry with the same key",
-        )
-    })
+    crate::asynchronous::run_blocking(f)
+        .await
+        .map_err(|_| store_call_failed())
+}
+
+/// The `500` problem of a store call that panicked (or an internal error of the store).
+pub(super) fn store_call_failed() -> http::Response<Body> {
+    problem_response(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        problem::STORE_FAILED,
+        "Store call failed",
+        "a store call failed unexpectedly; retry with the same key",
+    )
 }
 
 #[cfg(test)]

@@ -27,12 +27,12 @@ use super::envelope::fit_response;
 use super::fingerprint::fingerprint;
 use super::handle::Idempotency;
 use super::layer::{Config, Disposition, MissingKey, TenantSource, disposition};
-use super::lease::{Slot, blocking, finish_lease, spawn_heartbeat, take_lease};
+use super::lease::{Slot, blocking, finish_lease, spawn_heartbeat, store_call_failed, take_lease};
 use super::metrics::{bump, handler_failure, not_recorded, released};
 use super::problem;
 use super::replay::{expired, replay};
 use crate::backend::{Backend, BackendLease};
-use crate::{Begin, Request, Scope, Store};
+use crate::{Begin, Error, Request, Scope, Store};
 
 /// The service [`IdempotencyLayer`](super::IdempotencyLayer) wraps around an inner service.
 #[derive(Clone)]
@@ -171,26 +171,20 @@ where
     let fingerprint = fingerprint(&parts, &operation, &config.fingerprint_headers, &body);
     let request = Request::with_fingerprint(Scope::new(tenant, operation), key, fingerprint);
 
-    // Admission: a permit or an immediate 503, never a queue. The permit is held for the claim
-    // only, and dropped on the blocking pool when it ends, even if this future is dropped.
-    let Ok(permit) = Arc::clone(&config.admissions).try_acquire_owned() else {
-        bump(&config.counters.overloaded);
-        return Ok(overloaded(config.max_in_flight));
-    };
-    let store = config.store.clone();
-    let begun = blocking(move || {
-        let begun = store.begin(request);
-        drop(permit);
-        begun
-    })
-    .await;
-    let lease = match begun {
-        Ok(Ok(Begin::Acquired(lease))) => lease,
-        Ok(Ok(Begin::Replayed(stored))) => return Ok(replay(&stored)),
-        Ok(Ok(Begin::Expired(tombstone))) => return Ok(expired(&tombstone)),
-        Ok(Ok(Begin::InFlight { retry_after })) => return Ok(in_flight(retry_after)),
-        Ok(Err(e)) => return Ok(error_response(&e)),
-        Err(resp) => return Ok(resp),
+    // Admission through the async face: a free slot or an immediate 503, never a queue. The
+    // slot is held for the claim only, and given back on the blocking pool when it ends, even if
+    // this future is dropped.
+    let lease = match config.calls.begin_held(request).await {
+        Ok(Begin::Acquired(lease)) => lease,
+        Ok(Begin::Replayed(stored)) => return Ok(replay(&stored)),
+        Ok(Begin::Expired(tombstone)) => return Ok(expired(&tombstone)),
+        Ok(Begin::InFlight { retry_after }) => return Ok(in_flight(retry_after)),
+        Err(Error::Busy { waited, .. }) if waited.is_zero() => {
+            bump(&config.counters.overloaded);
+            return Ok(overloaded(config.calls.max_in_flight()));
+        }
+        Err(Error::Internal { .. }) => return Ok(store_call_failed()),
+        Err(e) => return Ok(error_response(&e)),
     };
     run(config, inner, parts, body, lease).await
 }
