@@ -30,6 +30,24 @@ type PartsFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 
 type StatusFn = dyn Fn(StatusCode) -> bool + Send + Sync;
 
+type BodyFn = dyn Fn(&Parts, &[u8]) -> Vec<u8> + Send + Sync;
+
+type KeyFn = dyn Fn(&Parts, &[u8]) -> Option<String> + Send + Sync;
+
+type ReplayFn = dyn Fn(&Parts, &mut http::Response<axum::body::Body>) + Send + Sync;
+
+/// What of the body binds the key (the body part of the request fingerprint).
+#[derive(Clone, Default)]
+pub(super) enum BodyFingerprint {
+    /// The bytes as sent (default: the same payload re-serialised differently is 422).
+    #[default]
+    Raw,
+    /// RFC 8785 canonical JSON of a JSON body ([`IdempotencyLayer::canonical_json_body`]).
+    CanonicalJson,
+    /// The bytes the caller's function picks ([`IdempotencyLayer::fingerprint_body_with`]).
+    Custom(Arc<BodyFn>),
+}
+
 /// Where the tenant comes from.
 #[derive(Clone)]
 pub(super) enum TenantSource {
@@ -53,6 +71,11 @@ pub(super) struct Config<B: Backend> {
     pub(super) body_limit: usize,
     pub(super) missing_key: MissingKey,
     pub(super) record_status: Arc<StatusFn>,
+    pub(super) body_fingerprint: BodyFingerprint,
+    /// Where the key comes from when the key header is absent.
+    pub(super) key_from: Option<Arc<KeyFn>>,
+    /// Called on every replayed (or expired) answer before it is sent.
+    pub(super) on_replay: Option<Arc<ReplayFn>>,
     /// The async face the layer's admissions (`begin`) go through: its bound on admissions in
     /// flight is the layer's `max_in_flight`, shared by the layer's clones.
     pub(super) calls: AsyncStore<B>,
@@ -72,6 +95,9 @@ impl<B: Backend> Clone for Config<B> {
             body_limit: self.body_limit,
             missing_key: self.missing_key,
             record_status: Arc::clone(&self.record_status),
+            body_fingerprint: self.body_fingerprint.clone(),
+            key_from: self.key_from.clone(),
+            on_replay: self.on_replay.clone(),
             calls: self.calls.clone(),
             counters: Arc::clone(&self.counters),
         }
@@ -216,6 +242,9 @@ impl<B: Backend> IdempotencyLayer<B> {
                 body_limit: 1024 * 1024,
                 missing_key: MissingKey::Reject,
                 record_status: Arc::new(|s: StatusCode| s != StatusCode::SERVICE_UNAVAILABLE),
+                body_fingerprint: BodyFingerprint::Raw,
+                key_from: None,
+                on_replay: None,
                 calls,
                 counters: Arc::default(),
             }),
@@ -258,6 +287,57 @@ impl<B: Backend> IdempotencyLayer<B> {
     pub fn replay_headers(self, names: impl IntoIterator<Item = HeaderName>) -> Self {
         let names: Vec<HeaderName> = names.into_iter().collect();
         self.edit(|c| c.replay_headers = names)
+    }
+
+    /// Fingerprints a JSON body by its RFC 8785 canonical form (JCS: keys sorted, no
+    /// insignificant whitespace, numbers in one notation), so the same JSON re-serialised with
+    /// reordered keys or other whitespace is the same request (a retry is replayed, not 422). A
+    /// body that is not JSON is fingerprinted as it is. Opt-in, and a stored format: turning it on
+    /// or off changes the fingerprint of every JSON request, so retries of intents recorded
+    /// before the change answer 422 until their records are forgotten (docs/HTTP.md).
+    /// Trade-off: two bodies that differ only in what JSON does not distinguish (duplicate keys,
+    /// `1.0` vs `1`) bind to one key.
+    pub fn canonical_json_body(self) -> Self {
+        self.edit(|c| c.body_fingerprint = BodyFingerprint::CanonicalJson)
+    }
+
+    /// Fingerprints the bytes `f` picks from the body (and the request's parts) instead of the
+    /// whole body — the role of AWS Powertools' `payload_validation_jmespath`: e.g. only the
+    /// fields that define the intent, so a retry that changes a field outside them (a client
+    /// timestamp, a trace id) is still replayed, while a different amount is still 422. What `f`
+    /// leaves out no longer binds the key: a retry that differs only there gets the first
+    /// answer. Method, operation, path, query and `fingerprint_headers` still count. A stored
+    /// format, like [`canonical_json_body`](Self::canonical_json_body).
+    pub fn fingerprint_body_with(
+        self,
+        f: impl Fn(&Parts, &[u8]) -> Vec<u8> + Send + Sync + 'static,
+    ) -> Self {
+        self.edit(|c| c.body_fingerprint = BodyFingerprint::Custom(Arc::new(f)))
+    }
+
+    /// Where the key comes from when a request has no key header — the role of AWS
+    /// Powertools' `event_key_jmespath`: `f` gets the request's parts and its body (read within
+    /// [`body_limit`](Self::body_limit)) and returns the key, e.g. a message id inside the JSON
+    /// body. The key is checked like a header's (visible ASCII, within the store's key limit:
+    /// otherwise `400`); `None` is a missing key ([`missing_key`](Self::missing_key)). A key
+    /// header, when present, always wins. The key must name the intent, never the attempt (a
+    /// field that differs on a retry makes every retry a new intent).
+    pub fn key_from_request(
+        self,
+        f: impl Fn(&Parts, &[u8]) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.edit(|c| c.key_from = Some(Arc::new(f)))
+    }
+
+    /// Calls `f` with the request's parts and the answer on every replayed answer (and every
+    /// "already done" answer of an expired intent) before it is sent — the role of AWS
+    /// Powertools' `response_hook`: add a header, log, count. It does not run on a first
+    /// answer. `f` must not panic (a panic is the service's, as in a handler).
+    pub fn on_replay(
+        self,
+        f: impl Fn(&Parts, &mut http::Response<axum::body::Body>) + Send + Sync + 'static,
+    ) -> Self {
+        self.edit(|c| c.on_replay = Some(Arc::new(f)))
     }
 
     /// The largest request body the layer buffers (default 1 MiB); above it, `413`.

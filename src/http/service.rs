@@ -24,8 +24,9 @@ use super::answers::{
     overloaded, plain_response, problem_response,
 };
 use super::envelope::fit_response;
-use super::fingerprint::fingerprint;
+use super::fingerprint::{body_part, fingerprint_tagged};
 use super::handle::Idempotency;
+use super::key::parse_key;
 use super::layer::{Config, Disposition, MissingKey, TenantSource, disposition};
 use super::lease::{Slot, blocking, finish_lease, spawn_heartbeat, store_call_failed, take_lease};
 use super::metrics::{bump, handler_failure, not_recorded, released};
@@ -119,29 +120,20 @@ where
         return Ok(misconfigured(name));
     }
     // Key, tenant and operation are checked before the body is read: a request refused for
-    // its names never costs a body buffer.
-    let key = match key_of(&config, &parts) {
-        Ok(Some(key)) => key,
-        Ok(None) => match config.missing_key {
-            MissingKey::PassThrough => {
-                let req = http::Request::from_parts(parts, Body::new(body));
-                return Ok(call_inner(inner, req).await?.0);
-            }
-            MissingKey::Reject => {
-                return Ok(problem_response(
-                    StatusCode::BAD_REQUEST,
-                    problem::MISSING_KEY,
-                    "Idempotency-Key required",
-                    &format!(
-                        "{} {} needs an {} header; send a new unique key per intent and \
-                         the same key on every retry of it",
-                        parts.method,
-                        parts.uri.path(),
-                        config.key_header
-                    ),
-                ));
-            }
-        },
+    // its names never costs a body buffer. (A key taken from the request itself,
+    // `key_from_request`, is known only once the body is read.)
+    let header_key = match key_of(&config, &parts) {
+        Ok(Some(key)) => Some(key),
+        Ok(None) if config.key_from.is_some() => None,
+        Ok(None) => {
+            return match config.missing_key {
+                MissingKey::PassThrough => {
+                    let req = http::Request::from_parts(parts, Body::new(body));
+                    Ok(call_inner(inner, req).await?.0)
+                }
+                MissingKey::Reject => Ok(missing_key(&config, &parts)),
+            };
+        }
         Err(e) => return Ok(invalid_key(&e.detail(&config.key_header))),
     };
     let tenant = match tenant_of(&config, &parts) {
@@ -168,7 +160,32 @@ where
         Ok(b) => b,
         Err(resp) => return Ok(resp),
     };
-    let fingerprint = fingerprint(&parts, &operation, &config.fingerprint_headers, &body);
+    let key = match (header_key, &config.key_from) {
+        (Some(key), _) => key,
+        (None, Some(extract)) => match extract(&parts, &body) {
+            Some(k) => match parse_key(k.as_bytes(), config.store.limits().max_key_len) {
+                Ok(k) => k,
+                Err(e) => return Ok(invalid_key(&e.detail(&config.key_header))),
+            },
+            None => match config.missing_key {
+                MissingKey::PassThrough => {
+                    let req = http::Request::from_parts(parts, Body::from(body));
+                    return Ok(call_inner(inner, req).await?.0);
+                }
+                MissingKey::Reject => return Ok(missing_key(&config, &parts)),
+            },
+        },
+        // `header_key` is `None` only when `key_from` is set (above).
+        (None, None) => return Ok(missing_key(&config, &parts)),
+    };
+    let (tag, body_part) = body_part(&config.body_fingerprint, &parts, &body);
+    let fingerprint = fingerprint_tagged(
+        tag,
+        &parts,
+        &operation,
+        &config.fingerprint_headers,
+        &body_part,
+    );
     let request = Request::with_fingerprint(Scope::new(tenant, operation), key, fingerprint);
 
     // Admission through the async face: a free slot or an immediate 503, never a queue. The
@@ -176,8 +193,12 @@ where
     // this future is dropped.
     let lease = match config.calls.begin_held(request).await {
         Ok(Begin::Acquired(lease)) => lease,
-        Ok(Begin::Replayed(stored)) => return Ok(replay(&stored)),
-        Ok(Begin::Expired(tombstone)) => return Ok(expired(&tombstone)),
+        Ok(Begin::Replayed(stored)) => {
+            return Ok(replayed_answer(&config, &parts, replay(&stored)));
+        }
+        Ok(Begin::Expired(tombstone)) => {
+            return Ok(replayed_answer(&config, &parts, expired(&tombstone)));
+        }
         Ok(Begin::InFlight { retry_after }) => return Ok(in_flight(retry_after)),
         Err(Error::Busy { waited, .. }) if waited.is_zero() => {
             bump(&config.counters.overloaded);
@@ -340,4 +361,32 @@ impl<F: Future> Future for CatchUnwind<F> {
             Err(panic) => Poll::Ready(Err(panic)),
         }
     }
+}
+
+/// The `400` of a covered request without a key.
+fn missing_key<B: Backend>(config: &Config<B>, parts: &Parts) -> http::Response<Body> {
+    problem_response(
+        StatusCode::BAD_REQUEST,
+        problem::MISSING_KEY,
+        "Idempotency-Key required",
+        &format!(
+            "{} {} needs an {} header; send a new unique key per intent and the same key on \
+             every retry of it",
+            parts.method,
+            parts.uri.path(),
+            config.key_header
+        ),
+    )
+}
+
+/// A replayed (or expired) answer, after the service's `on_replay` hook saw it.
+fn replayed_answer<B: Backend>(
+    config: &Config<B>,
+    parts: &Parts,
+    mut answer: http::Response<Body>,
+) -> http::Response<Body> {
+    if let Some(hook) = &config.on_replay {
+        hook(parts, &mut answer);
+    }
+    answer
 }
