@@ -130,6 +130,23 @@ fn idem_claim(store: &Store, key: &str) {
     );
 }
 
+/// `idem_claim` through `Store::execute_send`: the closure is `Send + 'static` (it owns its
+/// key), so the thread holding the batch runs it without a hand-off.
+fn idem_claim_send(store: &Store, key: &str) {
+    let owned = key.to_owned();
+    let outcome = store
+        .execute_send(request(key), move |tx| {
+            let mut effects = tx.open_table(EFFECTS)?;
+            effects.insert(owned.as_bytes(), 1)?;
+            Ok(response())
+        })
+        .unwrap_or_else(|e| panic!("idem claim {key}: {e}"));
+    assert!(
+        matches!(outcome, Outcome::Executed(_)),
+        "idem claim {key}: {outcome:?}"
+    );
+}
+
 fn idem_replay(store: &Store, key: &str) {
     let outcome = store
         .execute(request(key), |_| {
@@ -193,6 +210,41 @@ fn naive_claim(db: &redb::Database, key: &str) {
         effects.insert(key.as_bytes(), 1).expect("naive effect");
     }
     txn.commit().expect("naive commit");
+}
+
+/// idem's expiry index (docs/FORMAT.md): `u64be(due) ‖ kind ‖ record key` → state tag.
+const EXPIRY: TableDefinition<&[u8], u8> = TableDefinition::new("idem.expiry.v1");
+
+/// Naive redb plus the one thing idem's layout adds to a claim: its expiry-index entry (a
+/// third B-tree insert in the same transaction). Set beside naive redb at 1 and 2 callers, it
+/// shows how much of idem's single-caller gap that entry is.
+fn naive_indexed_claim(db: &redb::Database, key: &str) {
+    let record_key = record_key(key);
+    let now = now_ms();
+    let value = record_value(key, now);
+    let mut txn = db.begin_write().expect("indexed begin_write");
+    txn.set_durability(redb::Durability::Immediate)
+        .expect("indexed durability");
+    {
+        let mut records = txn.open_table(RECORDS).expect("indexed records");
+        let existing = records.get(record_key.as_slice()).expect("indexed get");
+        assert!(
+            existing.is_none(),
+            "indexed claim {key}: key already present"
+        );
+        drop(existing);
+        records
+            .insert(record_key.as_slice(), value.as_slice())
+            .expect("indexed insert");
+        let mut entry = (now + DAY_MS).to_be_bytes().to_vec();
+        entry.push(0x01);
+        entry.extend_from_slice(&record_key);
+        let mut expiry = txn.open_table(EXPIRY).expect("indexed expiry");
+        expiry.insert(entry.as_slice(), 1).expect("indexed entry");
+        let mut effects = txn.open_table(EFFECTS).expect("indexed effects");
+        effects.insert(key.as_bytes(), 1).expect("indexed effect");
+    }
+    txn.commit().expect("indexed commit");
 }
 
 fn naive_create(path: &Path) -> redb::Database {
@@ -696,7 +748,9 @@ impl Rng {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 enum System {
     Idem,
+    IdemSend,
     Naive,
+    NaiveIndexed,
     NaiveGroup,
     Sqlite,
     /// SQLite with its writers taking turns on an in-process mutex instead of busy-waiting.
@@ -732,11 +786,13 @@ impl Row {
     fn label(&self) -> &'static str {
         match (self.system, self.work) {
             (System::Idem, Work::NewKeys) => "idem new keys (flow A execute)",
+            (System::IdemSend, _) => "idem new keys (execute_send)",
             (System::Idem, Work::Replay) => "idem replays (execute)",
             (System::Idem, Work::Mixed) => "idem mixed 90% replay / 10% new",
             (System::Idem, Work::FlowB) => "idem flow B begin + complete",
             (System::Naive, _) => "naive redb new keys (1 txn/claim)",
             (System::NaiveGroup, _) => "naive group-commit writer (1 thread)",
+            (System::NaiveIndexed, _) => "naive redb + expiry-index entry",
             (System::Sqlite, Work::Replay) => "SQLite replays (prepared SELECT)",
             (System::Sqlite, _) => "SQLite new keys (article SQL)",
             (System::SqliteSerial, _) => "SQLite new keys, writers behind a Mutex",
@@ -749,7 +805,9 @@ impl Row {
 
 enum Kind {
     Idem(Store),
+    IdemSend(Store),
     Naive(Box<redb::Database>),
+    NaiveIndexed(Box<redb::Database>),
     NaiveGroup(GroupWriter),
     Sqlite(PathBuf),
     SqliteSerial(PathBuf, Mutex<()>),
@@ -870,6 +928,16 @@ impl Bench {
         let (kind, keep) = match row.system {
             System::Disk => (Kind::Disk(disk_file(&dir.path().join("disk.bin"))), true),
             System::Memory => (Kind::Memory(Mutex::default()), false),
+            System::IdemSend => {
+                let p = dir.path().join("idem.redb");
+                if row.fill == Fill::Prefilled {
+                    copy_synced(&m.idem_large, &p);
+                }
+                (
+                    Kind::IdemSend(Store::open(&p).expect("open idem store")),
+                    true,
+                )
+            }
             System::Idem => {
                 let path = match (row.work, row.fill) {
                     (Work::Replay, Fill::Empty) => m.idem_small_replay.clone(),
@@ -899,6 +967,17 @@ impl Bench {
                     }
                 };
                 (Kind::Naive(Box::new(db)), true)
+            }
+            System::NaiveIndexed => {
+                let p = dir.path().join("indexed.redb");
+                let db = match row.fill {
+                    Fill::Empty => naive_create(&p),
+                    Fill::Prefilled => {
+                        copy_synced(&m.idem_large, &p);
+                        redb::Database::create(&p).expect("open indexed copy")
+                    }
+                };
+                (Kind::NaiveIndexed(Box::new(db)), true)
             }
             System::NaiveGroup => {
                 let p = dir.path().join("group.redb");
@@ -943,11 +1022,11 @@ impl Bench {
     /// One timed run of `row` on `target`; `tag` makes its new keys unique.
     fn measure(&self, row: Row, target: &Target, tag: usize, per: usize) -> Sample {
         let before = match &target.kind {
-            Kind::Idem(store) => Some(store.metrics()),
+            Kind::Idem(store) | Kind::IdemSend(store) => Some(store.metrics()),
             _ => None,
         };
         let mut sample = self.measure_calls(row, target, tag, per);
-        if let (Kind::Idem(store), Some(before)) = (&target.kind, before) {
+        if let (Kind::Idem(store) | Kind::IdemSend(store), Some(before)) = (&target.kind, before) {
             sample.commits = Some(Commits::between(&before, &store.metrics()));
         }
         sample
@@ -960,6 +1039,11 @@ impl Bench {
             (Kind::Idem(store), Work::NewKeys) => run_callers(&self.counter, c, per, |caller| {
                 move |i| idem_claim(store, &new_key(tag, caller, i))
             }),
+            (Kind::IdemSend(store), Work::NewKeys) => {
+                run_callers(&self.counter, c, per, |caller| {
+                    move |i| idem_claim_send(store, &new_key(tag, caller, i))
+                })
+            }
             (Kind::Idem(store), Work::Replay) => run_callers(&self.counter, c, per, |caller| {
                 let mut rng = Rng::new(tag, caller);
                 move |_| idem_replay(store, &existing_key(rng.below(n)))
@@ -981,6 +1065,12 @@ impl Bench {
                 let db: &redb::Database = db;
                 move |i| naive_claim(db, &new_key(tag, caller, i))
             }),
+            (Kind::NaiveIndexed(db), Work::NewKeys) => {
+                run_callers(&self.counter, c, per, |caller| {
+                    let db: &redb::Database = db;
+                    move |i| naive_indexed_claim(db, &new_key(tag, caller, i))
+                })
+            }
             (Kind::NaiveGroup(writer), Work::NewKeys) => {
                 run_callers(&self.counter, c, per, |caller| {
                     move |i| writer.claim(&new_key(tag, caller, i))
@@ -1417,7 +1507,11 @@ fn main() {
                 row(System::Naive, Work::NewKeys, fill, c),
                 row(System::Sqlite, Work::NewKeys, fill, c),
             ];
+            if c <= 2 {
+                g.push(row(System::NaiveIndexed, Work::NewKeys, fill, c));
+            }
             if c > 1 {
+                g.push(row(System::IdemSend, Work::NewKeys, fill, c));
                 g.push(row(System::NaiveGroup, Work::NewKeys, fill, c));
                 g.push(row(System::SqliteSerial, Work::NewKeys, fill, c));
             }
@@ -1568,7 +1662,7 @@ fn report(b: &Bench, display: &[Row]) {
             ..*r
         };
         let (vs_naive, vs_group, vs_sqlite, vs_serial) = match (r.system, r.work) {
-            (System::Idem, Work::NewKeys) => (
+            (System::Idem | System::IdemSend, Work::NewKeys) => (
                 rate(&same(System::Naive)).map(|x| med / x),
                 rate(&same(System::NaiveGroup)).map(|x| med / x),
                 rate(&same(System::Sqlite)).map(|x| med / x),
@@ -1628,6 +1722,7 @@ fn report(b: &Bench, display: &[Row]) {
     };
     let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b);
     let idem = |c| at(System::Idem, Work::NewKeys, c);
+    let idem_send = |c| at(System::IdemSend, Work::NewKeys, c);
     let naive = |c| at(System::Naive, Work::NewKeys, c);
     let group = |c| at(System::NaiveGroup, Work::NewKeys, c);
     let p50_ratio = |c| {
@@ -1661,8 +1756,22 @@ fn report(b: &Bench, display: &[Row]) {
             "×",
         ),
         check(
+            "64 callers, new keys: idem execute_send ÷ group-commit writer",
+            ratio(rate(&idem_send(64)), rate(&group(64))),
+            true,
+            1.0,
+            "×",
+        ),
+        check(
             "64 callers, new keys: idem p99 ÷ group-commit writer p99",
             lat_ratio(idem(64), group(64), 0.99),
+            false,
+            1.2,
+            "×",
+        ),
+        check(
+            "64 callers, new keys: idem execute_send p99 ÷ writer p99",
+            lat_ratio(idem_send(64), group(64), 0.99),
             false,
             1.2,
             "×",

@@ -323,6 +323,7 @@ fn main() {
         });
         drop(store);
         let mut rss = Vec::new();
+        let mut mixed = Vec::new();
         for cache in [None, Some(64usize << 20)] {
             copy(&master, &work);
             let mut extra = vec![
@@ -334,16 +335,19 @@ fn main() {
             }
             let out = output(child("mixed", &work, &extra));
             rss.push(field(&out, "rss").unwrap_or(f64::NAN));
+            mixed.push(field(&out, "ops").unwrap_or(f64::NAN));
         }
         let (plain_ms, plain_rss) = crash_and_reopen(&master, &work, false);
         let (qr_ms, qr_rss) = crash_and_reopen(&master, &work, true);
         println!(
-            "| {n} | {:.1} s | {:.0} | {c1:.0} | {:.2} ms | {c64:.0} | {:.2} ms | {r1:.0} | {:.0} MiB | {:.0} MiB | {plain_ms:.0} ms | {plain_rss:.0} MiB | {qr_ms:.0} ms | {qr_rss:.0} MiB |",
+            "| {n} | {:.1} s | {:.0} | {c1:.0} | {:.2} ms | {c64:.0} | {:.2} ms | {r1:.0} | {:.0}, {:.0} MiB | {:.0}, {:.0} MiB | {plain_ms:.0} ms | {plain_rss:.0} MiB | {qr_ms:.0} ms | {qr_rss:.0} MiB |",
             built.as_secs_f64(),
             bytes as f64 / n as f64,
             p1.as_secs_f64() * 1e3,
             p64.as_secs_f64() * 1e3,
+            mixed[0],
             rss[0],
+            mixed[1],
             rss[1],
         );
         let _ = std::fs::remove_file(&master);

@@ -139,7 +139,8 @@ impl<B: Backend> AsyncStore<B> {
         F: for<'t> FnMut(TxOf<'t, B>) -> Result<Response, Abort> + Send + 'static,
     {
         let store = self.store.clone();
-        self.admitted(move || store.execute(request, move |tx| f(tx)))
+        // `f` is Send + 'static: the engine may run it on the thread that holds the batch.
+        self.admitted(move || store.execute_send(request, move |tx| f(tx)))
             .await
     }
 

@@ -33,6 +33,15 @@ pub trait Backend: sealed::Sealed + Clone + Send + Sync + 'static {
     where
         F: for<'t> FnMut(TxOf<'t, Self>) -> Result<Response, Abort>;
 
+    /// Flow A for a `Send + 'static` closure, which the engine may run on another of its
+    /// threads (the file store's `execute_send`); by default the same as `execute`.
+    fn execute_send<F>(&self, request: Request, f: F) -> Result<Outcome, Error>
+    where
+        F: for<'t> FnMut(TxOf<'t, Self>) -> Result<Response, Abort> + Send + 'static,
+    {
+        self.execute(request, f)
+    }
+
     /// Claims the key of `request` with a lease, or answers without one (flow B's `begin`).
     fn begin(&self, request: Request) -> Result<Begin<Self::Lease>, Error>;
 
@@ -116,6 +125,13 @@ impl Backend for Store {
         F: for<'t> FnMut(&'t Tx<'t>) -> Result<Response, Abort>,
     {
         Store::execute(self, request, |tx| f(tx))
+    }
+
+    fn execute_send<F>(&self, request: Request, mut f: F) -> Result<Outcome, Error>
+    where
+        F: for<'t> FnMut(&'t Tx<'t>) -> Result<Response, Abort> + Send + 'static,
+    {
+        Store::execute_send(self, request, move |tx| f(tx))
     }
 
     fn process<T, F>(

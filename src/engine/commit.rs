@@ -35,9 +35,46 @@ pub(crate) use crate::runtime::group::GroupConfig;
 use crate::runtime::observe::{self, QueueWait, Stopwatch};
 
 /// The protocol's state for redb (one lane: redb has one writer).
-pub(crate) type Group = group::Group<Baton, ()>;
-type Member = group::Member<Baton, ()>;
+pub(crate) type Group = group::Group<Baton, Detached>;
+type Member = group::Member<Baton, Detached>;
 type Signal = group::Signal<Baton>;
+
+/// A member's work that any thread holding the batch's transaction may run (`Store::write_detached`:
+/// the work is `Send + 'static`): the thread that finishes the member before it runs it at
+/// once, instead of waking the member's own thread to run it (a hand-off between threads per
+/// member is most of what a batch costs beyond its fsync).
+type DetachedWork = Box<dyn FnMut(&WriteTransaction, Timestamp) -> Step<()> + Send>;
+
+/// A member's detached work, if it has one (`None`: the member runs its work on its own
+/// thread). Taken out while it runs, put back for a re-run.
+pub(crate) struct Detached(parking_lot::Mutex<Option<DetachedWork>>);
+
+impl Detached {
+    fn none() -> Self {
+        Detached(parking_lot::Mutex::new(None))
+    }
+
+    fn of(work: DetachedWork) -> Self {
+        Detached(parking_lot::Mutex::new(Some(work)))
+    }
+
+    fn take(&self) -> Option<DetachedWork> {
+        self.0.lock().take()
+    }
+
+    fn put_back(&self, work: DetachedWork) {
+        *self.0.lock() = Some(work);
+    }
+}
+
+/// The members of `batch` other than `me`: those waiting while `me` runs a protocol step.
+fn others_than(batch: &[Arc<Member>], me: &Arc<Member>) -> Vec<Arc<Member>> {
+    batch
+        .iter()
+        .filter(|m| !Arc::ptr_eq(m, me))
+        .cloned()
+        .collect()
+}
 
 /// What a member's work reports.
 pub(crate) enum Step<T> {
@@ -84,15 +121,68 @@ impl Store {
         durable: Durable,
         mut work: impl FnMut(&WriteTransaction, Timestamp) -> Step<T>,
     ) -> Result<T, Error> {
+        let value = std::cell::RefCell::new(None);
+        self.run_member(durable, Detached::none(), |txn, now| {
+            keep(&value, work(txn, now))
+        })?;
+        // Invariant: run_member returns Ok only after a committed run, and each run keeps its
+        // value.
+        value.into_inner().ok_or(Error::Internal {
+            what: "a batch member was told of a commit it did not take part in",
+        })
+    }
+
+    /// [`Store::write`] for `Send + 'static` work, which whichever thread holds the batch's
+    /// transaction may run (without waking this caller's thread for its turn): the same
+    /// protocol, answers and failures, with one thread hand-off per batch member fewer. A panic
+    /// of `work` unwinds on this caller's thread, as with `write`.
+    pub(crate) fn write_detached<T: Send + 'static>(
+        &self,
+        durable: Durable,
+        mut work: impl FnMut(&WriteTransaction, Timestamp) -> Step<T> + Send + 'static,
+    ) -> Result<T, Error> {
+        let slot: Arc<parking_lot::Mutex<Option<T>>> = Arc::default();
+        let kept = Arc::clone(&slot);
+        let detached: DetachedWork = Box::new(move |txn, now| {
+            let step = work(txn, now);
+            let mut kept = kept.lock();
+            match step {
+                Step::Done(v) => {
+                    *kept = Some(v);
+                    Step::Done(())
+                }
+                Step::Clean(v) => {
+                    *kept = Some(v);
+                    Step::Clean(())
+                }
+                Step::Abort(e) => Step::Abort(e),
+            }
+        });
+        // Its own turn runs the detached work too (`run_member` takes it from the member).
+        self.run_member(durable, Detached::of(detached), |_, _| Step::Clean(()))?;
+        let value = slot.lock().take();
+        value.ok_or(Error::Internal {
+            what: "a batch member was told of a commit it did not take part in",
+        })
+    }
+
+    /// One caller's part in the protocol: joins the group, and on each of its turns runs its
+    /// work — the detached work in `detached`, or else `own` — then passes the transaction on;
+    /// returns once the batch that ran its work last committed (or with the failure).
+    fn run_member(
+        &self,
+        durable: Durable,
+        detached: Detached,
+        mut own: impl FnMut(&WriteTransaction, Timestamp) -> Step<()>,
+    ) -> Result<(), Error> {
         if self.in_closure() {
             return Err(Error::Reentrant);
         }
         self.check_writable()?;
         let group = &self.group();
-        let me = Member::new(durable == Durable::Forced, ());
+        let me = Member::new(durable == Durable::Forced, detached);
         let mut queued = QueueWait::start();
         let mut signal = group.join(&me)?;
-        let mut value: Option<T> = None;
         loop {
             signal = match signal {
                 Signal::Wait => me.wait(),
@@ -114,13 +204,18 @@ impl Store {
                     // The storage boundary (store.rs): a panic in the caller's closure or clock
                     // (marked as caller code) is that member's failure and is resumed on its
                     // thread; a panic of redb on damaged data is `CorruptStore`, and fail-stop.
-                    let step = catch_storage_panic(|| work(&baton.txn, self.now_in_section()));
-                    let kept = match step {
-                        Ok(Step::Done(v)) => {
-                            baton.dirty = true;
-                            v
+                    let step = match me.meta.take() {
+                        Some(mut work) => {
+                            let step =
+                                catch_storage_panic(|| work(&baton.txn, self.now_in_section()));
+                            me.meta.put_back(work);
+                            step
                         }
-                        Ok(Step::Clean(v)) => v,
+                        None => catch_storage_panic(|| own(&baton.txn, self.now_in_section())),
+                    };
+                    match step {
+                        Ok(Step::Done(())) => baton.dirty = true,
+                        Ok(Step::Clean(())) => {}
                         Ok(Step::Abort(e)) => {
                             let prefix = baton.batch[..baton.pos].to_vec();
                             // A failed shrink has latched and answered the prefix itself.
@@ -141,32 +236,60 @@ impl Store {
                             return Err(e);
                         }
                     };
-                    value = Some(kept);
                     baton.durable |= me.durable;
-                    if baton.pos + 1 < baton.batch.len() {
-                        baton.pos += 1;
-                        let next = baton.batch[baton.pos].clone();
-                        next.send(Signal::Turn(baton));
-                        me.wait()
-                    } else {
-                        // Everyone but me (the last member) waits for this commit.
-                        let others = baton.batch[..baton.pos].to_vec();
-                        self.guarded(&others, "committing a batch", || self.commit_batch(baton))
-                            .unwrap_or_else(Signal::Failed)
-                    }
+                    self.pass_on(baton, &me)
                 }
-                Signal::Committed => {
-                    return match value {
-                        Some(v) => Ok(v),
-                        // Invariant: Committed is only sent to members whose turn ran in the
-                        // committed transaction, and each run sets `value`.
-                        None => Err(Error::Internal {
-                            what: "a batch member was told of a commit it did not take part in",
-                        }),
-                    };
-                }
+                Signal::Committed => return Ok(()),
                 Signal::Failed(e) => return Err(e),
+                Signal::Panicked(panic) => resume_unwind(panic),
             };
+        }
+    }
+
+    /// After the member at `baton.pos` ran (on the thread of `me`): runs the detached members
+    /// that follow, here, then gives the transaction to the next member that runs its own work,
+    /// or commits after the last. Returns what `me` is told next.
+    fn pass_on(&self, mut baton: Box<Baton>, me: &Arc<Member>) -> Signal {
+        loop {
+            if baton.pos + 1 >= baton.batch.len() {
+                // Everyone but me waits for this commit.
+                let others = others_than(&baton.batch, me);
+                return self
+                    .guarded(&others, "committing a batch", || {
+                        self.commit_batch(baton, me)
+                    })
+                    .unwrap_or_else(Signal::Failed);
+            }
+            baton.pos += 1;
+            let next = baton.batch[baton.pos].clone();
+            let Some(mut work) = next.meta.take() else {
+                next.send(Signal::Turn(baton));
+                return me.wait();
+            };
+            let step = catch_storage_panic(|| work(&baton.txn, self.now_in_section()));
+            next.meta.put_back(work);
+            let failed = match step {
+                Ok(Step::Done(())) => {
+                    baton.dirty = true;
+                    baton.durable |= next.durable;
+                    continue;
+                }
+                Ok(Step::Clean(())) => {
+                    baton.durable |= next.durable;
+                    continue;
+                }
+                Ok(Step::Abort(e)) => Signal::Failed(self.observe(e)),
+                Err(Panicked::Caller(panic)) => Signal::Panicked(panic),
+                Err(storage @ Panicked::Storage(_)) => {
+                    Signal::Failed(self.latch_damage(storage.into_error("writing a batch")))
+                }
+            };
+            // The member's work failed: the batch goes on without it (its prefix, me included,
+            // re-runs; the members after it queue again), and it hears why on its own thread.
+            let prefix = baton.batch[..baton.pos].to_vec();
+            let _ = self.guarded(&prefix, "rolling back", || self.shrink(baton));
+            next.send(failed);
+            return me.wait();
         }
     }
 
@@ -191,8 +314,9 @@ impl Store {
         }
     }
 
-    /// Commits the batch (called by its last member) and answers every member.
-    fn commit_batch(&self, baton: Box<Baton>) -> Signal {
+    /// Commits the batch (called on `me`'s thread, which ran its last member) and answers every
+    /// other member; returns `me`'s answer.
+    fn commit_batch(&self, baton: Box<Baton>, me: &Arc<Member>) -> Signal {
         let Baton {
             mut txn,
             batch,
@@ -231,14 +355,13 @@ impl Store {
                 observe::batch(ENGINE, batch.len(), reruns, committed);
                 counters.commits.fetch_add(1, Ordering::Relaxed);
                 counters.committed_ops.fetch_add(n, Ordering::Relaxed);
-                for m in &batch[..batch.len() - 1] {
+                for m in batch.iter().filter(|m| !Arc::ptr_eq(m, me)) {
                     m.send(Signal::Committed);
                 }
                 Signal::Committed
             }
             Err(e) => {
-                let others = &batch[..batch.len() - 1];
-                self.fail_all(others, &e);
+                self.fail_all(&others_than(&batch, me), &e);
                 Signal::Failed(e)
             }
         };
@@ -360,5 +483,20 @@ impl Error {
                 cause: other.to_string(),
             },
         }
+    }
+}
+
+/// Keeps a run's value (the committed run's is the last kept) and reports its step.
+fn keep<T>(value: &std::cell::RefCell<Option<T>>, step: Step<T>) -> Step<()> {
+    match step {
+        Step::Done(v) => {
+            *value.borrow_mut() = Some(v);
+            Step::Done(())
+        }
+        Step::Clean(v) => {
+            *value.borrow_mut() = Some(v);
+            Step::Clean(())
+        }
+        Step::Abort(e) => Step::Abort(e),
     }
 }

@@ -38,6 +38,7 @@ use crate::model::outbox::Origin;
 use crate::model::record::{HolderToken, Record, State};
 use crate::model::response::Abort;
 use crate::model::response::{Outcome, Response};
+use crate::model::retention::Windows;
 use crate::model::rules::answers::{self, Early};
 use crate::model::rules::instants::{self, Attempt};
 use crate::model::rules::{Decision, decide};
@@ -222,46 +223,93 @@ impl Store {
             return early.into_outcome();
         }
         let windows = self.inner.config.windows_for(request.scope().operation());
-        let mut took_over = false;
-        let mut announced = false;
-        let outcome = self.write(Durable::AsConfigured, |txn, now| {
-            let attempt = match self.decide_in(txn, &request, &key, now) {
-                Ok(Claimed::Free(attempt)) => {
-                    took_over = attempt.number > 1;
-                    attempt
-                }
-                Ok(Claimed::Early(early)) => return Step::Clean(early.into_outcome()),
-                Err(e) => return Step::Clean(Err(e)),
-            };
-            let origin = Origin::record(&key, attempt.created_at);
-            let (result, pushed) = self.run_on_tx(txn, now, origin, &mut f);
-            announced = pushed;
-            let (state, response) = match self.settle(result) {
-                Ok(settled) => settled,
-                Err(e) => return Step::Abort(e),
-            };
-            let record = instants::finish(
-                *request.fingerprint(),
-                attempt.created_at,
-                state,
-                now,
-                &windows,
-            );
-            match self.put(txn, &key, &record) {
-                Ok(()) => Step::Done(Ok(Outcome::Executed(response))),
-                Err(e) => Step::Abort(e),
+        let done = self.write(Durable::AsConfigured, |txn, now| {
+            self.flow_a_step(txn, now, &request, &key, &windows, &mut f)
+        })?;
+        self.flow_a_done(done, call)
+    }
+
+    /// [`Store::execute`] for a `Send + 'static` closure, which the store may run on whichever
+    /// thread holds the batch's write transaction instead of waking this thread for its turn:
+    /// the same contract, answers and failures (a panic of `f` unwinds here), with one thread
+    /// hand-off fewer per grouped caller — what most of a busy batch's time beyond its fsync
+    /// is (BENCHMARKS.md). The async face and the HTTP layer's closures are `Send + 'static`.
+    /// Use [`Store::execute`] when `f` borrows from the caller's stack or must run on the
+    /// caller's thread (thread-locals).
+    pub fn execute_send<F>(&self, request: Request, mut f: F) -> Result<Outcome, Error>
+    where
+        F: FnMut(&Tx<'_>) -> Result<Response, Abort> + Send + 'static,
+    {
+        Call::of(ENGINE, Kind::Execute, request.scope()).observe(|call| {
+            let key = self.admit(&request)?;
+            if let Some(early) = self.read_path(&request, &key)? {
+                return early.into_outcome();
             }
-        });
-        if announced && outcome.is_ok() {
+            let windows = self.inner.config.windows_for(request.scope().operation());
+            let store = self.clone();
+            let done = self.write_detached(Durable::AsConfigured, move |txn, now| {
+                store.flow_a_step(txn, now, &request, &key, &windows, &mut f)
+            })?;
+            self.flow_a_done(done, call)
+        })
+    }
+
+    /// Flow A's work in a write transaction: decide again under the writer, run the closure on
+    /// a `Tx`, record the settled result.
+    fn flow_a_step(
+        &self,
+        txn: &WriteTransaction,
+        now: Timestamp,
+        request: &Request,
+        key: &[u8],
+        windows: &Windows,
+        f: &mut impl FnMut(&Tx<'_>) -> Result<Response, Abort>,
+    ) -> Step<FlowA> {
+        let answer = |outcome| FlowA {
+            outcome,
+            took_over: false,
+            announced: false,
+        };
+        let attempt = match self.decide_in(txn, request, key, now) {
+            Ok(Claimed::Free(attempt)) => attempt,
+            Ok(Claimed::Early(early)) => return Step::Clean(answer(early.into_outcome())),
+            Err(e) => return Step::Clean(answer(Err(e))),
+        };
+        let origin = Origin::record(key, attempt.created_at);
+        let (result, announced) = self.run_on_tx(txn, now, origin, f);
+        let (state, response) = match self.settle(result) {
+            Ok(settled) => settled,
+            Err(e) => return Step::Abort(e),
+        };
+        let record = instants::finish(
+            *request.fingerprint(),
+            attempt.created_at,
+            state,
+            now,
+            windows,
+        );
+        match self.put(txn, key, &record) {
+            Ok(()) => Step::Done(FlowA {
+                outcome: Ok(Outcome::Executed(response)),
+                took_over: attempt.number > 1,
+                announced,
+            }),
+            Err(e) => Step::Abort(e),
+        }
+    }
+
+    /// After flow A's transaction ended: wake the dispatcher if events were pushed, and the
+    /// waiters of a lapsed lease this intent finished.
+    fn flow_a_done(&self, done: FlowA, call: &Call) -> Result<Outcome, Error> {
+        if done.announced && done.outcome.is_ok() {
             self.announce_work();
         }
-        let outcome = outcome?;
-        if took_over && outcome.is_ok() {
+        if done.took_over && done.outcome.is_ok() {
             // This finished a lapsed flow-B lease: wake its waiters.
             self.lease_event();
             call.took_over();
         }
-        outcome
+        done.outcome
     }
 
     /// Flow B: claims the key with a lease for work that calls the outside world. Returns
@@ -1057,3 +1105,10 @@ enum Claimed {
 
 /// This engine's name in what it reports (feature `tracing`: the spans' `engine` field).
 pub(crate) const ENGINE: Engine = Engine("redb");
+
+/// What flow A's work in a write decided: the answer, and what to do once it committed.
+struct FlowA {
+    outcome: Result<Outcome, Error>,
+    took_over: bool,
+    announced: bool,
+}

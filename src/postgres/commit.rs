@@ -349,6 +349,8 @@ impl PgStore {
                     });
                 }
                 Signal::Failed(e) => return Err(e),
+                // Only the file engine runs a member's work on another thread.
+                Signal::Panicked(panic) => resume_unwind(panic),
             };
         }
     }

@@ -66,6 +66,8 @@ pub(crate) enum Signal<B> {
     Committed,
     /// The batch failed, or you were turned away.
     Failed(Error),
+    /// Your work, run on another member's thread, panicked: resume the panic on yours.
+    Panicked(Box<dyn std::any::Any + Send + 'static>),
 }
 
 /// One caller in the protocol, with the engine's per-member data `M` (what its driver needs to
