@@ -28,8 +28,8 @@
 //!   nothing behind: the transaction is rolled back, the members before it re-run in a fresh
 //!   one, the members after it go back to the head of the queue;
 //! - a serialization failure, a deadlock, a row another process inserted first, or a fenced
-//!   write whose row changed since it was read: the whole batch re-runs (up to
-//!   [`MAX_RUNS`] times; every member decides again from the rows as they are now, so the
+//!   write whose row changed since it was read: the whole batch re-runs after a short jittered
+//!   pause (up to [`MAX_RUNS`] times; every member decides again from the rows as they are now, so the
 //!   loser of an insert race replays the winner's answer);
 //! - a connection that fails at the commit: every member gets [`Error::OutcomeUnknown`] (a
 //!   retry with the same key replays if the commit landed); anywhere else the transaction
@@ -42,6 +42,7 @@ use std::fmt::Write as _;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use postgres::SimpleQueryMessage;
 
@@ -262,6 +263,42 @@ impl Batch<'_> {
     }
 }
 
+/// Waits before the re-run that follows the `runs`-th run's retryable refusal: a few
+/// milliseconds, doubling per run (capped at [`RERUN_PAUSE_MAX`]), with equal jitter. A deadlock
+/// victim that re-ran at once could take its first row again before the winner, woken by the
+/// abort, took it, and deadlock once more (seen on a 2-core machine); the pause lets the winner
+/// finish, and the jitter keeps two processes' victims from re-running in step.
+fn rerun_pause(runs: u32) {
+    std::thread::sleep(crate::model::outbox::backoff(
+        runs,
+        RERUN_PAUSE_BASE,
+        RERUN_PAUSE_MAX,
+        rerun_jitter(),
+    ));
+}
+
+/// The first re-run's pause ceiling (the delay is uniform in its upper half).
+const RERUN_PAUSE_BASE: Duration = Duration::from_millis(2);
+/// The longest pause before a re-run.
+const RERUN_PAUSE_MAX: Duration = Duration::from_millis(50);
+
+/// A random number for the re-run jitter: std's per-process random hash keys, mixed with a
+/// per-thread counter (jitter only, never security; no failure path).
+fn rerun_jitter() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    thread_local! {
+        static DRAWS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
+    let draw = DRAWS.with(|d| {
+        let n = d.get().wrapping_add(1);
+        d.set(n);
+        n
+    });
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(draw);
+    h.finish()
+}
+
 /// Whether an error a member's work reported is a refusal of the server that a re-run fixes.
 pub(crate) fn retryable(e: &Error) -> bool {
     match e {
@@ -401,6 +438,7 @@ impl PgStore {
                 }
                 // A refusal a re-run fixes.
                 Err((Failure::Retry, _)) if runs < MAX_RUNS => {
+                    rerun_pause(runs);
                     runs += 1;
                 }
                 Err((_, e)) => {
@@ -561,6 +599,7 @@ impl PgStore {
         rollback(&mut conn);
         self.group().counters.reruns.fetch_add(1, Ordering::Relaxed);
         let conn = (!conn_broken(&mut conn)).then_some(conn);
+        rerun_pause(runs);
         if let Some(baton) = self.open_batch(conn, batch, runs + 1) {
             let first = baton.batch[0].clone();
             first.send(Signal::Turn(baton));
