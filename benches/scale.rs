@@ -2,8 +2,11 @@
 //! `IDEM_SCALE_10M=1`), claims/s with 1 and 64 callers, replay lookups/s, p99, bytes on disk per
 //! record, the process's RSS after a mixed load, and the reopen after a SIGKILL — its time and
 //! the RSS it leaves before the first request — with and without quick-repair, whose cost in
-//! claims/s at 1, 8 and 64 callers it also measures. `Durability::Periodic(10 ms)` next to the
-//! default at 1 and 64 callers.
+//! claims/s at 1, 8 and 64 callers it also measures on each store (two copies side by side,
+//! interleaved rep by rep, medians of 3). The RSS after mixed load is taken with the default
+//! 64 MiB page cache and with redb's own 1 GiB default. `Durability::Periodic(10 ms)` next to the
+//! default and to the same store on tmpfs (`/dev/shm`: no disk, the CPU ceiling) at 1, 8 and 64
+//! callers.
 //!
 //! ```text
 //! cargo bench --bench scale                       # 100k and 1M records
@@ -305,9 +308,12 @@ fn main() {
         "file store at scale (commit {commit}; runs of ~{secs:.0} s; mixed load {mixed_secs:.0} s)\n"
     );
     println!(
-        "| records | build | bytes/record | claims/s 1 | p99 1 | claims/s 64 | p99 64 | replays/s 1 | RSS after mixed (default) | RSS after mixed (64 MiB cache) | reopen after SIGKILL | RSS at reopen | reopen, quick-repair | RSS, quick-repair |"
+        "| records | build | bytes/record | claims/s 1 | p99 1 | claims/s 64 | p99 64 | replays/s 1 | RSS after mixed (default: 64 MiB cache) | RSS after mixed (1 GiB cache: redb's default) | reopen after SIGKILL | RSS at reopen | reopen, quick-repair | RSS, quick-repair |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    // Per store size: medians of claims/s at 1, 8 and 64 callers, [default, quick-repair].
+    let mut qr_rows: Vec<(u64, [[f64; 2]; 3])> = Vec::new();
+    let reps = if quick { 1 } else { 3 };
     for &n in &sizes {
         let master = dir.path().join(format!("master-{n}.redb"));
         let built = build(&master, n);
@@ -324,7 +330,7 @@ fn main() {
         drop(store);
         let mut rss = Vec::new();
         let mut mixed = Vec::new();
-        for cache in [None, Some(64usize << 20)] {
+        for cache in [None, Some(1usize << 30)] {
             copy(&master, &work);
             let mut extra = vec![
                 ("IDEM_SCALE_N", n.to_string()),
@@ -339,6 +345,35 @@ fn main() {
         }
         let (plain_ms, plain_rss) = crash_and_reopen(&master, &work, false);
         let (qr_ms, qr_rss) = crash_and_reopen(&master, &work, true);
+        // Quick-repair's cost on this store: two copies open side by side, the default and
+        // quick-repair runs interleaved rep by rep (the machine's drift hits both), medians.
+        let twin = dir.path().join("twin.redb");
+        copy(&master, &work);
+        copy(&master, &twin);
+        {
+            let plain = Store::open(&work).expect("open the copy");
+            let repaired = Store::builder()
+                .quick_repair(true)
+                .open(&twin)
+                .expect("open the twin");
+            let mut cells = [
+                [Vec::new(), Vec::new()],
+                [Vec::new(), Vec::new()],
+                [Vec::new(), Vec::new()],
+            ];
+            for rep in 0..reps {
+                for (j, &callers) in [1usize, 8, 64].iter().enumerate() {
+                    for (which, store) in [&plain, &repaired].into_iter().enumerate() {
+                        let (r, _) = rate(callers, secs, |k, i| {
+                            claim(store, &format!("qr{rep}-{callers}-{k}-{i:010}"))
+                        });
+                        cells[j][which].push(r);
+                    }
+                }
+            }
+            qr_rows.push((n, cells.map(|pair| pair.map(median))));
+        }
+        let _ = std::fs::remove_file(&twin);
         println!(
             "| {n} | {:.1} s | {:.0} | {c1:.0} | {:.2} ms | {c64:.0} | {:.2} ms | {r1:.0} | {:.0}, {:.0} MiB | {:.0}, {:.0} MiB | {plain_ms:.0} ms | {plain_rss:.0} MiB | {qr_ms:.0} ms | {qr_rss:.0} MiB |",
             built.as_secs_f64(),
@@ -353,8 +388,27 @@ fn main() {
         let _ = std::fs::remove_file(&master);
     }
 
+    println!(
+        "\n| records | claims/s 1: default | quick-repair | claims/s 8: default | quick-repair | claims/s 64: default | quick-repair | quick-repair / default at 64 |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for (n, [one, eight, many]) in &qr_rows {
+        println!(
+            "| {n} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2}x |",
+            one[0],
+            one[1],
+            eight[0],
+            eight[1],
+            many[0],
+            many[1],
+            many[1] / many[0]
+        );
+    }
+
     // Quick-repair's cost, and Durability::Periodic(10 ms), on a fresh store.
-    println!("\n| configuration | claims/s 1 | claims/s 8 | claims/s 64 |");
+    println!(
+        "\n| configuration (fresh store; medians of {reps}) | claims/s 1 | claims/s 8 | claims/s 64 |"
+    );
     println!("|---|---|---|---|");
     let configs: [(&str, Config); 3] = [
         ("default (Immediate)", Store::builder),
@@ -363,17 +417,52 @@ fn main() {
             Store::builder().durability(Durability::Periodic(Duration::from_millis(10)))
         }),
     ];
-    for (name, make) in configs {
-        let path = dir.path().join("fresh.redb");
-        let _ = std::fs::remove_file(&path);
-        let store = make().open(&path).expect("open");
-        let rates: Vec<f64> = [1usize, 8, 64]
-            .iter()
-            .map(|&c| rate(c, secs, |k, i| claim(&store, &format!("f{c}-{k}-{i:010}"))).0)
-            .collect();
-        println!(
-            "| {name} | {:.0} | {:.0} | {:.0} |",
-            rates[0], rates[1], rates[2]
-        );
+    // The same store on tmpfs, where an fsync costs nothing: idem's own CPU ceiling on this
+    // machine (skipped where there is no /dev/shm).
+    let shm = Path::new("/dev/shm");
+    let ceiling = shm
+        .is_dir()
+        .then(|| tempfile::tempdir_in(shm).ok())
+        .flatten();
+    let mut runs: Vec<(&str, Config, &Path)> = configs
+        .iter()
+        .map(|&(name, make)| (name, make, dir.path()))
+        .collect();
+    if let Some(mem) = &ceiling {
+        runs.push((
+            "default on tmpfs (no disk: the CPU ceiling)",
+            Store::builder,
+            mem.path(),
+        ));
     }
+    // Every configuration's store stays open; the runs go round the configurations rep by rep.
+    let stores: Vec<(&str, Store)> = runs
+        .iter()
+        .enumerate()
+        .map(|(j, &(name, make, on))| {
+            let path = on.join(format!("fresh-{j}.redb"));
+            (name, make().open(&path).expect("open"))
+        })
+        .collect();
+    let mut rates = vec![[Vec::new(), Vec::new(), Vec::new()]; stores.len()];
+    for rep in 0..reps {
+        for (j, (_, store)) in stores.iter().enumerate() {
+            for (c, &callers) in [1usize, 8, 64].iter().enumerate() {
+                let (r, _) = rate(callers, secs, |k, i| {
+                    claim(store, &format!("f{rep}-{callers}-{k}-{i:010}"))
+                });
+                rates[j][c].push(r);
+            }
+        }
+    }
+    for ((name, _), cells) in stores.iter().zip(rates) {
+        let [one, eight, many] = cells.map(median);
+        println!("| {name} | {one:.0} | {eight:.0} | {many:.0} |");
+    }
+}
+
+/// The median of some rates (NaN for none).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }

@@ -190,7 +190,7 @@ pub use redb;
 /// Opening and running a store: its settings, figures and maintenance answers, and the
 /// read-only view of a file.
 pub mod store {
-    pub use crate::engine::builder::{Durability, StoreBuilder};
+    pub use crate::engine::builder::{DEFAULT_CACHE_SIZE, Durability, StoreBuilder};
     pub use crate::engine::maintenance::Metrics;
     pub use crate::engine::read_only::ReadOnlyStore;
     pub use crate::engine::store::Store;
