@@ -12,6 +12,8 @@
 //! cargo bench --bench scale                       # 100k and 1M records
 //! IDEM_SCALE_10M=1 cargo bench --bench scale      # and 10M (tens of minutes, ~5 GB of disk)
 //! IDEM_BENCH_QUICK=1 cargo bench --bench scale    # 100k only, short runs
+//! IDEM_SCALE_SIZES=1000000 IDEM_SCALE_CACHES=16,64,128,256,1024 cargo bench --bench scale
+//!                                                 # only 1M, and a table of page cache sizes
 //! ```
 //!
 //! Each measurement that needs a fresh process (RSS, a reopen after SIGKILL) re-executes this
@@ -193,6 +195,12 @@ fn child_mixed(path: &Path) {
     });
     println!("rss {:.1}", rss_mib());
     println!("ops {ops:.0}");
+    // Then one thread replaying uniformly random existing keys, on the cache as the load left it.
+    let (r1, _) = rate(1, 3.0, |_, i| {
+        let k = i.wrapping_mul(2_654_435_761) % n;
+        replay(&store, &existing(k));
+    });
+    println!("replays1 {r1:.0}");
 }
 
 /// Child: claims on `path` (quick-repair per `IDEM_SCALE_QR`) until killed; prints `ready` once
@@ -291,6 +299,21 @@ fn main() {
     if std::env::var("IDEM_SCALE_10M").is_ok_and(|v| v == "1") {
         sizes.push(10_000_000);
     }
+    if let Ok(list) = std::env::var("IDEM_SCALE_SIZES") {
+        sizes = list
+            .split(',')
+            .filter_map(|n| n.trim().parse().ok())
+            .collect();
+    }
+    // Page cache sizes (MiB) whose mixed load, RSS and replay rate are compared per store size.
+    let caches: Vec<usize> = std::env::var("IDEM_SCALE_CACHES")
+        .map(|list| {
+            list.split(',')
+                .filter_map(|c| c.trim().parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut cache_rows: Vec<String> = Vec::new();
     let secs = if quick { 1.0 } else { 3.0 };
     let mixed_secs: f64 =
         env_parse("IDEM_SCALE_MIXED_SECS").unwrap_or(if quick { 10.0 } else { 60.0 });
@@ -343,6 +366,25 @@ fn main() {
             rss.push(field(&out, "rss").unwrap_or(f64::NAN));
             mixed.push(field(&out, "ops").unwrap_or(f64::NAN));
         }
+        for &mib in &caches {
+            copy(&master, &work);
+            let out = output(child(
+                "mixed",
+                &work,
+                &[
+                    ("IDEM_SCALE_N", n.to_string()),
+                    ("IDEM_SCALE_SECS", mixed_secs.to_string()),
+                    ("IDEM_SCALE_CACHE", (mib << 20).to_string()),
+                ],
+            ));
+            let f = |name| field(&out, name).unwrap_or(f64::NAN);
+            cache_rows.push(format!(
+                "| {n} | {mib} MiB | {:.0} | {:.0} MiB | {:.0} |",
+                f("ops"),
+                f("rss"),
+                f("replays1")
+            ));
+        }
         let (plain_ms, plain_rss) = crash_and_reopen(&master, &work, false);
         let (qr_ms, qr_rss) = crash_and_reopen(&master, &work, true);
         // Quick-repair's cost on this store: two copies open side by side, the default and
@@ -386,6 +428,16 @@ fn main() {
             rss[1],
         );
         let _ = std::fs::remove_file(&master);
+    }
+
+    if !cache_rows.is_empty() {
+        println!(
+            "\n| records | page cache | mixed ops/s (8 threads, {mixed_secs:.0} s) | RSS after | replays/s, 1 thread, after |"
+        );
+        println!("|---|---|---|---|---|");
+        for row in &cache_rows {
+            println!("{row}");
+        }
     }
 
     println!(
