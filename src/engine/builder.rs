@@ -40,7 +40,7 @@ use crate::model::settings::{Config, common_settings};
 /// | [`max_queue`](Self::max_queue) | 4,096 requests waiting for the next commit |
 /// | [`queue_timeout`](Self::queue_timeout) | 5 s, then [`Error::Busy`] |
 /// | [`multi_process`](Self::multi_process) | off: one process opens the file |
-/// | [`quick_repair`](Self::quick_repair) | off: a reopen after a crash rebuilds the allocator state |
+/// | [`quick_repair`](Self::quick_repair) | off: a reopen after a crash rebuilds the allocator state (seconds per GB of file) |
 /// | [`inbox_retention`](Self::inbox_retention) | 7 days (inbox marks and webhook receipts) |
 ///
 /// Three ways to open a file:
@@ -168,10 +168,12 @@ impl StoreBuilder {
     }
 
     /// redb's page cache size in bytes. Default [`DEFAULT_CACHE_SIZE`] (64 MiB), not redb's
-    /// 1 GiB: on a 1M-record store (~300 MiB file) 60 s of mixed load left the process at
-    /// 259 MiB RSS with 1 GiB and 82 MiB with 64 MiB, at no measured cost in replays or claims
-    /// (BENCHMARKS.md, "The scale curve"). Raise it when the hot part of a larger store should
-    /// stay in memory and the box has it: the cache grows toward this bound as pages are read.
+    /// 1 GiB, which a busy store fills: after a minute of mixed load the process held 264 MiB
+    /// at 1M records and 1.4 GiB at 10M with 1 GiB, 80 and 100 MiB with 64 MiB. The cost, at
+    /// 1M records (~300 MiB file): the mixed load 8–22 % slower and one thread's random replays
+    /// about 40 % slower (misses come from the OS page cache); at 10M the small cache was the
+    /// faster one (BENCHMARKS.md, "The scale curve, memory and recovery"). Size it to the
+    /// store's hot set when the box has the memory: 256 MiB gave the 1M store 1 GiB's rates.
     pub fn cache_size(mut self, bytes: usize) -> Self {
         self.cache_size = bytes;
         self
@@ -180,9 +182,11 @@ impl StoreBuilder {
     /// redb's quick-repair: every commit also saves the allocator state (and commits in two
     /// phases), so reopening a file after a crash loads that state instead of walking the whole
     /// file to rebuild it — seconds to tens of seconds for a multi-GB store, near-instant with
-    /// this. The price is paid per commit, so per *batch* of grouped callers (BENCHMARKS.md,
-    /// "Recovery after a crash", measures both). Default off. (In `multi_process` mode every
-    /// commit saves the state anyway.)
+    /// this. The price is paid per commit, so per *batch* of grouped callers: measured on this
+    /// project's 2-core box (BENCHMARKS.md, "The scale curve, memory and recovery"), a reopen
+    /// after SIGKILL took 1.8 s at 1M records and 25 s at 10M without it, 2–4 ms with it, and
+    /// it cost 10–21 % of the claims/s at 64 callers and about half at one caller. Default off.
+    /// (In `multi_process` mode every commit saves the state anyway.)
     pub fn quick_repair(mut self, enabled: bool) -> Self {
         self.quick_repair = enabled;
         self
