@@ -170,9 +170,9 @@ impl StoreBuilder {
     /// redb's page cache size in bytes. Default [`DEFAULT_CACHE_SIZE`] (64 MiB), not redb's
     /// 1 GiB, which a busy store fills: after a minute of mixed load the process held 264 MiB
     /// at 1M records and 1.4 GiB at 10M with 1 GiB, 80 and 100 MiB with 64 MiB. The cost, at
-    /// 1M records (~300 MiB file): the mixed load 8–22 % slower and one thread's random replays
-    /// about 40 % slower (misses come from the OS page cache); at 10M the small cache was the
-    /// faster one (BENCHMARKS.md, "The scale curve, memory and recovery"). Size it to the
+    /// 1M records (~300 MiB file): the mixed load between 22 % faster and 22 % slower over
+    /// three runs, and one thread's random replays about 40 % slower (misses come from the OS
+    /// page cache); at 10M the small cache was the faster one (BENCHMARKS.md, "The scale curve, memory and recovery"). Size it to the
     /// store's hot set when the box has the memory: 256 MiB gave the 1M store 1 GiB's rates.
     pub fn cache_size(mut self, bytes: usize) -> Self {
         self.cache_size = bytes;

@@ -123,7 +123,7 @@ impl Store {
     ) -> Result<T, Error> {
         let value = std::cell::RefCell::new(None);
         self.run_member(durable, Detached::none(), |txn, now| {
-            keep(&value, work(txn, now))
+            work(txn, now).keep(|v| *value.borrow_mut() = Some(v))
         })?;
         // Invariant: run_member returns Ok only after a committed run, and each run keeps its
         // value.
@@ -143,21 +143,8 @@ impl Store {
     ) -> Result<T, Error> {
         let slot: Arc<parking_lot::Mutex<Option<T>>> = Arc::default();
         let kept = Arc::clone(&slot);
-        let detached: DetachedWork = Box::new(move |txn, now| {
-            let step = work(txn, now);
-            let mut kept = kept.lock();
-            match step {
-                Step::Done(v) => {
-                    *kept = Some(v);
-                    Step::Done(())
-                }
-                Step::Clean(v) => {
-                    *kept = Some(v);
-                    Step::Clean(())
-                }
-                Step::Abort(e) => Step::Abort(e),
-            }
-        });
+        let detached: DetachedWork =
+            Box::new(move |txn, now| work(txn, now).keep(|v| *kept.lock() = Some(v)));
         // Its own turn runs the detached work too (`run_member` takes it from the member).
         self.run_member(durable, Detached::of(detached), |_, _| Step::Clean(()))?;
         let value = slot.lock().take();
@@ -486,17 +473,20 @@ impl Error {
     }
 }
 
-/// Keeps a run's value (the committed run's is the last kept) and reports its step.
-fn keep<T>(value: &std::cell::RefCell<Option<T>>, step: Step<T>) -> Step<()> {
-    match step {
-        Step::Done(v) => {
-            *value.borrow_mut() = Some(v);
-            Step::Done(())
+impl<T> Step<T> {
+    /// Hands a run's value to `put` (the committed run's is the last one put) and reports the
+    /// step without it.
+    fn keep(self, put: impl FnOnce(T)) -> Step<()> {
+        match self {
+            Step::Done(v) => {
+                put(v);
+                Step::Done(())
+            }
+            Step::Clean(v) => {
+                put(v);
+                Step::Clean(())
+            }
+            Step::Abort(e) => Step::Abort(e),
         }
-        Step::Clean(v) => {
-            *value.borrow_mut() = Some(v);
-            Step::Clean(())
-        }
-        Step::Abort(e) => Step::Abort(e),
     }
 }

@@ -317,11 +317,7 @@ impl Drop for Lease {
             // Best effort: if this fails (fail-stopped store, I/O error), the lease deadline
             // frees the key instead. I/O failures were latched by the store already.
             if let Err(e) = self.release_inner() {
-                observe::warn!(
-                    "a lease dropped unfinished could not be released: its key stays claimed until the lease lapses",
-                    operation = self.request.scope().operation(),
-                    error = observe::display(observe::Redacted(&e)),
-                );
+                observe::unreleased_lease(self.request.scope().operation(), &e);
             }
         }
     }

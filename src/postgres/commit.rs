@@ -273,7 +273,7 @@ fn rerun_pause(runs: u32) {
         runs,
         RERUN_PAUSE_BASE,
         RERUN_PAUSE_MAX,
-        rerun_jitter(),
+        crate::runtime::publish::Jitter::next_on_this_thread(),
     ));
 }
 
@@ -281,23 +281,6 @@ fn rerun_pause(runs: u32) {
 const RERUN_PAUSE_BASE: Duration = Duration::from_millis(2);
 /// The longest pause before a re-run.
 const RERUN_PAUSE_MAX: Duration = Duration::from_millis(50);
-
-/// A random number for the re-run jitter: std's per-process random hash keys, mixed with a
-/// per-thread counter (jitter only, never security; no failure path).
-fn rerun_jitter() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    thread_local! {
-        static DRAWS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-    }
-    let draw = DRAWS.with(|d| {
-        let n = d.get().wrapping_add(1);
-        d.set(n);
-        n
-    });
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(draw);
-    h.finish()
-}
 
 /// Whether an error a member's work reported is a refusal of the server that a re-run fixes.
 pub(crate) fn retryable(e: &Error) -> bool {

@@ -291,11 +291,7 @@ impl Drop for PgLease {
             // Best effort: if this fails (the server is unreachable), the lease deadline frees
             // the key instead.
             if let Err(e) = self.release_inner() {
-                observe::warn!(
-                    "a lease dropped unfinished could not be released: its key stays claimed until the lease lapses",
-                    operation = self.request.scope().operation(),
-                    error = observe::display(observe::Redacted(&e)),
-                );
+                observe::unreleased_lease(self.request.scope().operation(), &e);
             }
         }
     }

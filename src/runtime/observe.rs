@@ -364,6 +364,16 @@ pub(crate) fn lease_error(e: &Error) {
     let _ = e;
 }
 
+/// Warns that a lease dropped unfinished could not be released (either engine's `Drop`): its
+/// key stays claimed until the lease lapses.
+pub(crate) fn unreleased_lease(operation: &str, e: &Error) {
+    warn!(
+        "a lease dropped unfinished could not be released: its key stays claimed until the lease lapses",
+        operation = operation,
+        error = display(Redacted(e)),
+    );
+}
+
 /// Counts a caller turned away by a full queue: `idem_busy_total`.
 #[inline]
 pub(crate) fn busy() {

@@ -117,6 +117,24 @@ impl Jitter {
         Ok(Jitter(u64::from_le_bytes(seed) | 1))
     }
 
+    /// The next number of this thread's generator, seeded from std's per-process random hash
+    /// keys: no failure path, for jitter that cannot report one (a re-run's pause).
+    #[cfg(feature = "postgres")]
+    pub(crate) fn next_on_this_thread() -> u64 {
+        use std::hash::{BuildHasher, Hasher};
+        thread_local! {
+            static STATE: std::cell::Cell<u64> = std::cell::Cell::new(
+                std::collections::hash_map::RandomState::new().build_hasher().finish() | 1,
+            );
+        }
+        STATE.with(|state| {
+            let mut jitter = Jitter(state.get());
+            let x = jitter.next();
+            state.set(jitter.0);
+            x
+        })
+    }
+
     fn next(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x >> 12;
