@@ -26,6 +26,7 @@ use std::sync::atomic::Ordering;
 use redb::WriteTransaction;
 
 use crate::engine::boundary::{Panicked, catch_storage_panic};
+use crate::engine::open::Open;
 use crate::engine::store::ENGINE;
 use crate::engine::store::Store;
 use crate::error::Error;
@@ -43,7 +44,7 @@ type Signal = group::Signal<Baton>;
 /// the work is `Send + 'static`): the thread that finishes the member before it runs it at
 /// once, instead of waking the member's own thread to run it (a hand-off between threads per
 /// member is most of what a batch costs beyond its fsync).
-type DetachedWork = Box<dyn FnMut(&WriteTransaction, Timestamp) -> Step<()> + Send>;
+type DetachedWork = Box<dyn FnMut(&mut Open<'_>, Timestamp) -> Step<()> + Send>;
 
 /// A member's detached work, if it has one (`None`: the member runs its work on its own
 /// thread). Taken out while it runs, put back for a re-run.
@@ -139,7 +140,7 @@ impl Store {
     pub(crate) fn write_detached<T: Send + 'static>(
         &self,
         durable: Durable,
-        mut work: impl FnMut(&WriteTransaction, Timestamp) -> Step<T> + Send + 'static,
+        mut work: impl FnMut(&mut Open<'_>, Timestamp) -> Step<T> + Send + 'static,
     ) -> Result<T, Error> {
         let slot: Arc<parking_lot::Mutex<Option<T>>> = Arc::default();
         let kept = Arc::clone(&slot);
@@ -193,8 +194,9 @@ impl Store {
                     // thread; a panic of redb on damaged data is `CorruptStore`, and fail-stop.
                     let step = match me.meta.take() {
                         Some(mut work) => {
-                            let step =
-                                catch_storage_panic(|| work(&baton.txn, self.now_in_section()));
+                            let step = catch_storage_panic(|| {
+                                work(&mut Open::new(&baton.txn), self.now_in_section())
+                            });
                             me.meta.put_back(work);
                             step
                         }
@@ -237,46 +239,60 @@ impl Store {
     /// that follow, here, then gives the transaction to the next member that runs its own work,
     /// or commits after the last. Returns what `me` is told next.
     fn pass_on(&self, mut baton: Box<Baton>, me: &Arc<Member>) -> Signal {
-        loop {
-            if baton.pos + 1 >= baton.batch.len() {
-                // Everyone but me waits for this commit.
-                let others = others_than(&baton.batch, me);
-                return self
-                    .guarded(&others, "committing a batch", || {
-                        self.commit_batch(baton, me)
-                    })
-                    .unwrap_or_else(Signal::Failed);
-            }
-            baton.pos += 1;
-            let next = baton.batch[baton.pos].clone();
-            let Some(mut work) = next.meta.take() else {
-                next.send(Signal::Turn(baton));
-                return me.wait();
+        // The detached members run one after another on one `Open` (engine/open.rs): the
+        // record tables are opened once for the run, not once per member.
+        let mut open = Open::new(&baton.txn);
+        let failed = loop {
+            let Some(next) = baton.batch.get(baton.pos + 1).cloned() else {
+                break None;
             };
-            let step = catch_storage_panic(|| work(&baton.txn, self.now_in_section()));
+            let Some(mut work) = next.meta.take() else {
+                break None;
+            };
+            baton.pos += 1;
+            let step = catch_storage_panic(|| work(&mut open, self.now_in_section()));
             next.meta.put_back(work);
-            let failed = match step {
+            match step {
                 Ok(Step::Done(())) => {
                     baton.dirty = true;
                     baton.durable |= next.durable;
-                    continue;
                 }
-                Ok(Step::Clean(())) => {
-                    baton.durable |= next.durable;
-                    continue;
-                }
-                Ok(Step::Abort(e)) => Signal::Failed(self.observe(e)),
-                Err(Panicked::Caller(panic)) => Signal::Panicked(panic),
+                Ok(Step::Clean(())) => baton.durable |= next.durable,
+                Ok(Step::Abort(e)) => break Some((next, Signal::Failed(self.observe(e)))),
+                Err(Panicked::Caller(panic)) => break Some((next, Signal::Panicked(panic))),
                 Err(storage @ Panicked::Storage(_)) => {
-                    Signal::Failed(self.latch_damage(storage.into_error("writing a batch")))
+                    let e = self.latch_damage(storage.into_error("writing a batch"));
+                    break Some((next, Signal::Failed(e)));
                 }
-            };
+            }
+        };
+        // Closed before the transaction moves on. Closing is redb code: were it to panic, the
+        // members waiting on this thread are answered (`guarded`).
+        let waiting = others_than(&baton.batch, me);
+        if let Err(e) = self.guarded(&waiting, "closing the record tables", || drop(open)) {
+            return Signal::Failed(e);
+        }
+        match failed {
             // The member's work failed: the batch goes on without it (its prefix, me included,
             // re-runs; the members after it queue again), and it hears why on its own thread.
-            let prefix = baton.batch[..baton.pos].to_vec();
-            let _ = self.guarded(&prefix, "rolling back", || self.shrink(baton));
-            next.send(failed);
-            return me.wait();
+            Some((next, signal)) => {
+                let prefix = baton.batch[..baton.pos].to_vec();
+                let _ = self.guarded(&prefix, "rolling back", || self.shrink(baton));
+                next.send(signal);
+                me.wait()
+            }
+            // Everyone but me waits for this commit.
+            None if baton.pos + 1 >= baton.batch.len() => self
+                .guarded(&waiting, "committing a batch", || {
+                    self.commit_batch(baton, me)
+                })
+                .unwrap_or_else(Signal::Failed),
+            None => {
+                baton.pos += 1;
+                let next = baton.batch[baton.pos].clone();
+                next.send(Signal::Turn(baton));
+                me.wait()
+            }
         }
     }
 
@@ -337,11 +353,12 @@ impl Store {
             result
         };
         let counters = &self.group().counters;
-        let mine = match result {
+        match result {
             Ok(()) => {
                 observe::batch(ENGINE, batch.len(), reruns, committed);
                 counters.commits.fetch_add(1, Ordering::Relaxed);
                 counters.committed_ops.fetch_add(n, Ordering::Relaxed);
+                self.group().hand_off();
                 for m in batch.iter().filter(|m| !Arc::ptr_eq(m, me)) {
                     m.send(Signal::Committed);
                 }
@@ -349,11 +366,10 @@ impl Store {
             }
             Err(e) => {
                 self.fail_all(&others_than(&batch, me), &e);
+                self.group().hand_off();
                 Signal::Failed(e)
             }
-        };
-        self.group().hand_off();
-        mine
+        }
     }
 
     /// Removes the member at `baton.pos` (whose work failed) from its batch: aborts the shared

@@ -27,6 +27,7 @@ use crate::engine::lease::Begin;
 use crate::engine::lease::Lease;
 #[cfg(doc)]
 use crate::engine::maintenance::Metrics;
+use crate::engine::open::Open;
 #[cfg(doc)]
 use crate::engine::read_only::ReadOnlyStore;
 use crate::engine::sweep::SweepTotals;
@@ -224,7 +225,8 @@ impl Store {
         }
         let windows = self.inner.config.windows_for(request.scope().operation());
         let done = self.write(Durable::AsConfigured, |txn, now| {
-            self.flow_a_step(txn, now, &request, &key, &windows, &mut f)
+            let mut open = Open::new(txn);
+            self.flow_a_step(&mut open, now, &request, &key, &windows, &mut f)
         })?;
         self.flow_a_done(done, call)
     }
@@ -247,8 +249,8 @@ impl Store {
             }
             let windows = self.inner.config.windows_for(request.scope().operation());
             let store = self.clone();
-            let done = self.write_detached(Durable::AsConfigured, move |txn, now| {
-                store.flow_a_step(txn, now, &request, &key, &windows, &mut f)
+            let done = self.write_detached(Durable::AsConfigured, move |open, now| {
+                store.flow_a_step(open, now, &request, &key, &windows, &mut f)
             })?;
             self.flow_a_done(done, call)
         })
@@ -258,7 +260,7 @@ impl Store {
     /// a `Tx`, record the settled result.
     fn flow_a_step(
         &self,
-        txn: &WriteTransaction,
+        open: &mut Open<'_>,
         now: Timestamp,
         request: &Request,
         key: &[u8],
@@ -270,13 +272,13 @@ impl Store {
             took_over: false,
             announced: false,
         };
-        let attempt = match self.decide_in(txn, request, key, now) {
+        let attempt = match self.decide_in(open, request, key, now) {
             Ok(Claimed::Free(attempt)) => attempt,
             Ok(Claimed::Early(early)) => return Step::Clean(answer(early.into_outcome())),
             Err(e) => return Step::Clean(answer(Err(e))),
         };
         let origin = Origin::record(key, attempt.created_at);
-        let (result, announced) = self.run_on_tx(txn, now, origin, f);
+        let (result, announced) = self.run_on_tx(open.txn(), now, origin, f);
         let (state, response) = match self.settle(result) {
             Ok(settled) => settled,
             Err(e) => return Step::Abort(e),
@@ -288,7 +290,7 @@ impl Store {
             now,
             windows,
         );
-        match self.put(txn, key, &record) {
+        match self.put_open(open, key, &record) {
             Ok(()) => Step::Done(FlowA {
                 outcome: Ok(Outcome::Executed(response)),
                 took_over: attempt.number > 1,
@@ -392,7 +394,8 @@ impl Store {
         let config = &self.inner.config;
         let windows = config.windows_for(request.scope().operation());
         let claimed = self.write(Durable::AsConfigured, |txn, now| {
-            let attempt = match self.decide_in(txn, &request, &key, now) {
+            let mut open = Open::new(txn);
+            let attempt = match self.decide_in(&mut open, &request, &key, now) {
                 Ok(Claimed::Free(attempt)) => attempt,
                 Ok(Claimed::Early(early)) => return Step::Clean(Err(early)),
                 Err(e) => return Step::Clean(Err(Early::Error(e))),
@@ -406,7 +409,7 @@ impl Store {
                 config.lease_duration,
                 &windows,
             );
-            match self.put(txn, &key, &record) {
+            match self.put_open(&mut open, &key, &record) {
                 Ok(()) => Step::Done(Ok((holder, lease_deadline, attempt.number))),
                 Err(e) => Step::Abort(e),
             }
@@ -700,12 +703,12 @@ impl Store {
 
     fn decide_in(
         &self,
-        txn: &WriteTransaction,
+        open: &mut Open<'_>,
         request: &Request,
         key: &[u8],
         now: Timestamp,
     ) -> Result<Claimed, Error> {
-        let stored = self.load(txn, key)?;
+        let stored = self.load_open(open, key)?;
         let decision = decide(stored.as_ref(), request.fingerprint(), now);
         if let Some(early) = self.early(decision.clone(), request, now) {
             return Ok(Claimed::Early(early));
@@ -745,7 +748,16 @@ impl Store {
     }
 
     pub(crate) fn load(&self, txn: &WriteTransaction, key: &[u8]) -> Result<Option<Record>, Error> {
-        let table = txn.open_table(RECORDS).map_err(|e| self.storage(e))?;
+        self.load_open(&mut Open::new(txn), key)
+    }
+
+    /// [`Store::load`] through tables already open.
+    pub(crate) fn load_open(
+        &self,
+        open: &mut Open<'_>,
+        key: &[u8],
+    ) -> Result<Option<Record>, Error> {
+        let table = open.records().map_err(|e| self.storage(e))?;
         let value = table.get(key).map_err(|e| self.storage(e))?;
         value.map(|v| Record::decode(v.value())).transpose()
     }
@@ -757,10 +769,19 @@ impl Store {
         key: &[u8],
         record: &Record,
     ) -> Result<(), Error> {
+        self.put_open(&mut Open::new(txn), key, record)
+    }
+
+    /// [`Store::put`] through tables already open.
+    pub(crate) fn put_open(
+        &self,
+        open: &mut Open<'_>,
+        key: &[u8],
+        record: &Record,
+    ) -> Result<(), Error> {
         self.with_latch(|| {
-            let mut records = txn.open_table(RECORDS)?;
-            let mut expiry = txn.open_table(EXPIRY)?;
-            Ok(put_in(&mut records, &mut expiry, key, record)?)
+            let (records, expiry) = open.both()?;
+            Ok(put_in(records, expiry, key, record)?)
         })
     }
 

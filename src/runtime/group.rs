@@ -11,7 +11,9 @@
 //!   several).
 //! - Otherwise it queues. Batching comes only from callers that arrive while batches run.
 //! - When a batch ended, its last member hands leadership to the oldest queued caller
-//!   ([`Group::hand_off`]), which drains the queue (up to `max_batch`) into the next batch.
+//!   ([`Group::hand_off`]), which drains the queue (up to `max_batch`) into the next batch. A
+//!   committer hands off before it answers the members of its batch: the next leader's wake-up
+//!   then does not wait behind theirs.
 //! - At most `max_queue` callers queue; the next waits up to `queue_timeout` for room, then gets
 //!   [`Error::Busy`]. A member marked `durable` (a flush that bounds a loss window) is never
 //!   turned away.
