@@ -116,6 +116,19 @@ fn now_ms() -> u64 {
 
 // ---- idem -----------------------------------------------------------------------------------
 
+/// The page cache of every idem store here: redb's default (1 GiB), the cache the naive redb
+/// baselines open with and the size SQLite gets, so the rows compare commit paths, not cache
+/// sizes. idem's own default is 64 MiB (`idem::store::DEFAULT_CACHE_SIZE`); what that costs is
+/// measured by `benches/scale.rs` (BENCHMARKS.md, "Page cache sizes").
+const CACHE: usize = 1 << 30;
+
+fn open_idem(path: &Path) -> Store {
+    Store::builder()
+        .cache_size(CACHE)
+        .open(path)
+        .expect("open idem store")
+}
+
 fn idem_claim(store: &Store, key: &str) {
     let outcome = store
         .execute(request(key), |tx| {
@@ -172,7 +185,7 @@ fn idem_lease(store: &Store, key: &str) {
 /// so group commit batches the callers and the file is laid out as a busy durable store's is.
 fn prefill_idem(path: &Path, n: usize) -> Duration {
     let t = Instant::now();
-    let store = Store::open(path).expect("open master store");
+    let store = open_idem(path);
     thread::scope(|s| {
         for t in 0..PREFILL_THREADS {
             let store = &store;
@@ -933,10 +946,7 @@ impl Bench {
                 if row.fill == Fill::Prefilled {
                     copy_synced(&m.idem_large, &p);
                 }
-                (
-                    Kind::IdemSend(Store::open(&p).expect("open idem store")),
-                    true,
-                )
+                (Kind::IdemSend(open_idem(&p)), true)
             }
             System::Idem => {
                 let path = match (row.work, row.fill) {
@@ -952,10 +962,7 @@ impl Bench {
                         p
                     }
                 };
-                (
-                    Kind::Idem(Store::open(&path).expect("open idem store")),
-                    true,
-                )
+                (Kind::Idem(open_idem(&path)), true)
             }
             System::Naive => {
                 let p = dir.path().join("naive.redb");
@@ -1415,6 +1422,11 @@ fn main() {
         } else {
             ""
         }
+    );
+    println!(
+        "page cache  {} MiB for every redb store, idem's included (redb's default; idem's own default is {} MiB: benches/scale.rs); SQLite 1 GiB",
+        CACHE >> 20,
+        idem::store::DEFAULT_CACHE_SIZE >> 20
     );
     let sample_key = new_key(0, 0, 0);
     println!(

@@ -59,6 +59,11 @@ impl Detached {
         Detached(parking_lot::Mutex::new(Some(work)))
     }
 
+    /// The member has detached work (any thread holding the batch may run it).
+    fn is_set(&self) -> bool {
+        self.0.lock().is_some()
+    }
+
     fn take(&self) -> Option<DetachedWork> {
         self.0.lock().take()
     }
@@ -192,15 +197,18 @@ impl Store {
                     // The storage boundary (store.rs): a panic in the caller's closure or clock
                     // (marked as caller code) is that member's failure and is resumed on its
                     // thread; a panic of redb on damaged data is `CorruptStore`, and fail-stop.
-                    let step = match me.meta.take() {
+                    let (step, detached) = match me.meta.take() {
                         Some(mut work) => {
                             let step = catch_storage_panic(|| {
                                 work(&mut Open::new(&baton.txn), self.now_in_section())
                             });
                             me.meta.put_back(work);
-                            step
+                            (step, true)
                         }
-                        None => catch_storage_panic(|| own(&baton.txn, self.now_in_section())),
+                        None => (
+                            catch_storage_panic(|| own(&baton.txn, self.now_in_section())),
+                            false,
+                        ),
                     };
                     match step {
                         Ok(Step::Done(())) => baton.dirty = true,
@@ -226,7 +234,7 @@ impl Store {
                         }
                     };
                     baton.durable |= me.durable;
-                    self.pass_on(baton, &me)
+                    self.pass_on(baton, &me, detached)
                 }
                 Signal::Committed => return Ok(()),
                 Signal::Failed(e) => return Err(e),
@@ -235,14 +243,29 @@ impl Store {
         }
     }
 
-    /// After the member at `baton.pos` ran (on the thread of `me`): runs the detached members
-    /// that follow, here, then gives the transaction to the next member that runs its own work,
-    /// or commits after the last. Returns what `me` is told next.
-    fn pass_on(&self, mut baton: Box<Baton>, me: &Arc<Member>) -> Signal {
+    /// After the member at `baton.pos` ran (on the thread of `me`; `detached`: its work was
+    /// detached): runs the detached members that follow, here, then gives the transaction to
+    /// the next member that runs its own work, or commits after the last. Returns what `me` is
+    /// told next.
+    ///
+    /// Before committing after a detached member, the batch admits the detached callers that
+    /// queued meanwhile (`Group::join_late`): running them here costs no wake-up, and spares
+    /// them a wait for the next commit. A caller that runs its work on its own thread is left
+    /// for the next batch (waking it would hold up the commit of everyone before it), and so are
+    /// those queued behind it (the queue stays in order).
+    fn pass_on(&self, mut baton: Box<Baton>, me: &Arc<Member>, mut detached: bool) -> Signal {
         // The detached members run one after another on one `Open` (engine/open.rs): the
         // record tables are opened once for the run, not once per member.
         let mut open = Open::new(&baton.txn);
         let failed = loop {
+            if baton.pos + 1 >= baton.batch.len()
+                && !(detached
+                    && self
+                        .group()
+                        .join_late(&mut baton.batch, |m| m.meta.is_set()))
+            {
+                break None;
+            }
             let Some(next) = baton.batch.get(baton.pos + 1).cloned() else {
                 break None;
             };
@@ -250,6 +273,7 @@ impl Store {
                 break None;
             };
             baton.pos += 1;
+            detached = true;
             let step = catch_storage_panic(|| work(&mut open, self.now_in_section()));
             next.meta.put_back(work);
             match step {
