@@ -1,7 +1,6 @@
 //! The record tables, opened once for a run of batch members instead of once per read or
-//! write: opening a redb table looks its root up, and closing it writes the root back, which
-//! cost about as much as one of a claim's three B-tree writes (measured: a group writer opening
-//! its tables per member ran ~12 % slower than one opening them per batch).
+//! write: opening a redb table looks its root up, and closing it writes the root back, work
+//! repeated for every member otherwise.
 //!
 //! Invariant: an [`Open`] lives only while its thread holds the batch's transaction and runs
 //! idem's own work in it, and is dropped before the transaction moves on (to another member's
