@@ -133,10 +133,11 @@ fn a_panic_in_a_commit_step_answers_every_member_and_latches() {
         .expect("open");
     let (first_tx, first_rx) = mpsc::channel();
     let (last_tx, last_rx) = mpsc::channel();
-    thread::scope(|s| {
+    let gate_answer = thread::scope(|s| {
         let store = &store;
-        let (release_tx, _gate) = gate(s, store);
-        // The next batch: `first` leads it, `last` runs last, arms the backend and commits.
+        let (release_tx, gate) = gate_answered(s, store);
+        // `first` and `last` queue behind the gate and join its batch when it is released:
+        // `last` runs last, arms the backend and commits.
         // Detached threads: if a member were stranded, the bounded waits below fail the test.
         let first_store = store.clone();
         thread::spawn(move || {
@@ -159,7 +160,12 @@ fn a_panic_in_a_commit_step_answers_every_member_and_latches() {
         });
         wait_for_queue(store, 2);
         release_tx.send(()).expect("gate alive");
+        gate.join().expect("the gate returns")
     });
+    assert!(
+        matches!(gate_answer, Err(Error::FailStopped { .. })),
+        "the gate waited on the failed commit: {gate_answer:?}"
+    );
     let last = last_rx
         .recv_timeout(Duration::from_secs(20))
         .expect("the committing member returns")

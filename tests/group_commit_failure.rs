@@ -14,27 +14,24 @@ use idem::{Error, Response, Store};
 #[test]
 fn a_failed_batch_commit_answers_every_member_and_every_queued_caller() {
     let backend = CrashBackend::default();
+    const N: usize = 8;
+    // The failed batch is gate 2 and the N callers queued behind it, which it admits before it
+    // commits; `max_batch` keeps the two late callers out of it, queued behind it.
     let store = Store::builder()
+        .max_batch(N + 1)
         .open_with_backend(backend.clone())
         .expect("open");
-    const N: usize = 8;
-    let (held1_tx, held1_rx) = mpsc::channel::<()>();
-    let (release1_tx, release1_rx) = mpsc::channel::<()>();
     let (held2_tx, held2_rx) = mpsc::channel::<()>();
     let (release2_tx, release2_rx) = mpsc::channel::<()>();
     let (done_tx, done_rx) = mpsc::channel();
+    // Gate 1 commits before the disk fails.
+    let r = store.execute(req("t", "op", "gate1", b"p"), |_| {
+        Ok(Response::new(200, "gate1"))
+    });
+    assert!(r.is_ok(), "gate 1 commits before the disk fails: {r:?}");
     thread::scope(|s| {
         let store = &store;
-        // Gate 1 holds the writer while gate 2 and N callers queue behind it.
-        s.spawn(move || {
-            let r = store.execute(req("t", "op", "gate1", b"p"), |_| {
-                held1_tx.send(()).expect("test alive");
-                release1_rx.recv().expect("released");
-                Ok(Response::new(200, "gate1"))
-            });
-            assert!(r.is_ok(), "gate 1 commits before the disk fails: {r:?}");
-        });
-        held1_rx.recv().expect("gate 1 holds the writer");
+        // Gate 2 holds the writer while N callers queue behind it.
         let done = done_tx.clone();
         s.spawn(move || {
             let r = store.execute(req("t", "op", "gate2", b"p"), |_| {
@@ -44,7 +41,7 @@ fn a_failed_batch_commit_answers_every_member_and_every_queued_caller() {
             });
             done.send(("gate2".to_owned(), r)).expect("test alive");
         });
-        wait_for_queue(store, 1);
+        held2_rx.recv().expect("gate 2 holds the writer");
         for i in 0..N {
             let done = done_tx.clone();
             s.spawn(move || {
@@ -55,19 +52,18 @@ fn a_failed_batch_commit_answers_every_member_and_every_queued_caller() {
                 });
                 done.send((key, r)).expect("test alive");
             });
-            wait_for_queue(store, 2 + i);
+            wait_for_queue(store, 1 + i);
         }
-        // Gate 1 commits; gate 2 leads the next batch (itself + N) and holds it open.
-        release1_tx.send(()).expect("gate 1 alive");
-        held2_rx.recv().expect("gate 2 holds the second batch");
-        // The disk fails before that batch commits; two callers arrive meanwhile.
+        // The disk fails before that batch commits; two callers queue meanwhile, behind the
+        // full batch.
         backend.failing.store(true, Ordering::SeqCst);
-        for key in ["late1", "late2"] {
+        for (i, key) in ["late1", "late2"].into_iter().enumerate() {
             let done = done_tx.clone();
             s.spawn(move || {
                 let r = store.execute(req("t", "op", key, b"p"), |_| Ok(Response::new(201, "x")));
                 done.send((key.to_owned(), r)).expect("test alive");
             });
+            wait_for_queue(store, N + 1 + i);
         }
         release2_tx.send(()).expect("gate 2 alive");
         let mut answers = Vec::new();
@@ -87,8 +83,10 @@ fn a_failed_batch_commit_answers_every_member_and_every_queued_caller() {
                         "{key} was not in the failed batch"
                     )
                 }
-                // A late caller either queued behind the failed batch, or arrived after it.
-                Err(Error::FailStopped { .. }) => {}
+                // The late callers queued behind the failed batch.
+                Err(Error::FailStopped { .. }) => {
+                    assert!(key.starts_with("late"), "{key} was in the failed batch")
+                }
                 other => panic!("{key}: expected a failure, got {other:?}"),
             }
         }

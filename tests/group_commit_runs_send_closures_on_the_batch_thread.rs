@@ -5,7 +5,7 @@
 //! such members mix with `execute` members in one batch.
 //!
 //! Batches are formed as in `group_commit_isolation.rs`: a gate holds the writer until the
-//! callers are queued.
+//! callers are queued, and its batch admits them when it is released.
 
 mod common;
 
@@ -111,6 +111,7 @@ fn send_closures_run_on_the_batch_thread_and_keep_their_own_outcomes() {
 fn send_and_thread_bound_members_share_a_batch() {
     let h = Harness::new();
     let store = h.store();
+    let before = store.metrics();
     const N: usize = 12;
     let outcomes = thread::scope(|s| {
         let (release_tx, gate) = gate(s, store);
@@ -148,8 +149,12 @@ fn send_and_thread_bound_members_share_a_batch() {
         assert_eq!(effects(store, &key), 1);
     }
     let m = store.metrics();
-    assert!(
-        m.commits >= 2,
-        "the gate's batch, then the callers' batch: {m:?}"
+    assert_eq!(
+        (
+            m.commits - before.commits,
+            m.committed_requests - before.committed_requests
+        ),
+        (1, 1 + N as u64),
+        "the gate and every caller, of both kinds, in one commit: {m:?}"
     );
 }

@@ -59,11 +59,6 @@ impl Detached {
         Detached(parking_lot::Mutex::new(Some(work)))
     }
 
-    /// The member has detached work (any thread holding the batch may run it).
-    fn is_set(&self) -> bool {
-        self.0.lock().is_some()
-    }
-
     fn take(&self) -> Option<DetachedWork> {
         self.0.lock().take()
     }
@@ -197,18 +192,15 @@ impl Store {
                     // The storage boundary (store.rs): a panic in the caller's closure or clock
                     // (marked as caller code) is that member's failure and is resumed on its
                     // thread; a panic of redb on damaged data is `CorruptStore`, and fail-stop.
-                    let (step, detached) = match me.meta.take() {
+                    let step = match me.meta.take() {
                         Some(mut work) => {
                             let step = catch_storage_panic(|| {
                                 work(&mut Open::new(&baton.txn), self.now_in_section())
                             });
                             me.meta.put_back(work);
-                            (step, true)
+                            step
                         }
-                        None => (
-                            catch_storage_panic(|| own(&baton.txn, self.now_in_section())),
-                            false,
-                        ),
+                        None => catch_storage_panic(|| own(&baton.txn, self.now_in_section())),
                     };
                     match step {
                         Ok(Step::Done(())) => baton.dirty = true,
@@ -234,7 +226,7 @@ impl Store {
                         }
                     };
                     baton.durable |= me.durable;
-                    self.pass_on(baton, &me, detached)
+                    self.pass_on(baton, &me)
                 }
                 Signal::Committed => return Ok(()),
                 Signal::Failed(e) => return Err(e),
@@ -243,26 +235,24 @@ impl Store {
         }
     }
 
-    /// After the member at `baton.pos` ran (on the thread of `me`; `detached`: its work was
-    /// detached): runs the detached members that follow, here, then gives the transaction to
-    /// the next member that runs its own work, or commits after the last. Returns what `me` is
-    /// told next.
+    /// After the member at `baton.pos` ran (on the thread of `me`): runs the detached members
+    /// that follow, here, then gives the transaction to the next member that runs its own work,
+    /// or commits after the last. Returns what `me` is told next.
     ///
-    /// Before committing after a detached member, the batch admits the detached callers that
-    /// queued meanwhile (`Group::join_late`): running them here costs no wake-up, and spares
-    /// them a wait for the next commit. A caller that runs its work on its own thread is left
-    /// for the next batch (waking it would hold up the commit of everyone before it), and so are
-    /// those queued behind it (the queue stays in order).
-    fn pass_on(&self, mut baton: Box<Baton>, me: &Arc<Member>, mut detached: bool) -> Signal {
+    /// Before committing, the batch admits the callers that queued meanwhile, in queue order
+    /// (`Group::join_late`): a detached one runs here without a wake-up, one that runs its own
+    /// closure gets the transaction on its thread, and both are spared a wait for the next
+    /// commit. The batch cannot grow without bound: its members wait for its commit, so only
+    /// callers outside it can queue, up to `max_batch`. A re-run batch admits no one.
+    fn pass_on(&self, mut baton: Box<Baton>, me: &Arc<Member>) -> Signal {
         // The detached members run one after another on one `Open` (engine/open.rs): the
         // record tables are opened once for the run, not once per member.
         let mut open = Open::new(&baton.txn);
         let failed = loop {
+            // A batch re-run after a failure admits no one: it re-runs its prefix and commits,
+            // and the members after the failure lead the next batch (design.md).
             if baton.pos + 1 >= baton.batch.len()
-                && !(detached
-                    && self
-                        .group()
-                        .join_late(&mut baton.batch, |m| m.meta.is_set()))
+                && !(baton.reruns == 0 && self.group().join_late(&mut baton.batch))
             {
                 break None;
             }
@@ -273,7 +263,6 @@ impl Store {
                 break None;
             };
             baton.pos += 1;
-            detached = true;
             let step = catch_storage_panic(|| work(&mut open, self.now_in_section()));
             next.meta.put_back(work);
             match step {

@@ -11,7 +11,7 @@
 //!   several).
 //! - Otherwise it queues. Batching comes only from callers that arrive while batches run: a
 //!   new leader takes the queue into its batch, and a batch about to commit may take whoever
-//!   queued since ([`Group::join_late`]; the file engine admits detached work only).
+//!   queued since ([`Group::join_late`]).
 //! - When a batch ended, its last member hands leadership to the oldest queued caller
 //!   ([`Group::hand_off`]), which drains the queue (up to `max_batch`) into the next batch. A
 //!   committer hands off before it answers the members of its batch: the next leader's wake-up
@@ -211,22 +211,14 @@ impl<B, M> Group<B, M> {
         batch
     }
 
-    /// Takes the callers queued since `batch` formed into it, oldest first, while `admit` says
-    /// so of the oldest, up to `max_batch`: a batch still running admits late arrivals instead of
-    /// leaving them for the next commit. Returns whether it took any.
-    pub(crate) fn join_late(
-        &self,
-        batch: &mut Vec<Arc<Member<B, M>>>,
-        admit: impl Fn(&Member<B, M>) -> bool,
-    ) -> bool {
+    /// Takes the callers queued since `batch` formed into it, oldest first, up to `max_batch`:
+    /// a batch still running admits late arrivals instead of leaving them for the next commit.
+    /// Returns whether it took any.
+    pub(crate) fn join_late(&self, batch: &mut Vec<Arc<Member<B, M>>>) -> bool {
         let before = batch.len();
         {
             let mut g = self.state.lock();
             while batch.len() < self.config.max_batch {
-                match g.queue.front() {
-                    Some(m) if admit(m) => {}
-                    _ => break,
-                }
                 match g.queue.pop_front() {
                     Some(m) => batch.push(m),
                     None => break,

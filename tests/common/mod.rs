@@ -218,7 +218,10 @@ pub fn wait_for_queue(store: &Store, n: usize) {
 }
 
 /// Holds the writer from a scoped thread until the returned sender is used: every caller that
-/// arrives meanwhile queues for the next batch. Returns once the gate holds the writer.
+/// arrives meanwhile queues, and joins the gate's batch when it is released (a batch admits
+/// the callers queued while it ran before it commits). Only the gate's first run holds: a
+/// re-run (a failing member behind it in the batch) goes straight through. The gate must end
+/// `Executed`. Returns once the gate holds the writer.
 pub fn gate<'s, 'e>(
     s: &'s std::thread::Scope<'s, 'e>,
     store: &'e Store,
@@ -226,14 +229,33 @@ pub fn gate<'s, 'e>(
     std::sync::mpsc::Sender<()>,
     std::thread::ScopedJoinHandle<'s, ()>,
 ) {
+    let (release_tx, answer) = gate_answered(s, store);
+    let handle = s.spawn(move || {
+        executed(answer.join().expect("the gate's thread"));
+    });
+    (release_tx, handle)
+}
+
+/// [`gate`], whose handle returns the gate's own answer (for a test in which the gate's batch
+/// fails).
+pub fn gate_answered<'s, 'e>(
+    s: &'s std::thread::Scope<'s, 'e>,
+    store: &'e Store,
+) -> (
+    std::sync::mpsc::Sender<()>,
+    std::thread::ScopedJoinHandle<'s, Result<Outcome, Error>>,
+) {
     let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
     let (held_tx, held_rx) = std::sync::mpsc::channel::<()>();
     let handle = s.spawn(move || {
-        executed(store.execute(req("t", "op", "gate", b"p"), |_| {
-            held_tx.send(()).expect("test alive");
-            release_rx.recv().expect("released");
+        let mut first = true;
+        store.execute(req("t", "op", "gate", b"p"), |_| {
+            if std::mem::take(&mut first) {
+                held_tx.send(()).expect("test alive");
+                release_rx.recv().expect("released");
+            }
             Ok(Response::new(200, "gate"))
-        }));
+        })
     });
     held_rx.recv().expect("gate holds the writer");
     (release_tx, handle)

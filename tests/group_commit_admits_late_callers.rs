@@ -1,13 +1,15 @@
-//! A batch about to commit after a detached member (`Store::execute_send`) takes the detached
-//! callers that queued while it ran into the same commit, in queue order, and stops at the
-//! first caller that runs its closure on its own thread (`Store::execute`): that one, and
-//! everyone behind it, waits for the next batch. Nothing else changes for a late member: its
-//! own outcome, one effect per key, and a failing late member leaves nothing and re-runs the
-//! members before it, the gate included.
+//! A batch about to commit takes the callers that queued while it ran into the same commit, in
+//! queue order: detached callers (`Store::execute_send`), which the thread holding the batch
+//! runs, and callers that run their closure on their own thread (`Store::execute`), which get
+//! the transaction in turn. Nothing else changes for a late member: its own outcome, one
+//! effect per key, and a failing late member leaves nothing and re-runs the members before it,
+//! the gate included (the re-run batch admits no one: `group_commit_isolation.rs` counts the
+//! runs).
 //!
 //! The gate here is detached itself: an `execute_send` closure that holds the writer (on the
 //! thread that leads its batch) until released, so callers queue behind a running detached
-//! batch.
+//! batch. (`group_commit_runs_send_closures_on_the_batch_thread.rs` has the gate on its own
+//! thread, with both kinds of callers queued behind it.)
 
 mod common;
 
@@ -156,26 +158,35 @@ fn a_failing_late_member_leaves_nothing_and_the_members_before_it_rerun() {
 }
 
 #[test]
-fn a_caller_on_its_own_thread_ends_the_late_admissions() {
+fn a_caller_on_its_own_thread_joins_late_too_and_so_do_those_behind_it() {
     let h = Harness::new();
     let store = h.store();
     let before = store.metrics();
     let gate_runs = Arc::new(AtomicUsize::new(0));
-    // Queue: send0, own1 (execute), send2. send0 joins the gate's commit; own1 and send2 wait
-    // for the next batch.
+    // Queue: send0, own1 (execute), send2: all three join the gate's commit, in that order.
+    let order = Arc::new(parking_lot::Mutex::new(Vec::new()));
     let outcomes = thread::scope(|s| {
         let (release_tx, gate) = detached_gate(s, store, gate_runs.clone());
         let handles: Vec<_> = (0..3)
             .map(|i| {
+                let order = Arc::clone(&order);
                 let handle = s.spawn(move || {
                     let key = format!("m{i}");
                     if i == 1 {
+                        let me = thread::current().id();
                         store.execute(req("t", "op", &key, b"p"), |tx| {
+                            assert_eq!(thread::current().id(), me, "on its own thread");
+                            order.lock().push(i);
                             bump(tx, &key)?;
                             Ok(Response::new(201, key.clone()))
                         })
                     } else {
-                        send_caller(store, &key, false)
+                        let label = key.clone();
+                        store.execute_send(req("t", "op", &key, b"p"), move |tx| {
+                            order.lock().push(i);
+                            bump(tx, &label)?;
+                            Ok(Response::new(201, label.clone()))
+                        })
                     }
                 });
                 wait_for_queue(store, i + 1);
@@ -194,11 +205,12 @@ fn a_caller_on_its_own_thread_ends_the_late_admissions() {
         assert_eq!(executed(outcome).body(), key.as_bytes());
         assert_eq!(effects(store, &key), 1);
     }
+    assert_eq!(*order.lock(), [0, 1, 2], "queue order");
     let after = store.metrics();
     assert_eq!(
         after.commits - before.commits,
-        2,
-        "gate + m0, then m1 + m2: {after:?}"
+        1,
+        "the gate, m0, m1 and m2 commit together: {after:?}"
     );
     assert_eq!(after.committed_requests - before.committed_requests, 4);
 }
