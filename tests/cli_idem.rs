@@ -105,6 +105,21 @@ fn line<'a>(out: &'a str, field: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no {field} in {out}"))
 }
 
+/// `span` is whole days and the hours past them, `3451433d5h`, or whole days alone when there
+/// are no hours past them, `3451433d` (what `idem get` prints for a span of a day or more).
+fn assert_days_and_hours(span: &str, out: &str) {
+    let (days, hours) = span.split_once('d').unwrap_or_default();
+    assert!(
+        !days.is_empty()
+            && days.bytes().all(|b| b.is_ascii_digit())
+            && (hours.is_empty()
+                || hours
+                    .strip_suffix('h')
+                    .is_some_and(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_digit()))),
+        "days and hours: {out}"
+    );
+}
+
 #[test]
 fn stats_get_purge_sweep_compact() {
     let dir = tempfile::tempdir().unwrap();
@@ -550,16 +565,7 @@ fn times_are_rfc3339_utc_with_milliseconds_and_how_far_from_now() {
         .strip_prefix("2020-01-01T00:00:00.123Z (")
         .and_then(|rest| rest.strip_suffix(" ago)"))
         .unwrap_or_default();
-    let (days, hours) = age.split_once('d').unwrap_or_default();
-    assert!(
-        !days.is_empty()
-            && days.bytes().all(|b| b.is_ascii_digit())
-            && (hours.is_empty()
-                || hours
-                    .strip_suffix('h')
-                    .is_some_and(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_digit()))),
-        "days and hours: {out}"
-    );
+    assert_days_and_hours(age, &out);
     assert!(
         line(&out, "expires_at").starts_with("2020-01-02T00:00:00.123Z ("),
         "{out}"
@@ -589,16 +595,7 @@ fn a_time_past_the_year_9999_is_printed_as_milliseconds() {
         .strip_prefix("300000000000000 ms after the Unix epoch, past the year 9999 (in ")
         .and_then(|rest| rest.strip_suffix(')'))
         .unwrap_or_default();
-    let (days, hours) = rel.split_once('d').unwrap_or_default();
-    assert!(
-        !days.is_empty()
-            && days.bytes().all(|b| b.is_ascii_digit())
-            && (hours.is_empty()
-                || hours
-                    .strip_suffix('h')
-                    .is_some_and(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_digit()))),
-        "days and hours: {out}"
-    );
+    assert_days_and_hours(rel, &out);
 }
 
 #[test]

@@ -68,13 +68,9 @@ fn detached_callers_queued_while_a_detached_batch_runs_join_its_commit() {
     let gate_runs = Arc::new(AtomicUsize::new(0));
     let outcomes = thread::scope(|s| {
         let (release_tx, gate) = detached_gate(s, store, gate_runs.clone());
-        let handles: Vec<_> = (0..N)
-            .map(|i| {
-                let handle = s.spawn(move || send_caller(store, &format!("late{i}"), false));
-                wait_for_queue(store, i + 1);
-                handle
-            })
-            .collect();
+        let handles = queue_callers(s, store, N, |i| {
+            send_caller(store, &format!("late{i}"), false)
+        });
         release_tx.send(()).expect("gate alive");
         gate.join().expect("gate");
         handles
@@ -113,13 +109,9 @@ fn a_failing_late_member_leaves_nothing_and_the_members_before_it_rerun() {
     // late0 and late1 succeed, late2 fails, late3 succeeds (in the next batch).
     let outcomes = thread::scope(|s| {
         let (release_tx, gate) = detached_gate(s, store, gate_runs.clone());
-        let handles: Vec<_> = (0..4)
-            .map(|i| {
-                let handle = s.spawn(move || send_caller(store, &format!("late{i}"), i == 2));
-                wait_for_queue(store, i + 1);
-                handle
-            })
-            .collect();
+        let handles = queue_callers(s, store, 4, |i| {
+            send_caller(store, &format!("late{i}"), i == 2)
+        });
         release_tx.send(()).expect("gate alive");
         gate.join().expect("gate");
         handles
@@ -167,32 +159,26 @@ fn a_caller_on_its_own_thread_joins_late_too_and_so_do_those_behind_it() {
     let order = Arc::new(parking_lot::Mutex::new(Vec::new()));
     let outcomes = thread::scope(|s| {
         let (release_tx, gate) = detached_gate(s, store, gate_runs.clone());
-        let handles: Vec<_> = (0..3)
-            .map(|i| {
-                let order = Arc::clone(&order);
-                let handle = s.spawn(move || {
-                    let key = format!("m{i}");
-                    if i == 1 {
-                        let me = thread::current().id();
-                        store.execute(req("t", "op", &key, b"p"), |tx| {
-                            assert_eq!(thread::current().id(), me, "on its own thread");
-                            order.lock().push(i);
-                            bump(tx, &key)?;
-                            Ok(Response::new(201, key.clone()))
-                        })
-                    } else {
-                        let label = key.clone();
-                        store.execute_send(req("t", "op", &key, b"p"), move |tx| {
-                            order.lock().push(i);
-                            bump(tx, &label)?;
-                            Ok(Response::new(201, label.clone()))
-                        })
-                    }
-                });
-                wait_for_queue(store, i + 1);
-                handle
-            })
-            .collect();
+        let handles = queue_callers(s, store, 3, |i| {
+            let order = Arc::clone(&order);
+            let key = format!("m{i}");
+            if i == 1 {
+                let me = thread::current().id();
+                store.execute(req("t", "op", &key, b"p"), |tx| {
+                    assert_eq!(thread::current().id(), me, "on its own thread");
+                    order.lock().push(i);
+                    bump(tx, &key)?;
+                    Ok(Response::new(201, key.clone()))
+                })
+            } else {
+                let label = key.clone();
+                store.execute_send(req("t", "op", &key, b"p"), move |tx| {
+                    order.lock().push(i);
+                    bump(tx, &label)?;
+                    Ok(Response::new(201, label.clone()))
+                })
+            }
+        });
         release_tx.send(()).expect("gate alive");
         gate.join().expect("gate");
         handles

@@ -115,27 +115,21 @@ fn send_and_thread_bound_members_share_a_batch() {
     const N: usize = 12;
     let outcomes = thread::scope(|s| {
         let (release_tx, gate) = gate(s, store);
-        let handles: Vec<_> = (0..N)
-            .map(|i| {
-                let handle = s.spawn(move || {
-                    let key = format!("m{i}");
-                    if i % 3 == 0 {
-                        // A closure that borrows the caller's stack: `execute`.
-                        store.execute(req("t", "op", &key, b"p"), |tx| {
-                            bump(tx, &key)?;
-                            Ok(Response::new(201, key.clone()))
-                        })
-                    } else {
-                        store.execute_send(req("t", "op", &key, b"p"), move |tx| {
-                            bump(tx, &format!("m{i}"))?;
-                            Ok(Response::new(201, format!("m{i}")))
-                        })
-                    }
-                });
-                wait_for_queue(store, i + 1);
-                handle
-            })
-            .collect();
+        let handles = queue_callers(s, store, N, |i| {
+            let key = format!("m{i}");
+            if i % 3 == 0 {
+                // A closure that borrows the caller's stack: `execute`.
+                store.execute(req("t", "op", &key, b"p"), |tx| {
+                    bump(tx, &key)?;
+                    Ok(Response::new(201, key.clone()))
+                })
+            } else {
+                store.execute_send(req("t", "op", &key, b"p"), move |tx| {
+                    bump(tx, &format!("m{i}"))?;
+                    Ok(Response::new(201, format!("m{i}")))
+                })
+            }
+        });
         release_tx.send(()).expect("gate alive");
         gate.join().expect("gate");
         handles

@@ -280,9 +280,14 @@ impl Store {
             }
         };
         // Closed before the transaction moves on. Closing is redb code: were it to panic, the
-        // members waiting on this thread are answered (`guarded`).
-        let waiting = others_than(&baton.batch, me);
-        if let Err(e) = self.guarded(&waiting, "closing the record tables", || drop(open)) {
+        // members waiting on this thread are answered (`guarded_with`; the list of them is
+        // only built then, not on every hand-off).
+        let closed = self.guarded_with(
+            || others_than(&baton.batch, me),
+            "closing the record tables",
+            || drop(open),
+        );
+        if let Err(e) = closed {
             return Signal::Failed(e);
         }
         match failed {
@@ -295,11 +300,13 @@ impl Store {
                 me.wait()
             }
             // Everyone but me waits for this commit.
-            None if baton.pos + 1 >= baton.batch.len() => self
-                .guarded(&waiting, "committing a batch", || {
+            None if baton.pos + 1 >= baton.batch.len() => {
+                let waiting = others_than(&baton.batch, me);
+                self.guarded(&waiting, "committing a batch", || {
                     self.commit_batch(baton, me)
                 })
-                .unwrap_or_else(Signal::Failed),
+                .unwrap_or_else(Signal::Failed)
+            }
             None => {
                 baton.pos += 1;
                 let next = baton.batch[baton.pos].clone();
@@ -439,14 +446,25 @@ impl Store {
         step: &str,
         f: impl FnOnce() -> R,
     ) -> Result<R, Error> {
+        self.guarded_with(|| waiting.to_vec(), step, f)
+    }
+
+    /// [`Store::guarded`], with the waiting members listed by `waiting` only if `f` panics.
+    fn guarded_with<R>(
+        &self,
+        waiting: impl FnOnce() -> Vec<Arc<Member>>,
+        step: &str,
+        f: impl FnOnce() -> R,
+    ) -> Result<R, Error> {
         catch_storage_panic(f).map_err(|panic| {
+            let waiting = waiting();
             // Every step signals its members only after its last fallible call, so none of
             // `waiting` has been answered yet: `answer` does it when dropped, also while a
             // caller's panic resumed by `into_error` unwinds (not expected: no caller code runs
             // in these steps, but a caller's panic stays one, and strands nobody).
             let mut answer = AnswerWaiting {
                 store: self,
-                waiting,
+                waiting: &waiting,
                 step,
                 error: None,
             };

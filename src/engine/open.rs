@@ -36,25 +36,28 @@ impl<'t> Open<'t> {
 
     /// The records table.
     pub(crate) fn records(&mut self) -> Result<&mut RecordsTable<'t>, TableError> {
-        let table = match self.records.take() {
-            Some(t) => t,
-            None => self.txn.open_table(RECORDS)?,
-        };
-        Ok(self.records.insert(table))
+        opened(&mut self.records, || self.txn.open_table(RECORDS))
     }
 
     /// The records table and the expiry index.
     pub(crate) fn both(
         &mut self,
     ) -> Result<(&mut RecordsTable<'t>, &mut ExpiryTable<'t>), TableError> {
-        let records = match self.records.take() {
-            Some(t) => t,
-            None => self.txn.open_table(RECORDS)?,
-        };
-        let expiry = match self.expiry.take() {
-            Some(t) => t,
-            None => self.txn.open_table(EXPIRY)?,
-        };
-        Ok((self.records.insert(records), self.expiry.insert(expiry)))
+        let txn = self.txn;
+        let records = opened(&mut self.records, || txn.open_table(RECORDS))?;
+        let expiry = opened(&mut self.expiry, || txn.open_table(EXPIRY))?;
+        Ok((records, expiry))
     }
+}
+
+/// The table in `slot`, opened by `open` on first use.
+fn opened<T>(
+    slot: &mut Option<T>,
+    open: impl FnOnce() -> Result<T, TableError>,
+) -> Result<&mut T, TableError> {
+    let table = match slot.take() {
+        Some(t) => t,
+        None => open()?,
+    };
+    Ok(slot.insert(table))
 }

@@ -198,22 +198,13 @@ impl<B, M> Group<B, M> {
     /// The new leader `me` takes the oldest queued callers into a batch with itself first.
     pub(crate) fn form_batch(&self, me: &Arc<Member<B, M>>) -> Vec<Arc<Member<B, M>>> {
         let mut batch = vec![me.clone()];
-        {
-            let mut g = self.state.lock();
-            while batch.len() < self.config.max_batch {
-                match g.queue.pop_front() {
-                    Some(m) => batch.push(m),
-                    None => break,
-                }
-            }
-        }
-        self.space.notify_all();
+        self.join_late(&mut batch);
         batch
     }
 
     /// Takes the callers queued since `batch` formed into it, oldest first, up to `max_batch`:
-    /// a batch still running admits late arrivals instead of leaving them for the next commit.
-    /// Returns whether it took any.
+    /// a batch still running admits late arrivals instead of leaving them for the next commit
+    /// (and a new leader's batch takes the queue this way). Returns whether it took any.
     pub(crate) fn join_late(&self, batch: &mut Vec<Arc<Member<B, M>>>) -> bool {
         let before = batch.len();
         {

@@ -217,6 +217,25 @@ pub fn wait_for_queue(store: &Store, n: usize) {
     panic!("callers never queued: {} of {n}", store.metrics().queued);
 }
 
+/// Spawns `n` callers on `s`, `caller(i)` on the i-th, one at a time: each is queued for the
+/// writer (held by a [`gate`]) before the next starts, so queue order is index order.
+pub fn queue_callers<'s, 'e, T: Send + 's>(
+    s: &'s std::thread::Scope<'s, 'e>,
+    store: &'e Store,
+    n: usize,
+    caller: impl Fn(usize) -> T + Send + Sync + 's,
+) -> Vec<std::thread::ScopedJoinHandle<'s, T>> {
+    let caller = std::sync::Arc::new(caller);
+    (0..n)
+        .map(|i| {
+            let caller = std::sync::Arc::clone(&caller);
+            let handle = s.spawn(move || caller(i));
+            wait_for_queue(store, i + 1);
+            handle
+        })
+        .collect()
+}
+
 /// Holds the writer from a scoped thread until the returned sender is used: every caller that
 /// arrives meanwhile queues, and joins the gate's batch when it is released (a batch admits
 /// the callers queued while it ran before it commits). Only the gate's first run holds: a
