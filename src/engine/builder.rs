@@ -11,7 +11,7 @@ use redb::{ReadableDatabase, ReadableTable, StorageBackend};
 use crate::engine::boundary::{catch_storage_panic, unlatched};
 use crate::engine::commit::GroupConfig;
 use crate::engine::read_only::ReadOnlyStore;
-use crate::engine::store::Store;
+use crate::engine::store::{FileModes, Store};
 use crate::engine::tables::{EXPIRY, META, META_FORMAT, RECORDS};
 use crate::error::Error;
 use crate::model::clock::{Clock, SystemClock};
@@ -472,7 +472,10 @@ impl Store {
             b.durability,
             b.group,
             instance,
-            b.quick_repair,
+            FileModes {
+                quick_repair: b.quick_repair,
+                multi_process: b.multi_process,
+            },
         );
         store.start_background()?;
         Ok(store)

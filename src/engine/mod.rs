@@ -11,6 +11,7 @@
 //! | `builder.rs` | the settings and their documented defaults ([`StoreBuilder`](builder::StoreBuilder)), [`Durability`](builder::Durability), the three ways to open a file and the checks an open makes |
 //! | `boundary.rs` | the storage boundary: redb's panics on damaged data become `CorruptStore`, a caller's panic stays the caller's; `unlatched` for the places with nothing to latch |
 //! | `commit.rs` | group commit on redb: one write transaction and one fsync shared by concurrent writers (`Store::write`), driving the protocol of `runtime/group.rs` |
+//! | `snapshot.rs` | the records table as of the latest commit, shared by the read path's lookups |
 //! | `open.rs` | the record tables opened once for a run of batch members (`Open`) |
 //! | `tx.rs` | the transaction handle given to closures ([`Tx`](tx::Tx)) and the work it announces |
 //! | `typed.rs` | `Store::execute_typed`: flow A answering with a serde value |
@@ -33,6 +34,7 @@ pub(crate) mod maintenance;
 pub(crate) mod marks;
 pub(crate) mod open;
 pub(crate) mod read_only;
+pub(crate) mod snapshot;
 pub(crate) mod store;
 pub(crate) mod sweep;
 pub(crate) mod tables;

@@ -30,6 +30,7 @@ use crate::engine::maintenance::Metrics;
 use crate::engine::open::Open;
 #[cfg(doc)]
 use crate::engine::read_only::ReadOnlyStore;
+use crate::engine::snapshot::Snapshot;
 use crate::engine::sweep::SweepTotals;
 use crate::engine::tables::{EXPIRY, RECORDS};
 use crate::engine::tx::Tx;
@@ -47,6 +48,15 @@ use crate::model::scope::{Limits, Request, Scope, admit_key, record_key};
 use crate::model::settings::Config;
 use crate::runtime::observe::{self, Call, Engine, Kind};
 use crate::runtime::signal::Signal;
+
+/// How the file is shared and committed, fixed at open.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FileModes {
+    /// Every batch commit saves redb's allocator state (`StoreBuilder::quick_repair`).
+    pub(crate) quick_repair: bool,
+    /// Other processes may write the file (`StoreBuilder::multi_process`).
+    pub(crate) multi_process: bool,
+}
 
 /// Granularity of `begin_wait`'s polling (it is also woken at once by local completions).
 const WAIT_POLL: Duration = Duration::from_millis(20);
@@ -70,6 +80,8 @@ pub(crate) struct Inner {
     durability: Durability,
     /// Every batch commit saves redb's allocator state (`StoreBuilder::quick_repair`).
     quick_repair: bool,
+    /// The records table as of the latest commit, for the read path (engine/snapshot.rs).
+    snapshot: Snapshot,
     /// A non-durable commit happened since the flusher last looked.
     unflushed: AtomicBool,
     /// The flusher and sweeper threads.
@@ -87,6 +99,8 @@ pub(crate) struct Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         self.background.stop();
+        // Its read transaction ends before the file closes.
+        self.snapshot.release();
         // Relaxed durability: make every acknowledged commit durable on close. No other handle
         // exists any more, so this is the only writer.
         if self.unflushed.load(Ordering::Acquire) && self.failure.lock().is_none() {
@@ -595,7 +609,7 @@ impl Store {
         durability: Durability,
         group: GroupConfig,
         instance: [u8; 8],
-        quick_repair: bool,
+        modes: FileModes,
     ) -> Store {
         let inner = Inner {
             db,
@@ -608,7 +622,8 @@ impl Store {
             lease_changed: Condvar::new(),
             group: Group::new(group),
             durability,
-            quick_repair,
+            quick_repair: modes.quick_repair,
+            snapshot: Snapshot::new(!modes.multi_process),
             unflushed: AtomicBool::new(false),
             background: Background::default(),
             sweep_lock: Mutex::new(()),
@@ -670,7 +685,11 @@ impl Store {
     ) -> Result<&mut redb::Database, Error> {
         let others = Arc::strong_count(&self.inner).saturating_sub(1);
         match Arc::get_mut(&mut self.inner) {
-            Some(inner) => Ok(&mut inner.db),
+            Some(inner) => {
+                // redb's compaction refuses to run beside a read transaction.
+                inner.snapshot.release();
+                Ok(&mut inner.db)
+            }
             None => Err(Error::InUse {
                 operation,
                 reason: format!("{others} other Store clone(s) or Lease(s) are alive"),
@@ -743,8 +762,21 @@ impl Store {
         })
     }
 
+    /// The record under `key` as of the latest commit, through the table the read path shares
+    /// (engine/snapshot.rs), at the storage boundary like [`Store::read`].
     pub(crate) fn read_record(&self, key: &[u8]) -> Result<Option<Record>, Error> {
-        self.read("reading a record", |read| read_record_in(read, key))
+        contained("reading a record", || {
+            let table = self
+                .inner
+                .snapshot
+                .records(&self.inner.db)
+                .map_err(|e| self.storage(e))?;
+            let value = table.get(key).map_err(|e| self.storage(e))?;
+            value
+                .map(|v| Record::decode(v.value()))
+                .transpose()
+                .map_err(|e| self.observe(e))
+        })
     }
 
     pub(crate) fn load(&self, txn: &WriteTransaction, key: &[u8]) -> Result<Option<Record>, Error> {
@@ -963,7 +995,10 @@ impl Store {
 
     /// Commits; any failure latches fail-stop and reports an unknown outcome.
     pub(crate) fn commit(&self, txn: WriteTransaction) -> Result<(), Error> {
-        if let Err(e) = txn.commit() {
+        let result = txn.commit();
+        // Whether or not it reached the file, before anyone is answered (engine/snapshot.rs).
+        self.inner.snapshot.committed();
+        if let Err(e) = result {
             let source: redb::Error = e.into();
             self.latch(&source);
             return Err(Error::OutcomeUnknown {
