@@ -1,0 +1,139 @@
+//! A load generator for profiling idem's claim path: `callers` threads claim new keys through
+//! `Store::execute_send` (or `Store::execute`) on one store file for a number of seconds, each
+//! claim writing one row to the caller's own table, and the rate is printed at the end.
+//! `benches/claim_throughput.rs` is the benchmark (baselines, ratios, targets); this is the
+//! smallest process to put under a profiler:
+//!
+//! ```sh
+//! cargo build --release --example claim_load
+//! target/release/examples/claim_load /tmp/load.redb 64 25 send     # fill: ~300k records
+//! cp /tmp/load.redb /tmp/run.redb
+//! perf record -F 2000 -g --call-graph dwarf,16384 \
+//!     target/release/examples/claim_load /tmp/run.redb 64 6 send
+//! perf report --children --sort symbol
+//! ```
+//!
+//! Arguments: the store file (created if missing), the number of callers, the seconds to run,
+//! and `send` (default) or `execute`. The store opens with a 1 GiB page cache, like the
+//! benchmark's.
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use idem::redb::TableDefinition;
+use idem::{Outcome, Request, Response, Scope, Store};
+
+/// The caller's own table: one row per claim, as in the benchmark.
+const EFFECTS: TableDefinition<&[u8], u64> = TableDefinition::new("effects");
+
+fn request(key: &str) -> Request {
+    let payload = format!("sku=sku-1&qty=2&ref={key}");
+    Request::from_canonical_bytes(
+        Scope::new("tenant-a", "create-order"),
+        key,
+        payload.as_bytes(),
+    )
+}
+
+fn response() -> Response {
+    Response::new(201, r#"{"ok":true}"#).with_resource("order", "o1")
+}
+
+/// One claim of a new key; an answer other than `Executed` is an error.
+fn claim(store: &Store, key: String, send: bool) -> Result<(), String> {
+    let outcome = if send {
+        let owned = key.clone();
+        store.execute_send(request(&key), move |tx| {
+            tx.open_table(EFFECTS)?.insert(owned.as_bytes(), 1)?;
+            Ok(response())
+        })
+    } else {
+        store.execute(request(&key), |tx| {
+            tx.open_table(EFFECTS)?.insert(key.as_bytes(), 1)?;
+            Ok(response())
+        })
+    };
+    match outcome {
+        Ok(Outcome::Executed(_)) => Ok(()),
+        other => Err(format!("claim {key}: expected Executed, got {other:?}")),
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    let usage = "usage: claim_load <store file> <callers> <seconds> [send|execute]";
+    let (Some(path), Some(callers), Some(secs)) = (
+        args.get(1),
+        args.get(2).and_then(|a| a.parse::<usize>().ok()),
+        args.get(3).and_then(|a| a.parse::<f64>().ok()),
+    ) else {
+        eprintln!("{usage}");
+        return ExitCode::FAILURE;
+    };
+    let send = match args.get(4).map(String::as_str) {
+        None | Some("send") => true,
+        Some("execute") => false,
+        Some(other) => {
+            eprintln!("unknown mode {other:?}; {usage}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let Ok(run_for) = Duration::try_from_secs_f64(secs) else {
+        eprintln!("seconds must be a non-negative number; {usage}");
+        return ExitCode::FAILURE;
+    };
+    let store = match Store::builder().cache_size(1 << 30).open(path) {
+        Ok(store) => store,
+        Err(e) => {
+            eprintln!("{path}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // Keys unique to this process, so a store can be loaded again and again.
+    let tag = std::process::id();
+    let stop = AtomicBool::new(false);
+    let done = AtomicU64::new(0);
+    let started = Instant::now();
+    let failures: Vec<String> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..callers)
+            .map(|c| {
+                let (store, stop, done) = (&store, &stop, &done);
+                s.spawn(move || {
+                    let mut i = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        claim(store, format!("new-{tag}-{c:02}-{i:08}"), send)?;
+                        i += 1;
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok::<(), String>(())
+                })
+            })
+            .collect();
+        std::thread::sleep(run_for);
+        stop.store(true, Ordering::Relaxed);
+        workers
+            .into_iter()
+            .filter_map(|w| match w.join() {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e),
+                Err(_) => Some("a caller panicked".to_owned()),
+            })
+            .collect()
+    });
+    let elapsed = started.elapsed().as_secs_f64();
+    let n = done.load(Ordering::Relaxed);
+    let mode = if send { "execute_send" } else { "execute" };
+    println!(
+        "{callers} callers, {mode}: {n} claims in {elapsed:.2} s = {:.0} claims/s",
+        n as f64 / elapsed
+    );
+    for f in &failures {
+        eprintln!("{f}");
+    }
+    if failures.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
