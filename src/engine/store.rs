@@ -771,11 +771,7 @@ impl Store {
                 .snapshot
                 .records(&self.inner.db)
                 .map_err(|e| self.storage(e))?;
-            let value = table.get(key).map_err(|e| self.storage(e))?;
-            value
-                .map(|v| Record::decode(v.value()))
-                .transpose()
-                .map_err(|e| self.observe(e))
+            record_in(&*table, key).map_err(|e| self.observe(e))
         })
     }
 
@@ -790,8 +786,7 @@ impl Store {
         key: &[u8],
     ) -> Result<Option<Record>, Error> {
         let table = open.records().map_err(|e| self.storage(e))?;
-        let value = table.get(key).map_err(|e| self.storage(e))?;
-        value.map(|v| Record::decode(v.value())).transpose()
+        record_in(table, key).map_err(|e| self.observe(e))
     }
 
     /// Writes a record, moving its expiry-index entry in the same transaction.
@@ -1128,7 +1123,15 @@ pub(crate) fn read_record_in(
     read: &redb::ReadTransaction,
     key: &[u8],
 ) -> Result<Option<Record>, Error> {
-    let table = read.open_table(RECORDS).map_err(unlatched)?;
+    record_in(&read.open_table(RECORDS).map_err(unlatched)?, key)
+}
+
+/// The record under `key` in an open records table, decoded. A redb error is returned
+/// [`unlatched`]: the caller latches it (or has nothing to latch).
+fn record_in(
+    table: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    key: &[u8],
+) -> Result<Option<Record>, Error> {
     let value = table.get(key).map_err(unlatched)?;
     value.map(|v| Record::decode(v.value())).transpose()
 }
