@@ -260,6 +260,69 @@ fn naive_indexed_claim(db: &redb::Database, key: &str) {
     txn.commit().expect("indexed commit");
 }
 
+/// First byte of an expiry entry kept in the records tree itself (record keys start with
+/// `0x01`, so every such entry sorts after every record and a sweep is still one range scan).
+const COLOCATED_EXPIRY: u8 = 0xFF;
+
+/// Naive redb with the expiry-index entry kept in the records tree (`0xFF ‖ u64be(due) ‖ kind ‖
+/// record key` → the state tag) instead of a table of its own: the layout experiment of issue
+/// 14's target 4 (one B-tree and one table root touched per claim instead of two).
+fn naive_colocated_claim(db: &redb::Database, key: &str) {
+    let record_key = record_key(key);
+    let now = now_ms();
+    let value = record_value(key, now);
+    let mut txn = db.begin_write().expect("colocated begin_write");
+    txn.set_durability(redb::Durability::Immediate)
+        .expect("colocated durability");
+    {
+        let mut records = txn.open_table(RECORDS).expect("colocated records");
+        let existing = records.get(record_key.as_slice()).expect("colocated get");
+        assert!(
+            existing.is_none(),
+            "colocated claim {key}: key already present"
+        );
+        drop(existing);
+        records
+            .insert(record_key.as_slice(), value.as_slice())
+            .expect("colocated insert");
+        let mut entry = vec![COLOCATED_EXPIRY];
+        entry.extend_from_slice(&(now + DAY_MS).to_be_bytes());
+        entry.push(0x01);
+        entry.extend_from_slice(&record_key);
+        records
+            .insert(entry.as_slice(), [1u8].as_slice())
+            .expect("colocated entry");
+        let mut effects = txn.open_table(EFFECTS).expect("colocated effects");
+        effects.insert(key.as_bytes(), 1).expect("colocated effect");
+    }
+    txn.commit().expect("colocated commit");
+}
+
+/// A copy of idem's pre-filled store with its expiry index moved into the records tree (the
+/// layout [`naive_colocated_claim`] writes), in one transaction and not compacted, like the
+/// copies the other baselines run on.
+fn colocate_copy(from: &Path, to: &Path) {
+    copy_synced(from, to);
+    let db = redb::Database::create(to).expect("open colocated copy");
+    let txn = db.begin_write().expect("colocate begin_write");
+    {
+        let expiry = txn.open_table(EXPIRY).expect("colocate expiry");
+        let mut records = txn.open_table(RECORDS).expect("colocate records");
+        for item in expiry.iter().expect("colocate iter") {
+            let (k, v) = item.expect("colocate entry");
+            let mut entry = vec![COLOCATED_EXPIRY];
+            entry.extend_from_slice(k.value());
+            records
+                .insert(entry.as_slice(), [v.value()].as_slice())
+                .expect("colocate insert");
+        }
+    }
+    txn.delete_table(EXPIRY).expect("colocate delete expiry");
+    txn.commit().expect("colocate commit");
+    drop(db);
+    sync_file(to);
+}
+
 fn naive_create(path: &Path) -> redb::Database {
     let db = redb::Database::create(path).expect("naive create");
     let txn = db.begin_write().expect("naive setup");
@@ -764,6 +827,7 @@ enum System {
     IdemSend,
     Naive,
     NaiveIndexed,
+    NaiveColocated,
     NaiveGroup,
     Sqlite,
     /// SQLite with its writers taking turns on an in-process mutex instead of busy-waiting.
@@ -806,6 +870,7 @@ impl Row {
             (System::Naive, _) => "naive redb new keys (1 txn/claim)",
             (System::NaiveGroup, _) => "naive group-commit writer (1 thread)",
             (System::NaiveIndexed, _) => "naive redb + expiry-index entry",
+            (System::NaiveColocated, _) => "naive redb + expiry entry in the records tree",
             (System::Sqlite, Work::Replay) => "SQLite replays (prepared SELECT)",
             (System::Sqlite, _) => "SQLite new keys (article SQL)",
             (System::SqliteSerial, _) => "SQLite new keys, writers behind a Mutex",
@@ -821,6 +886,7 @@ enum Kind {
     IdemSend(Store),
     Naive(Box<redb::Database>),
     NaiveIndexed(Box<redb::Database>),
+    NaiveColocated(Box<redb::Database>),
     NaiveGroup(GroupWriter),
     Sqlite(PathBuf),
     SqliteSerial(PathBuf, Mutex<()>),
@@ -884,6 +950,8 @@ struct Masters {
     /// Shared read-only copies for the replay workloads (replays write no keys).
     idem_small_replay: PathBuf,
     idem_large_replay: PathBuf,
+    /// The pre-filled store with its expiry index inside the records tree (`colocate_copy`).
+    colocated_large: PathBuf,
     sqlite_small_replay: PathBuf,
     sqlite_large_replay: PathBuf,
 }
@@ -986,6 +1054,17 @@ impl Bench {
                 };
                 (Kind::NaiveIndexed(Box::new(db)), true)
             }
+            System::NaiveColocated => {
+                let p = dir.path().join("colocated.redb");
+                let db = match row.fill {
+                    Fill::Empty => naive_create(&p),
+                    Fill::Prefilled => {
+                        copy_synced(&m.colocated_large, &p);
+                        redb::Database::create(&p).expect("open colocated copy")
+                    }
+                };
+                (Kind::NaiveColocated(Box::new(db)), true)
+            }
             System::NaiveGroup => {
                 let p = dir.path().join("group.redb");
                 let db = match row.fill {
@@ -1076,6 +1155,12 @@ impl Bench {
                 run_callers(&self.counter, c, per, |caller| {
                     let db: &redb::Database = db;
                     move |i| naive_indexed_claim(db, &new_key(tag, caller, i))
+                })
+            }
+            (Kind::NaiveColocated(db), Work::NewKeys) => {
+                run_callers(&self.counter, c, per, |caller| {
+                    let db: &redb::Database = db;
+                    move |i| naive_colocated_claim(db, &new_key(tag, caller, i))
                 })
             }
             (Kind::NaiveGroup(writer), Work::NewKeys) => {
@@ -1459,6 +1544,7 @@ fn main() {
         sqlite_large: dir.join("master-large.db"),
         idem_small_replay: dir.join("replay-small.redb"),
         idem_large_replay: dir.join("replay-large.redb"),
+        colocated_large: dir.join("colocated-large.redb"),
         sqlite_small_replay: dir.join("replay-small.db"),
         sqlite_large_replay: dir.join("replay-large.db"),
     };
@@ -1475,6 +1561,7 @@ fn main() {
     ] {
         copy_synced(from, to);
     }
+    colocate_copy(&masters.idem_large, &masters.colocated_large);
     let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
     let (idem_size, sqlite_size) = (size(&masters.idem_large), size(&masters.sqlite_large));
     println!(
@@ -1521,6 +1608,7 @@ fn main() {
             ];
             if c <= 2 {
                 g.push(row(System::NaiveIndexed, Work::NewKeys, fill, c));
+                g.push(row(System::NaiveColocated, Work::NewKeys, fill, c));
             }
             if c > 1 {
                 g.push(row(System::IdemSend, Work::NewKeys, fill, c));
