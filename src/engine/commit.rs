@@ -66,11 +66,6 @@ impl Detached {
     fn put_back(&self, work: DetachedWork) {
         *self.0.lock() = Some(work);
     }
-
-    /// Whether the member has detached work (which the thread before it runs inline).
-    fn is_detached(&self) -> bool {
-        self.0.lock().is_some()
-    }
 }
 
 /// The members of `batch` other than `me`: those waiting while `me` runs a protocol step.
@@ -194,13 +189,6 @@ impl Store {
                 }
                 Signal::Turn(mut baton) => {
                     queued.ended();
-                    // The next member runs its own closure on its thread: wake it now, so it
-                    // is on a core and spinning when this turn hands it the transaction.
-                    if let Some(next) = baton.batch.get(baton.pos + 1)
-                        && !next.meta.is_detached()
-                    {
-                        next.wake_early();
-                    }
                     // The storage boundary (store.rs): a panic in the caller's closure or clock
                     // (marked as caller code) is that member's failure and is resumed on its
                     // thread; a panic of redb on damaged data is `CorruptStore`, and fail-stop.

@@ -24,7 +24,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
@@ -79,12 +79,6 @@ pub(crate) enum Signal<B> {
 pub(crate) struct Member<B, M> {
     signal: Mutex<Signal<B>>,
     cv: Condvar,
-    /// A signal waits in `signal` (set under its lock, after the signal is stored): what a
-    /// spinning waiter polls without the lock.
-    told: AtomicBool,
-    /// Its turn comes next: the member before it woke it early ([`Member::wake_early`]) to
-    /// spin through the hand-off instead of sleeping through it. Cleared when read.
-    soon: AtomicBool,
     /// Never turned away by a full queue, and asks for a durable commit.
     pub durable: bool,
     /// The engine's data about this member.
@@ -99,8 +93,6 @@ impl<B, M> Member<B, M> {
         Arc::new(Member {
             signal: Mutex::new(Signal::Wait),
             cv: Condvar::new(),
-            told: AtomicBool::new(false),
-            soon: AtomicBool::new(false),
             durable,
             meta,
         })
@@ -108,24 +100,7 @@ impl<B, M> Member<B, M> {
 
     /// Tells this member `s` and wakes it.
     pub(crate) fn send(&self, s: Signal<B>) {
-        let mut g = self.signal.lock();
-        *g = s;
-        self.told.store(true, Ordering::Release);
-        drop(g);
-        // A member spinning in `wait` is not parked: then this finds no waiter and makes no
-        // system call.
-        self.cv.notify_one();
-    }
-
-    /// Wakes this member ahead of its turn, which the caller is about to run the member before
-    /// it: it spins (a bounded while, yielding the core) until told, so the hand-off of the
-    /// transaction is a store it sees at once rather than a wake-up it waits to be scheduled
-    /// for; the wake-up's latency overlaps the turn before. Only a hint: a member that is told
-    /// nothing within [`SPIN_FOR`] sleeps again, and a member not yet waiting spins when it
-    /// starts to.
-    pub(crate) fn wake_early(&self) {
-        let _g = self.signal.lock();
-        self.soon.store(true, Ordering::Relaxed);
+        *self.signal.lock() = s;
         self.cv.notify_one();
     }
 
@@ -134,40 +109,12 @@ impl<B, M> Member<B, M> {
         let mut g = self.signal.lock();
         loop {
             match std::mem::replace(&mut *g, Signal::Wait) {
-                Signal::Wait if self.soon.swap(false, Ordering::Relaxed) => {
-                    parking_lot::MutexGuard::unlocked(&mut g, || self.spin());
-                }
                 Signal::Wait => self.cv.wait(&mut g),
-                s => {
-                    self.told.store(false, Ordering::Relaxed);
-                    return s;
-                }
-            }
-        }
-    }
-
-    /// Polls `told` for up to [`SPIN_FOR`], yielding the core every few polls (on a small
-    /// machine the thread about to tell us may need it).
-    fn spin(&self) {
-        let start = Instant::now();
-        let mut polls = 0u32;
-        while !self.told.load(Ordering::Acquire) {
-            polls = polls.wrapping_add(1);
-            if polls.is_multiple_of(32) {
-                if start.elapsed() >= SPIN_FOR {
-                    return;
-                }
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
+                s => return s,
             }
         }
     }
 }
-
-/// How long a member woken early spins for its turn before it sleeps again: a few times what a
-/// short closure's turn takes (tens of microseconds), far below a commit's fsync.
-const SPIN_FOR: Duration = Duration::from_micros(200);
 
 /// The protocol's shared state, one per store.
 pub(crate) struct Group<B, M> {
