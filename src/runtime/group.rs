@@ -14,8 +14,10 @@
 //!   queued since ([`Group::join_late`]).
 //! - When a batch ended, its last member hands leadership to the oldest queued caller
 //!   ([`Group::hand_off`]), which drains the queue (up to `max_batch`) into the next batch. A
-//!   committer hands off before it answers the members of its batch: the next leader's wake-up
-//!   then does not wait behind theirs.
+//!   committer whose queue already holds a batch as large as its own hands off before it
+//!   answers its members (the next leader's wake-up then does not wait behind theirs);
+//!   otherwise it answers them first, so those that call again at once join the next batch
+//!   instead of queueing behind it (larger batches, fewer commits).
 //! - At most `max_queue` callers queue; the next waits up to `queue_timeout` for room, then gets
 //!   [`Error::Busy`]. A member marked `durable` (a flush that bounds a loss window) is never
 //!   turned away.
