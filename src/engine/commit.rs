@@ -378,21 +378,11 @@ impl Store {
                 observe::batch(ENGINE, batch.len(), reruns, committed);
                 counters.commits.fetch_add(1, Ordering::Relaxed);
                 counters.committed_ops.fetch_add(n, Ordering::Relaxed);
-                // The next leader goes first when the queue already holds a batch as large
-                // as this one: its wake-up then does not wait behind this batch's answers.
-                // Otherwise this batch's members are answered first, so those that call again
-                // at once can queue for the next batch before its leader takes the queue
-                // (fewer callers than a batch holds: larger batches, fewer fsyncs).
-                let lead_first = self.group().queued() >= batch.len();
-                if lead_first {
-                    self.group().hand_off();
-                }
-                for m in batch.iter().filter(|m| !Arc::ptr_eq(m, me)) {
-                    m.send(Signal::Committed);
-                }
-                if !lead_first {
-                    self.group().hand_off();
-                }
+                self.group().hand_off_around(batch.len(), || {
+                    for m in batch.iter().filter(|m| !Arc::ptr_eq(m, me)) {
+                        m.send(Signal::Committed);
+                    }
+                });
                 Signal::Committed
             }
             Err(e) => {

@@ -197,6 +197,19 @@ impl<B, M> Group<B, M> {
         }
     }
 
+    /// A batch of `len` members committed: hands its lane on and runs `answer` (which wakes
+    /// its members) in the order the module doc gives — the hand-off first only when the queue
+    /// already holds a batch as large as this one.
+    pub(crate) fn hand_off_around(&self, len: usize, answer: impl FnOnce()) {
+        if self.queued() >= len {
+            self.hand_off();
+            answer();
+        } else {
+            answer();
+            self.hand_off();
+        }
+    }
+
     /// The new leader `me` takes the oldest queued callers into a batch with itself first.
     pub(crate) fn form_batch(&self, me: &Arc<Member<B, M>>) -> Vec<Arc<Member<B, M>>> {
         let mut batch = vec![me.clone()];
