@@ -379,7 +379,9 @@ impl Store {
                 counters.commits.fetch_add(1, Ordering::Relaxed);
                 counters.committed_ops.fetch_add(n, Ordering::Relaxed);
                 self.group().hand_off_around(batch.len(), || {
-                    group::answer_committed(others_than(&batch, me));
+                    for m in batch.iter().filter(|m| !Arc::ptr_eq(m, me)) {
+                        m.send(Signal::Committed);
+                    }
                 });
                 Signal::Committed
             }

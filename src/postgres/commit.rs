@@ -627,7 +627,9 @@ impl PgStore {
             // Nobody wrote: every answer is final; nothing to commit.
             rollback(&mut baton.conn);
             observe::batch(ENGINE, n, baton.runs.saturating_sub(1), None);
-            group::answer_committed(baton.batch[..n - 1].to_vec());
+            for m in &baton.batch[..n - 1] {
+                m.send(Signal::Committed);
+            }
             drop(baton);
             group.hand_off();
             return Some(Signal::Committed);
@@ -647,7 +649,9 @@ impl PgStore {
                     .counters
                     .committed_ops
                     .fetch_add(n as u64, Ordering::Relaxed);
-                group::answer_committed(baton.batch[..n - 1].to_vec());
+                for m in &baton.batch[..n - 1] {
+                    m.send(Signal::Committed);
+                }
                 drop(baton);
                 group.hand_off();
                 Some(Signal::Committed)

@@ -81,9 +81,6 @@ pub(crate) enum Signal<B> {
 pub(crate) struct Member<B, M> {
     signal: Mutex<Signal<B>>,
     cv: Condvar,
-    /// Set while this member waits for the commit of a batch answered through a wake tree
-    /// ([`answer_committed`]): the members it must wake once it hears of the commit.
-    relay: Mutex<Option<Relay<B, M>>>,
     /// Never turned away by a full queue, and asks for a durable commit.
     pub durable: bool,
     /// The engine's data about this member.
@@ -98,7 +95,6 @@ impl<B, M> Member<B, M> {
         Arc::new(Member {
             signal: Mutex::new(Signal::Wait),
             cv: Condvar::new(),
-            relay: Mutex::new(None),
             durable,
             meta,
         })
@@ -110,68 +106,15 @@ impl<B, M> Member<B, M> {
         self.cv.notify_one();
     }
 
-    /// Waits until this member is told something. Told of a commit, it first wakes the
-    /// members it relays that answer to ([`answer_committed`]).
+    /// Waits until this member is told something.
     pub(crate) fn wait(&self) -> Signal<B> {
         let mut g = self.signal.lock();
         loop {
             match std::mem::replace(&mut *g, Signal::Wait) {
                 Signal::Wait => self.cv.wait(&mut g),
-                Signal::Committed => {
-                    drop(g);
-                    self.relay_committed();
-                    return Signal::Committed;
-                }
                 s => return s,
             }
         }
-    }
-
-    /// Wakes this member's two places in the wake tree of its batch's answer, if it has them.
-    /// Taking the relay drops this member's hold on the batch (the tree's `Arc`s form a cycle
-    /// until each member took its own).
-    fn relay_committed(&self) {
-        let relay = self.relay.lock().take();
-        if let Some(Relay { members, place }) = relay {
-            for child in [2 * place + 1, 2 * place + 2] {
-                if let Some(m) = members.get(child) {
-                    m.send(Signal::Committed);
-                }
-            }
-        }
-    }
-}
-
-/// A member's place in the wake tree of a committed batch's answer.
-struct Relay<B, M> {
-    /// The answered members, in tree order: place `i` wakes places `2i + 1` and `2i + 2`.
-    members: Arc<[Arc<Member<B, M>>]>,
-    place: usize,
-}
-
-/// Tells `members` (a committed batch, its committer left out) that their batch committed,
-/// through a wake tree: this thread wakes the first; each member, woken, wakes two more before
-/// it returns (places `2i + 1` and `2i + 2`), so every member hears within ~log2(n) wake-ups
-/// and the committer, which holds the lane, makes one wake-up instead of n. A thread woken by
-/// the committer tends to preempt it (a committer that ran a whole batch of detached work has
-/// used the most CPU), so waking 55 members one by one kept the lane idle 1–2 ms per batch
-/// (BENCHMARKS.md, "wake tree").
-///
-/// Invariant: each of `members` is in the batch that committed and has not been answered, so
-/// it reads exactly one signal from now on — this `Committed`, from its parent in the tree (or
-/// from here, for the first) — and reads it through [`Member::wait`], which relays it. Every
-/// relay is set before the first wake-up, so no member reads `Committed` without its relay.
-/// Waking runs no caller code and cannot fail, so no member is left unanswered.
-pub(crate) fn answer_committed<B, M>(members: Vec<Arc<Member<B, M>>>) {
-    let members: Arc<[Arc<Member<B, M>>]> = members.into();
-    for (place, m) in members.iter().enumerate() {
-        *m.relay.lock() = Some(Relay {
-            members: Arc::clone(&members),
-            place,
-        });
-    }
-    if let Some(first) = members.first() {
-        first.send(Signal::Committed);
     }
 }
 
