@@ -71,8 +71,8 @@ impl std::fmt::Display for Field {
 /// - the attempt lost its right to finish (`LeaseLost`): stop, another attempt owns the key;
 /// - the caller's closure asked for a retry (`Aborted`): nothing was written, retry later;
 /// - storage trouble (`Storage`, `OutcomeUnknown`, `FailStopped`, `CorruptRecord`,
-///   `CorruptStore`, `ExpiryIndexMismatch`, `UnsupportedFormat`, `NeedsRecovery`, `Config`,
-///   `InUse`, `Spawn`): see each variant.
+///   `CorruptStore`, `ExpiryIndexMismatch`, `UnsupportedFormat`, `NeedsRecovery`,
+///   `RepairAborted`, `Config`, `InUse`, `Spawn`): see each variant.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -227,6 +227,15 @@ pub enum Error {
         "the store file was not closed cleanly and needs crash recovery, which a read-only open never does: open it for writing once (start the service, which recovers it), or run `idem check` (it recovers and checks a copy, leaving the file as it is)"
     )]
     NeedsRecovery,
+
+    /// The file was not closed cleanly and the caller's
+    /// [`StoreBuilder::on_repair`](crate::StoreBuilder::on_repair) callback abandoned its
+    /// repair. Nothing was written: the file still needs the repair, which the next open for
+    /// writing makes (without a callback that aborts it).
+    #[error(
+        "the store file was not closed cleanly and its repair was abandoned by the on_repair callback: nothing was written; open it again to repair it (a multi-GB file takes seconds to tens of seconds; StoreBuilder::quick_repair avoids the repair after future crashes)"
+    )]
+    RepairAborted,
 
     /// The store's configuration is invalid.
     #[error("invalid store configuration: {reason}")]

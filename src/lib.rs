@@ -193,6 +193,7 @@ pub mod store {
     pub use crate::engine::builder::{DEFAULT_CACHE_SIZE, Durability, StoreBuilder};
     pub use crate::engine::maintenance::Metrics;
     pub use crate::engine::read_only::ReadOnlyStore;
+    pub use crate::engine::repair::RepairProgress;
     pub use crate::engine::store::Store;
     pub use crate::model::reports::{Stats, SweepReport};
     pub use crate::model::retention::RetentionPolicy;

@@ -178,6 +178,12 @@ fn read_commands_refuse_a_file_that_needs_recovery_instead_of_recovering_it() {
     let check = &outputs[4];
     assert!(check.status.success(), "{check:?}");
     assert!(String::from_utf8_lossy(&check.stdout).contains("records_ok   5"));
+    // The repair of the copy is shown while it runs.
+    let err = String::from_utf8_lossy(&check.stderr);
+    assert!(
+        err.contains("repairing a file that was not closed cleanly"),
+        "{err}"
+    );
     // The library's read-only open says the same, as a typed error.
     let r = Store::builder().open_read_only(&path);
     assert!(matches!(r, Err(idem::Error::NeedsRecovery)), "{r:?}");

@@ -311,6 +311,52 @@ fn a_dead_letter_in_the_dispatcher_thread_is_a_warning() {
     assert_nothing_leaked(&[KEY, PAYLOAD]);
 }
 
+#[test]
+fn the_repair_of_a_crashed_file_is_a_warning_when_it_begins_and_when_it_ends() {
+    seen();
+    // What a crash leaves: the durable image of a store that was never closed.
+    let backend = common::CrashBackend::default();
+    let store = idem::Store::builder()
+        .open_with_backend(backend.clone())
+        .expect("open");
+    let claimed = store.execute(request("trace_repair", PAYLOAD), |_| {
+        Ok(Response::new(201, ""))
+    });
+    assert!(matches!(claimed.unwrap(), Outcome::Executed(_)));
+    let image = backend.durable_image();
+    drop(store);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("crashed.redb");
+    std::fs::write(&path, image).unwrap();
+    let store = idem::Store::open(&path).expect("repaired");
+    let took = store.repair_time().expect("the open repaired the file");
+    let seen = seen().lock().unwrap();
+    let warning = |text: &str| {
+        seen.events
+            .iter()
+            .filter(|(level, f, _)| {
+                *level == Level::WARN && field(f, "message").is_some_and(|m| m.contains(text))
+            })
+            .map(|(_, f, _)| f.clone())
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        !warning("not closed cleanly").is_empty(),
+        "the repair's start"
+    );
+    let ended = warning("repaired after an unclean shutdown");
+    let seconds: Vec<f64> = ended
+        .iter()
+        .filter_map(|f| field(f, "seconds")?.parse().ok())
+        .collect();
+    assert!(
+        seconds
+            .iter()
+            .any(|s| (s - took.as_secs_f64()).abs() < 1e-9),
+        "the end names the repair's time: {seconds:?} {took:?}"
+    );
+}
+
 #[cfg(feature = "postgres")]
 mod pg {
     use super::*;

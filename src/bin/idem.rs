@@ -429,7 +429,18 @@ fn require_file(cli: &Cli) -> Result<(), Failure> {
 }
 
 fn builder(cli: &Cli) -> StoreBuilder {
-    Store::builder().multi_process(cli.multi_process)
+    Store::builder()
+        .multi_process(cli.multi_process)
+        // A file left by a crash takes seconds per GB to repair: say so rather than look hung.
+        // (A failed write to stderr is ignored: the repair goes on.)
+        .on_repair(|progress| {
+            let _ = writeln!(
+                io::stderr(),
+                "idem: repairing a file that was not closed cleanly (redb walks it to rebuild its allocator state): {:.0} % after {:.1} s",
+                progress.fraction() * 100.0,
+                progress.elapsed().as_secs_f64()
+            );
+        })
 }
 
 /// The redb error under a storage error, if that is what `e` is.

@@ -11,6 +11,7 @@ use redb::{ReadableDatabase, ReadableTable, StorageBackend};
 use crate::engine::boundary::{catch_storage_panic, unlatched};
 use crate::engine::commit::GroupConfig;
 use crate::engine::read_only::ReadOnlyStore;
+use crate::engine::repair::{RepairHook, RepairProgress, Watch};
 use crate::engine::store::{FileModes, Store};
 use crate::engine::tables::{EXPIRY, META, META_FORMAT, RECORDS};
 use crate::error::Error;
@@ -19,6 +20,7 @@ use crate::model::record::FORMAT_VERSION;
 #[cfg(doc)]
 use crate::model::response::Outcome;
 use crate::model::settings::{Config, common_settings};
+use crate::runtime::observe;
 
 /// Builds a [`Store`]. Every setting has a documented default:
 ///
@@ -109,6 +111,7 @@ pub struct StoreBuilder {
     group: GroupConfig,
     multi_process: bool,
     quick_repair: bool,
+    on_repair: Option<RepairHook>,
 }
 
 /// When a committed answer is on disk.
@@ -148,6 +151,7 @@ impl Default for StoreBuilder {
             },
             multi_process: false,
             quick_repair: false,
+            on_repair: None,
         }
     }
 }
@@ -189,6 +193,41 @@ impl StoreBuilder {
     /// (In `multi_process` mode every commit saves the state anyway.)
     pub fn quick_repair(mut self, enabled: bool) -> Self {
         self.quick_repair = enabled;
+        self
+    }
+
+    /// Called while an open repairs a file that was not closed cleanly (the process died with
+    /// the store open and [`quick_repair`](Self::quick_repair) was off): redb then walks the
+    /// whole file to rebuild its allocator state, seconds per GB of file, and calls `f` before
+    /// each pass with its [`RepairProgress`]. A service logs it or reports it on its health
+    /// endpoint instead of looking hung, and may [`abort`](RepairProgress::abort) a repair that
+    /// outlasts its deadline (the open is then [`Error::RepairAborted`] and the file is left
+    /// for the next open to repair). Never called for a file that was closed cleanly, a new
+    /// file, or a file whose last commit saved the allocator state (quick-repair).
+    ///
+    /// `f` runs on the opening thread, between redb's passes (its first call is when the repair
+    /// begins); a panic in `f` abandons the repair and continues unwinding from the open.
+    /// Default: none (with feature `tracing` a repair still logs a warning when it begins).
+    /// Afterwards [`Store::repair_time`] says how long the repair took.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), idem::Error> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// use std::time::Duration;
+    /// let store = idem::Store::builder()
+    ///     .on_repair(|progress| {
+    ///         eprintln!("repairing the store: {:.0} %", progress.fraction() * 100.0);
+    ///         if progress.elapsed() > Duration::from_secs(120) {
+    ///             progress.abort(); // fail the start rather than stay down longer
+    ///         }
+    ///     })
+    ///     .open(dir.path().join("idem.redb"))?;
+    /// assert_eq!(store.repair_time(), None); // a new file needs no repair
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn on_repair(mut self, f: impl Fn(&mut RepairProgress) + Send + Sync + 'static) -> Self {
+        self.on_repair = Some(RepairHook::new(f));
         self
     }
 
@@ -256,6 +295,14 @@ impl StoreBuilder {
         b
     }
 
+    /// A redb builder whose repair callbacks `watch` sees, and the watch.
+    fn watched_builder(&self) -> (redb::Builder, Watch) {
+        let mut b = self.redb_builder();
+        let watch = Watch::new(self.on_repair.clone());
+        watch.install(&mut b);
+        (b, watch)
+    }
+
     /// Opens (or creates) the store file at `path`.
     ///
     /// A missing file and an **empty (0-byte) file** are both a new store: a service may create
@@ -267,10 +314,13 @@ impl StoreBuilder {
     pub fn open(self, path: impl AsRef<Path>) -> Result<Store, Error> {
         self.validate()?;
         let path = path.as_ref();
-        contain_open(|| {
-            let db = self.redb_builder().create(path).map_err(open_error)?;
-            Store::init(db, self, Create::Yes)
-        })
+        let (redb, watch) = self.watched_builder();
+        let opened = contain_open(|| {
+            let (db, repair_time) = watched(&watch, redb.create(path))?;
+            Store::init(db, self, Create::Yes, repair_time)
+        });
+        watch.resume_caller_panic();
+        opened
     }
 
     /// Opens an existing store for writing, like [`open`](Self::open), but never creates one:
@@ -283,16 +333,19 @@ impl StoreBuilder {
     pub fn open_existing(self, path: impl AsRef<Path>) -> Result<Store, Error> {
         self.validate()?;
         let path = path.as_ref();
-        contain_open(|| {
+        let (redb, watch) = self.watched_builder();
+        let opened = contain_open(|| {
             refuse_empty(path)?;
             // Any failure of the read-only open (a crashed file, another process holding it) is
             // left to the open for writing to handle or report, as before.
             if let Ok(db) = self.redb_builder().open_read_only(path) {
                 check_marker(&db.begin_read().map_err(unlatched)?)?;
             }
-            let db = self.redb_builder().open(path).map_err(open_error)?;
-            Store::init(db, self, Create::No)
-        })
+            let (db, repair_time) = watched(&watch, redb.open(path))?;
+            Store::init(db, self, Create::No, repair_time)
+        });
+        watch.resume_caller_panic();
+        opened
     }
 
     /// Opens an existing store for reading only: nothing is ever written to the file (no
@@ -329,13 +382,13 @@ impl StoreBuilder {
     /// fault-injecting backend in tests).
     pub fn open_with_backend(self, backend: impl StorageBackend) -> Result<Store, Error> {
         self.validate()?;
-        contain_open(|| {
-            let db = self
-                .redb_builder()
-                .create_with_backend(backend)
-                .map_err(open_error)?;
-            Store::init(db, self, Create::Yes)
-        })
+        let (redb, watch) = self.watched_builder();
+        let opened = contain_open(|| {
+            let (db, repair_time) = watched(&watch, redb.create_with_backend(backend))?;
+            Store::init(db, self, Create::Yes, repair_time)
+        });
+        watch.resume_caller_panic();
+        opened
     }
 }
 /// Whether opening may write idem's tables and format marker into a redb file without them.
@@ -354,6 +407,28 @@ fn refuse_empty(path: &Path) -> Result<(), Error> {
         }),
         // Anything else (a missing file, a directory, no permission) is redb's open to report.
         _ => Ok(()),
+    }
+}
+
+/// What a watched open of redb returned: the database and how long its repair took, or the
+/// error (a repair the caller's callback abandoned is [`Error::RepairAborted`]).
+fn watched(
+    watch: &Watch,
+    opened: Result<redb::Database, redb::DatabaseError>,
+) -> Result<(redb::Database, Option<Duration>), Error> {
+    let seen = watch.finish();
+    match opened {
+        Ok(db) => {
+            if let Some(took) = seen.repair_time {
+                observe::warn!(
+                    "the store file was repaired after an unclean shutdown",
+                    seconds = took.as_secs_f64()
+                );
+            }
+            Ok((db, seen.repair_time))
+        }
+        Err(redb::DatabaseError::RepairAborted) if seen.aborted => Err(Error::RepairAborted),
+        Err(e) => Err(open_error(e)),
     }
 }
 
@@ -435,7 +510,12 @@ impl Store {
         StoreBuilder::new()
     }
 
-    fn init(db: redb::Database, b: StoreBuilder, create: Create) -> Result<Store, Error> {
+    fn init(
+        db: redb::Database,
+        b: StoreBuilder,
+        create: Create,
+        repair_time: Option<Duration>,
+    ) -> Result<Store, Error> {
         let mut instance = [0u8; 8];
         getrandom::fill(&mut instance).map_err(|e| Error::Random {
             reason: e.to_string(),
@@ -475,6 +555,7 @@ impl Store {
             FileModes {
                 quick_repair: b.quick_repair,
                 multi_process: b.multi_process,
+                repair_time,
             },
         );
         store.start_background()?;

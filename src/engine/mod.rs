@@ -23,6 +23,7 @@
 //! | `background.rs` | the flusher and the sweeper threads: one shared tick loop |
 //! | `maintenance.rs` | [`Metrics`](maintenance::Metrics), `compact`, `check_integrity` |
 //! | `read_only.rs` | [`ReadOnlyStore`](read_only::ReadOnlyStore): the same reads, nothing ever written |
+//! | `repair.rs` | a reopen's repair of a file not closed cleanly: [`RepairProgress`](repair::RepairProgress) for the caller's `on_repair` callback, its time |
 
 pub(crate) mod background;
 pub(crate) mod boundary;
@@ -34,6 +35,7 @@ pub(crate) mod maintenance;
 pub(crate) mod marks;
 pub(crate) mod open;
 pub(crate) mod read_only;
+pub(crate) mod repair;
 pub(crate) mod snapshot;
 pub(crate) mod store;
 pub(crate) mod sweep;

@@ -56,6 +56,8 @@ pub(crate) struct FileModes {
     pub(crate) quick_repair: bool,
     /// Other processes may write the file (`StoreBuilder::multi_process`).
     pub(crate) multi_process: bool,
+    /// How long the open spent repairing a file that was not closed cleanly.
+    pub(crate) repair_time: Option<Duration>,
 }
 
 /// Granularity of `begin_wait`'s polling (it is also woken at once by local completions).
@@ -80,6 +82,8 @@ pub(crate) struct Inner {
     durability: Durability,
     /// Every batch commit saves redb's allocator state (`StoreBuilder::quick_repair`).
     quick_repair: bool,
+    /// How long the open spent repairing the file (`Store::repair_time`).
+    repair_time: Option<Duration>,
     /// The records table as of the latest commit, for the read path (engine/snapshot.rs).
     snapshot: Snapshot,
     /// A non-durable commit happened since the flusher last looked.
@@ -598,6 +602,16 @@ impl Store {
         self.inner.failure.lock().clone()
     }
 
+    /// How long opening this store spent repairing its file, if the file was not closed
+    /// cleanly (the last process died with it open) and quick-repair had not saved the
+    /// allocator state: redb's walk of the whole file, progress reported to
+    /// [`StoreBuilder::on_repair`](crate::StoreBuilder::on_repair). `None` for a file that was
+    /// closed cleanly, a new file, or a reopen from quick-repair's saved state. A service may
+    /// log it, or count it as an unclean restart.
+    pub fn repair_time(&self) -> Option<Duration> {
+        self.inner.repair_time
+    }
+
     // ---- the shared state, for the rest of the crate ----
 
     /// The store on an opened and checked `db` (see `StoreBuilder::open`): its shared state,
@@ -623,6 +637,7 @@ impl Store {
             group: Group::new(group),
             durability,
             quick_repair: modes.quick_repair,
+            repair_time: modes.repair_time,
             snapshot: Snapshot::new(!modes.multi_process),
             unflushed: AtomicBool::new(false),
             background: Background::default(),

@@ -615,6 +615,7 @@ pub(crate) fn error_kind(e: &Error) -> &'static str {
         Error::CorruptStore { .. } => "corrupt_store",
         Error::ExpiryIndexMismatch { .. } => "expiry_index_mismatch",
         Error::NeedsRecovery => "needs_recovery",
+        Error::RepairAborted => "repair_aborted",
         Error::Config { .. } => "config",
         Error::OutcomeUnknown { .. } => "outcome_unknown",
         Error::Busy { .. } => "busy",
