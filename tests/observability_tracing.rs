@@ -312,7 +312,8 @@ fn a_dead_letter_in_the_dispatcher_thread_is_a_warning() {
 }
 
 #[test]
-fn the_repair_of_a_crashed_file_is_a_warning_when_it_begins_and_when_it_ends() {
+fn the_repair_of_a_crashed_file_is_a_warning_when_it_begins_and_when_it_ends_and_the_file_is_read_through_first()
+ {
     seen();
     // What a crash leaves: the durable image of a store that was never closed.
     let backend = common::CrashBackend::default();
@@ -328,9 +329,34 @@ fn the_repair_of_a_crashed_file_is_a_warning_when_it_begins_and_when_it_ends() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("crashed.redb");
     std::fs::write(&path, image).unwrap();
+    let crashed = std::fs::read(&path).unwrap();
     let store = idem::Store::open(&path).expect("repaired");
     let took = store.repair_time().expect("the open repaired the file");
+    drop(store);
+    // The same crashed file without the read-through before the walk.
+    let unread = dir.path().join("crashed-unread.redb");
+    std::fs::write(&unread, &crashed).unwrap();
+    let store = idem::Store::builder()
+        .prefetch_on_repair(false)
+        .open(&unread)
+        .expect("repaired");
+    assert!(store.repair_time().is_some());
     let seen = seen().lock().unwrap();
+    // Only the first open (prefetch_on_repair is on by default) read the file through, whole.
+    let reads: Vec<u64> = seen
+        .events
+        .iter()
+        .filter(|(level, f, _)| {
+            *level == Level::DEBUG
+                && field(f, "message") == Some("read the store file through before its repair")
+        })
+        .filter_map(|(_, f, _)| field(f, "bytes")?.parse().ok())
+        .collect();
+    assert_eq!(
+        reads,
+        vec![crashed.len() as u64],
+        "one read-through of the whole file"
+    );
     let warning = |text: &str| {
         seen.events
             .iter()

@@ -12,6 +12,7 @@
 //!   `idem_queue_wait_seconds`; [`busy`]: `idem_busy_total`;
 //! - [`outbox`] and [`records`]: the gauges `idem_outbox_pending`, `idem_outbox_dead_letters`
 //!   and `idem_records{state}`;
+//! - [`debug!`]: a debug event (the read of a file before its repair), fields as for `warn!`;
 //! - [`warn!`]: a warning for a failure idem handles without returning it to a caller, with
 //!   fields `name = value` (`value` a `tracing` value: a number, a `&str`, or [`display`] of
 //!   anything else).
@@ -50,6 +51,25 @@ macro_rules! warn_event {
 }
 
 pub(crate) use warn_event as warn;
+
+/// A `tracing::debug!` event with feature `tracing`; nothing otherwise (its values are still
+/// type-checked, never evaluated).
+#[cfg(feature = "tracing")]
+macro_rules! debug_event {
+    ($msg:literal $(, $k:ident = $v:expr)* $(,)?) => {
+        ::tracing::debug!($($k = $v,)* $msg)
+    };
+}
+#[cfg(not(feature = "tracing"))]
+macro_rules! debug_event {
+    ($msg:literal $(, $k:ident = $v:expr)* $(,)?) => {{
+        $(let _ = || {
+            let _ = &$v;
+        };)*
+    }};
+}
+
+pub(crate) use debug_event as debug;
 
 /// A field value shown with its `Display` (`tracing::field::display`); the value itself without
 /// feature `tracing`.
