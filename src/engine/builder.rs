@@ -238,10 +238,11 @@ impl StoreBuilder {
     /// Before a repair's walk (see [`on_repair`](Self::on_repair)), read the store file once
     /// front to back, so that the walk's scattered page reads come from the OS page cache
     /// instead of the disk. Measured on this project's 2-core box with a cold cache
-    /// (BENCHMARKS.md, "Reopen after a crash"): a 3 GB file (10M records) reopened in
-    /// 9.1–10.8 s without, 5.9–7.1 s with; a 300 MB file (1M) in about the same time either
-    /// way (0.7–0.9 s). Skipped for a file larger than the memory the OS reports available
-    /// (Linux), and for [`open_with_backend`](Self::open_with_backend) (no file). Default on.
+    /// (BENCHMARKS.md, "Reopen after a crash"): a 2.9 GB file (10M records) reopened in
+    /// 7.2–10.4 s without, 5.3–6.7 s with; a 322 MB file (1M) in 1.24–1.53 s without,
+    /// 0.59–1.16 s with. The read fills the OS page cache, not the process. Skipped for a file
+    /// larger than the memory the OS reports available (Linux), and for
+    /// [`open_with_backend`](Self::open_with_backend) (no file). Default on.
     pub fn prefetch_on_repair(mut self, enabled: bool) -> Self {
         self.prefetch_on_repair = enabled;
         self

@@ -12,8 +12,8 @@
 //! Before the walk, the open reads the file once front to back (`prefetch_on_repair`, on by
 //! default): redb's walk follows the trees, whose pages lie scattered over the file, and on a
 //! cold OS page cache those scattered reads cost more than one sequential read of the whole
-//! file followed by a walk from memory (BENCHMARKS.md, "Reopen after a crash": a 3 GB file,
-//! 9.1–10.8 s without, 5.9–7.1 s with). The read is a hint: a file larger than the memory the
+//! file followed by a walk from memory (BENCHMARKS.md, "Reopen after a crash": a 2.9 GB file,
+//! 7.2–10.4 s without, 5.3–6.7 s with). The read is a hint: a file larger than the memory the
 //! OS reports available is not read (it would evict itself), and a failed read stops it.
 //!
 //! Invariants: the caller's callback never unwinds through redb (its panic is caught here, the
