@@ -7,7 +7,8 @@
 //! - `idem_payload_mismatch_total`, `idem_lease_takeovers_total`, `idem_lease_lost_total`;
 //! - the histograms `idem_commit_batch_size` (one sample per batch), `idem_commit_seconds`,
 //!   `idem_queue_wait_seconds`;
-//! - the gauges `idem_outbox_pending`, `idem_outbox_dead_letters`, `idem_records{state}`.
+//! - the gauges `idem_outbox_pending`, `idem_outbox_dead_letters`, `idem_records{state}`;
+//! - `idem_repairs_total` and `idem_repair_seconds` for an open that repaired a crashed file.
 //!
 //! The PostgreSQL case runs when `IDEM_PG_URL` is set (tests/common/pg.rs), and is skipped
 //! otherwise.
@@ -191,6 +192,38 @@ fn outcome_counters_count_executed_vs_replayed_and_batches_are_recorded() {
     // those, and the stale holder's two calls (they wrote nothing); replays, the mismatch and
     // "in flight" are answered from a read transaction, outside group commit.
     check(&figures, 7, 5);
+}
+
+#[test]
+fn an_open_that_repairs_a_crashed_file_is_counted_with_its_time() {
+    // What a crash leaves: the durable image of a store that was never closed.
+    let backend = common::CrashBackend::default();
+    let store = idem::Store::builder()
+        .open_with_backend(backend.clone())
+        .unwrap();
+    let claimed = store.execute(request("repaired", "r-1", "p"), |_| {
+        Ok(Response::new(201, "created"))
+    });
+    assert!(matches!(claimed.unwrap(), Outcome::Executed(_)));
+    let image = backend.durable_image();
+    drop(store);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("crashed.redb");
+    std::fs::write(&path, image).unwrap();
+    let mut took = None;
+    let figures = recorded(|| {
+        let store = idem::Store::open(&path).unwrap();
+        took = store.repair_time();
+        drop(store);
+        // Closed cleanly: the second open repairs nothing.
+        assert_eq!(idem::Store::open(&path).unwrap().repair_time(), None);
+    });
+    let took = took.expect("the first open repaired the file");
+    assert_eq!(figures.counter("idem_repairs_total", &[]), 1);
+    assert_eq!(
+        figures.histogram("idem_repair_seconds"),
+        vec![took.as_secs_f64()]
+    );
 }
 
 #[cfg(feature = "postgres")]

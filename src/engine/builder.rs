@@ -441,10 +441,7 @@ fn watched(
     match opened {
         Ok(db) => {
             if let Some(took) = seen.repair_time {
-                observe::warn!(
-                    "the store file was repaired after an unclean shutdown",
-                    seconds = took.as_secs_f64()
-                );
+                observe::repaired(took);
             }
             Ok((db, seen.repair_time))
         }

@@ -9,7 +9,8 @@
 //!   `idem_lease_takeovers_total`, `idem_payload_mismatch_total` and `idem_lease_lost_total`;
 //! - [`batch`]: a `debug!` per group-commit batch (size, re-runs, commit time) and the
 //!   histograms `idem_commit_batch_size` and `idem_commit_seconds`; [`QueueWait`]:
-//!   `idem_queue_wait_seconds`; [`busy`]: `idem_busy_total`;
+//!   `idem_queue_wait_seconds`; [`busy`]: `idem_busy_total`; [`repaired`]: a warning,
+//!   `idem_repairs_total` and `idem_repair_seconds`;
 //! - [`outbox`] and [`records`]: the gauges `idem_outbox_pending`, `idem_outbox_dead_letters`
 //!   and `idem_records{state}`;
 //! - [`debug!`]: a debug event (the read of a file before its repair), fields as for `warn!`;
@@ -511,6 +512,22 @@ pub(crate) fn records(stats: &Stats) {
     let _ = stats;
 }
 
+/// An open repaired a file that was not closed cleanly, in `took`: a warning with its
+/// `seconds`, the counter `idem_repairs_total` and the histogram `idem_repair_seconds`.
+#[inline]
+pub(crate) fn repaired(took: Duration) {
+    warn!(
+        "the store file was repaired after an unclean shutdown",
+        seconds = took.as_secs_f64()
+    );
+    #[cfg(feature = "metrics")]
+    {
+        describe();
+        metrics::counter!("idem_repairs_total").increment(1);
+        metrics::histogram!("idem_repair_seconds").record(took.as_secs_f64());
+    }
+}
+
 /// Runs `f` with feature `metrics` only (a read whose only use is a gauge: the records after a
 /// sweep pass).
 #[inline]
@@ -604,6 +621,15 @@ fn describe() {
             "idem_queue_wait_seconds",
             Unit::Seconds,
             "Time a write call waited for its turn in a group-commit batch"
+        );
+        describe_counter!(
+            "idem_repairs_total",
+            "Opens that repaired a store file not closed cleanly (unclean restarts without quick-repair)"
+        );
+        describe_histogram!(
+            "idem_repair_seconds",
+            Unit::Seconds,
+            "Time each such repair took (redb's walk of the whole file)"
         );
         describe_gauge!("idem_outbox_pending", "Outbox events not yet delivered");
         describe_gauge!(
