@@ -1,6 +1,7 @@
 //! The example service killed with SIGKILL during a burst of retried requests, restarted on the
-//! same data dir: every retry finishes, every acknowledged payment is still there, and the
-//! ledger holds exactly one entry per distinct key.
+//! same data dir: the restart repairs the store file (and prints how long it took), every retry
+//! finishes, every acknowledged payment is still there, and the ledger holds exactly one entry
+//! per distinct key.
 //!
 //! Runs the example's binary (`target/<profile>/examples/edge_service`), which `cargo test
 //! --features http` builds together with the tests.
@@ -102,8 +103,18 @@ fn sigkill_during_a_burst_loses_nothing_and_books_nothing_twice() {
     server.kill().unwrap(); // SIGKILL
     server.wait().unwrap();
     let acknowledged_before_kill = done.load(Ordering::SeqCst);
-    let (mut server, new_addr) = start(dir.path());
+    let (mut server, new_addr, preamble, lines) =
+        edge_example::spawn_with_preamble(dir.path(), &["--lease-ms", "300"]);
+    std::thread::spawn(move || lines.for_each(drop));
     *addr.lock() = new_addr;
+    // The killed process left the store file without its clean close: the restart repaired it
+    // before listening, and said so.
+    assert!(
+        preamble
+            .iter()
+            .any(|l| l.starts_with("edge_service: the store was repaired in ")),
+        "{preamble:?}"
+    );
 
     let bodies: Vec<Vec<u8>> = clients.into_iter().map(|c| c.join().unwrap()).collect();
     assert!(

@@ -24,6 +24,21 @@ pub fn example_binary() -> PathBuf {
 
 /// Starts the example (`flags`) on `dir` and a free loopback port; the caller drains stderr.
 pub fn spawn(dir: &Path, flags: &[&str]) -> (Child, SocketAddr, Lines<BufReader<ChildStderr>>) {
+    let (child, addr, _, lines) = spawn_with_preamble(dir, flags);
+    (child, addr, lines)
+}
+
+/// [`spawn`], also returning what the service printed before it listened (after a crash: the
+/// store's repair).
+pub fn spawn_with_preamble(
+    dir: &Path,
+    flags: &[&str],
+) -> (
+    Child,
+    SocketAddr,
+    Vec<String>,
+    Lines<BufReader<ChildStderr>>,
+) {
     let mut child = Command::new(example_binary())
         .arg("--data")
         .arg(dir)
@@ -37,13 +52,19 @@ pub fn spawn(dir: &Path, flags: &[&str]) -> (Child, SocketAddr, Lines<BufReader<
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let line = lines.next().unwrap().unwrap();
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .and_then(|rest| rest.split(' ').next())
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .parse()
-        .unwrap();
-    (child, addr, lines)
+    let mut preamble = Vec::new();
+    let addr = loop {
+        let Some(Ok(line)) = lines.next() else {
+            panic!("the service ended before it listened, after printing {preamble:?}");
+        };
+        if let Some(rest) = line.strip_prefix("edge_service: listening on http://") {
+            break rest
+                .split(' ')
+                .next()
+                .and_then(|a| a.parse().ok())
+                .unwrap_or_else(|| panic!("unexpected listening line {line:?}"));
+        }
+        preamble.push(line);
+    };
+    (child, addr, preamble, lines)
 }
