@@ -230,10 +230,10 @@ pub enum Error {
 
     /// The file was not closed cleanly and the caller's
     /// [`StoreBuilder::on_repair`](crate::StoreBuilder::on_repair) callback abandoned its
-    /// repair. Nothing was written: the file still needs the repair, which the next open for
-    /// writing makes (without a callback that aborts it).
+    /// repair. None of the repair was written: the file holds the same commits and still needs
+    /// the repair, which the next open for writing makes (without a callback that aborts it).
     #[error(
-        "the store file was not closed cleanly and its repair was abandoned by the on_repair callback: nothing was written; open it again to repair it (a multi-GB file takes seconds to tens of seconds; StoreBuilder::quick_repair avoids the repair after future crashes)"
+        "the store file was not closed cleanly and its repair was abandoned by the on_repair callback: none of it was written; open it again to repair it (a multi-GB file takes seconds to tens of seconds; StoreBuilder::quick_repair avoids the repair after future crashes)"
     )]
     RepairAborted,
 

@@ -1,8 +1,8 @@
 //! A file left by a crash (the durable image of a store that was never closed) is repaired by
 //! the next open for writing: `StoreBuilder::on_repair` sees that repair's progress while it
 //! runs and `Store::repair_time` says afterwards how long it took; a callback that aborts it
-//! gets `Error::RepairAborted` with the file left byte for byte as it was, for the next open to
-//! repair; a callback's panic abandons the repair the same way and reaches the caller as its own
+//! gets `Error::RepairAborted` with none of the repair written (this file stays byte for byte
+//! the same), for the next open to repair; a callback's panic abandons the repair the same way and reaches the caller as its own
 //! panic. A clean file, a new file and a file whose last commit saved the allocator state
 //! (quick-repair) need no repair: the callback is never called. Every acknowledged answer
 //! replays after the repair.

@@ -18,8 +18,10 @@
 //!
 //! Invariants: the caller's callback never unwinds through redb (its panic is caught here, the
 //! repair is abandoned and the panic resumes on the opening thread once redb has returned); an
-//! abandoned repair has written nothing (redb calls the callback only before the rebuild's own
-//! commit), so the file still needs it and the next open repairs it.
+//! abandoned repair has written none of its work (redb calls the callback only before the
+//! rebuild's own commit; before the first call it may only have rewritten its header in place,
+//! with the same commit slots), so the file still holds the same commits, still needs the
+//! repair, and the next open makes it.
 
 use std::any::Any;
 use std::io::Read;
@@ -54,7 +56,7 @@ impl RepairProgress {
     }
 
     /// Abandons the repair: the open returns [`Error::RepairAborted`](crate::Error::RepairAborted)
-    /// and the file is left as it was, still to be repaired by the next open. For a service
+    /// and the file keeps the same commits, still to be repaired by the next open. For a service
     /// that would rather fail its start than be down for longer than some bound.
     pub fn abort(&mut self) {
         self.abort = true;
