@@ -629,7 +629,7 @@ fn describe() {
         describe_histogram!(
             "idem_repair_seconds",
             Unit::Seconds,
-            "Time each such repair took (redb's walk of the whole file)"
+            "Time each such repair took (a walk of the whole file)"
         );
         describe_gauge!("idem_outbox_pending", "Outbox events not yet delivered");
         describe_gauge!(
