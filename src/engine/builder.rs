@@ -193,7 +193,10 @@ impl StoreBuilder {
     /// this. The price is paid per commit, so per *batch* of grouped callers: measured on this
     /// project's 2-core box (BENCHMARKS.md, "The scale curve, memory and recovery"), a reopen
     /// after SIGKILL took 1.8 s at 1M records and 25 s at 10M without it, 2–4 ms with it, and
-    /// it cost 10–21 % of the claims/s at 64 callers and about half at one caller. Default off.
+    /// it cost 10–21 % of the claims/s at 64 callers and about half at one caller. At 64 per
+    /// batch that cost is the allocator-state save, not the second fsync (BENCHMARKS.md, "What
+    /// quick-repair costs a commit"). Default off; the default path shortens the repair instead
+    /// ([`prefetch_on_repair`](Self::prefetch_on_repair)).
     /// (In `multi_process` mode every commit saves the state anyway.)
     pub fn quick_repair(mut self, enabled: bool) -> Self {
         self.quick_repair = enabled;
