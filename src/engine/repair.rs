@@ -124,15 +124,21 @@ impl Watch {
 
     fn called(&self, session: &mut redb::RepairSession) {
         let now = Instant::now();
-        let began = {
+        // `first`: this call opens the repair (redb makes it before its first pass).
+        let (began, first) = {
             let mut seen = self.seen.lock();
             if seen.aborted {
                 session.abort();
                 return;
             }
-            *seen.began.get_or_insert(now)
+            match seen.began {
+                Some(began) => (began, false),
+                None => {
+                    seen.began = Some(now);
+                    (now, true)
+                }
+            }
         };
-        let first = began == now;
         if first {
             observe::warn!(
                 "the store file was not closed cleanly: redb is rebuilding its allocator state by walking the whole file (StoreBuilder::quick_repair makes this near-instant)"
@@ -161,7 +167,6 @@ impl Watch {
                 return;
             }
         }
-        // The first call comes before redb's first pass over the file.
         if let (true, Some(path)) = (first, &self.prefetch) {
             let started = Instant::now();
             let read = prefetch(path);
