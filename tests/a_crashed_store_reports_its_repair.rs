@@ -7,8 +7,7 @@
 //! (quick-repair) need no repair: the callback is never called. Every acknowledged answer
 //! replays after the repair.
 
-#[path = "sim/backend.rs"]
-mod sim_backend;
+mod common;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
@@ -23,25 +22,18 @@ fn request(i: usize) -> Request {
     Request::from_canonical_bytes(Scope::new("t", "op"), format!("key-{i:03}"), b"p")
 }
 
-/// The bytes a crash leaves: a store that claimed `CLAIMS` keys and was never closed.
-fn crashed_image(builder: StoreBuilder) -> Vec<u8> {
-    let backend = sim_backend::CrashBackend::default();
-    let store = builder.open_with_backend(backend.clone()).expect("open");
-    for i in 0..CLAIMS {
-        let outcome = store
-            .execute(request(i), |_| Ok(Response::new(201, format!("order {i}"))))
-            .expect("claim");
-        assert!(matches!(outcome, Outcome::Executed(_)), "{outcome:?}");
-    }
-    // Taken before the store closes: what was durable when the process died.
-    let image = backend.durable_image();
-    drop(store);
-    image
-}
-
+/// A file holding what a crash leaves of a store that claimed `CLAIMS` keys.
 fn crashed_file(dir: &Path, builder: StoreBuilder) -> std::path::PathBuf {
+    let image = common::crash_image(builder, |store| {
+        for i in 0..CLAIMS {
+            let outcome = store
+                .execute(request(i), |_| Ok(Response::new(201, format!("order {i}"))))
+                .expect("claim");
+            assert!(matches!(outcome, Outcome::Executed(_)), "{outcome:?}");
+        }
+    });
     let path = dir.join("idem.redb");
-    std::fs::write(&path, crashed_image(builder)).expect("write the image");
+    std::fs::write(&path, image).expect("write the image");
     path
 }
 

@@ -196,17 +196,12 @@ fn outcome_counters_count_executed_vs_replayed_and_batches_are_recorded() {
 
 #[test]
 fn an_open_that_repairs_a_crashed_file_is_counted_with_its_time() {
-    // What a crash leaves: the durable image of a store that was never closed.
-    let backend = common::CrashBackend::default();
-    let store = idem::Store::builder()
-        .open_with_backend(backend.clone())
-        .unwrap();
-    let claimed = store.execute(request("repaired", "r-1", "p"), |_| {
-        Ok(Response::new(201, "created"))
+    let image = common::crash_image(idem::Store::builder(), |store| {
+        let claimed = store.execute(request("repaired", "r-1", "p"), |_| {
+            Ok(Response::new(201, "created"))
+        });
+        assert!(matches!(claimed.unwrap(), Outcome::Executed(_)));
     });
-    assert!(matches!(claimed.unwrap(), Outcome::Executed(_)));
-    let image = backend.durable_image();
-    drop(store);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("crashed.redb");
     std::fs::write(&path, image).unwrap();

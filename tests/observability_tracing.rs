@@ -315,21 +315,15 @@ fn a_dead_letter_in_the_dispatcher_thread_is_a_warning() {
 fn the_repair_of_a_crashed_file_is_a_warning_when_it_begins_and_when_it_ends_and_the_file_is_read_through_first()
  {
     seen();
-    // What a crash leaves: the durable image of a store that was never closed.
-    let backend = common::CrashBackend::default();
-    let store = idem::Store::builder()
-        .open_with_backend(backend.clone())
-        .expect("open");
-    let claimed = store.execute(request("trace_repair", PAYLOAD), |_| {
-        Ok(Response::new(201, ""))
+    let crashed = common::crash_image(idem::Store::builder(), |store| {
+        let claimed = store.execute(request("trace_repair", PAYLOAD), |_| {
+            Ok(Response::new(201, ""))
+        });
+        assert!(matches!(claimed.unwrap(), Outcome::Executed(_)));
     });
-    assert!(matches!(claimed.unwrap(), Outcome::Executed(_)));
-    let image = backend.durable_image();
-    drop(store);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("crashed.redb");
-    std::fs::write(&path, image).unwrap();
-    let crashed = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &crashed).unwrap();
     let store = idem::Store::open(&path).expect("repaired");
     let took = store.repair_time().expect("the open repaired the file");
     drop(store);

@@ -195,6 +195,19 @@ mod backend;
 #[allow(unused_imports)] // Not every test uses the fault backends.
 pub use backend::*;
 
+/// What a crash leaves: the durable image of a store opened with `builder` on an in-memory
+/// backend, after `work` ran on it, taken before the store closes (no clean close).
+pub fn crash_image(builder: StoreBuilder, work: impl FnOnce(&Store)) -> Vec<u8> {
+    let backend = CrashBackend::default();
+    let store = builder
+        .open_with_backend(backend.clone())
+        .expect("open on the crash backend");
+    work(&store);
+    let image = backend.durable_image();
+    drop(store);
+    image
+}
+
 /// Rows in idem's record table (records, inbox marks) seen through the open store.
 pub fn record_rows(store: &Store) -> u64 {
     let read = store.begin_read().expect("read txn");
