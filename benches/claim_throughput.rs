@@ -260,6 +260,63 @@ fn naive_indexed_claim(db: &redb::Database, key: &str) {
     txn.commit().expect("indexed commit");
 }
 
+/// How often [`naive_deferred_claim`] writes the expiry entries it has held back.
+const DEFERRED_FLUSH: Duration = Duration::from_millis(100);
+
+/// The expiry entries [`naive_deferred_claim`] has held back since its last flush.
+struct Deferred {
+    entries: Vec<Vec<u8>>,
+    flushed: Instant,
+}
+
+/// Naive redb with the expiry-index entries held in memory and written by the first claim
+/// after each [`DEFERRED_FLUSH`], all in that claim's transaction: the ceiling of a deferred
+/// index (issue 14, target 4). It is not crash-safe as an index: a crash loses the entries of
+/// up to the last 100 ms of commits, and their records would never be swept unless an open
+/// after a crash scanned every record to find them.
+fn naive_deferred_claim(db: &redb::Database, deferred: &Mutex<Deferred>, key: &str) {
+    let record_key = record_key(key);
+    let now = now_ms();
+    let value = record_value(key, now);
+    let mut entry = (now + DAY_MS).to_be_bytes().to_vec();
+    entry.push(0x01);
+    entry.extend_from_slice(&record_key);
+    let due = {
+        let mut d = deferred.lock().expect("deferred lock");
+        d.entries.push(entry);
+        if d.flushed.elapsed() >= DEFERRED_FLUSH {
+            d.flushed = Instant::now();
+            std::mem::take(&mut d.entries)
+        } else {
+            Vec::new()
+        }
+    };
+    let mut txn = db.begin_write().expect("deferred begin_write");
+    txn.set_durability(redb::Durability::Immediate)
+        .expect("deferred durability");
+    {
+        let mut records = txn.open_table(RECORDS).expect("deferred records");
+        let existing = records.get(record_key.as_slice()).expect("deferred get");
+        assert!(
+            existing.is_none(),
+            "deferred claim {key}: key already present"
+        );
+        drop(existing);
+        records
+            .insert(record_key.as_slice(), value.as_slice())
+            .expect("deferred insert");
+        if !due.is_empty() {
+            let mut expiry = txn.open_table(EXPIRY).expect("deferred expiry");
+            for e in &due {
+                expiry.insert(e.as_slice(), 1).expect("deferred entry");
+            }
+        }
+        let mut effects = txn.open_table(EFFECTS).expect("deferred effects");
+        effects.insert(key.as_bytes(), 1).expect("deferred effect");
+    }
+    txn.commit().expect("deferred commit");
+}
+
 /// First byte of an expiry entry kept in the records tree itself (record keys start with
 /// `0x01`, so every such entry sorts after every record and a sweep is still one range scan).
 const COLOCATED_EXPIRY: u8 = 0xFF;
@@ -828,6 +885,7 @@ enum System {
     Naive,
     NaiveIndexed,
     NaiveColocated,
+    NaiveDeferred,
     NaiveGroup,
     Sqlite,
     /// SQLite with its writers taking turns on an in-process mutex instead of busy-waiting.
@@ -871,6 +929,9 @@ impl Row {
             (System::NaiveGroup, _) => "naive group-commit writer (1 thread)",
             (System::NaiveIndexed, _) => "naive redb + expiry-index entry",
             (System::NaiveColocated, _) => "naive redb + expiry entry in the records tree",
+            (System::NaiveDeferred, _) => {
+                "naive redb + expiry entries every 100 ms (not crash-safe)"
+            }
             (System::Sqlite, Work::Replay) => "SQLite replays (prepared SELECT)",
             (System::Sqlite, _) => "SQLite new keys (article SQL)",
             (System::SqliteSerial, _) => "SQLite new keys, writers behind a Mutex",
@@ -887,6 +948,7 @@ enum Kind {
     Naive(Box<redb::Database>),
     NaiveIndexed(Box<redb::Database>),
     NaiveColocated(Box<redb::Database>),
+    NaiveDeferred(Box<redb::Database>, Mutex<Deferred>),
     NaiveGroup(GroupWriter),
     Sqlite(PathBuf),
     SqliteSerial(PathBuf, Mutex<()>),
@@ -1065,6 +1127,21 @@ impl Bench {
                 };
                 (Kind::NaiveColocated(Box::new(db)), true)
             }
+            System::NaiveDeferred => {
+                let p = dir.path().join("deferred.redb");
+                let db = match row.fill {
+                    Fill::Empty => naive_create(&p),
+                    Fill::Prefilled => {
+                        copy_synced(&m.idem_large, &p);
+                        redb::Database::create(&p).expect("open deferred copy")
+                    }
+                };
+                let deferred = Mutex::new(Deferred {
+                    entries: Vec::new(),
+                    flushed: Instant::now(),
+                });
+                (Kind::NaiveDeferred(Box::new(db), deferred), true)
+            }
             System::NaiveGroup => {
                 let p = dir.path().join("group.redb");
                 let db = match row.fill {
@@ -1161,6 +1238,12 @@ impl Bench {
                 run_callers(&self.counter, c, per, |caller| {
                     let db: &redb::Database = db;
                     move |i| naive_colocated_claim(db, &new_key(tag, caller, i))
+                })
+            }
+            (Kind::NaiveDeferred(db, deferred), Work::NewKeys) => {
+                run_callers(&self.counter, c, per, |caller| {
+                    let db: &redb::Database = db;
+                    move |i| naive_deferred_claim(db, deferred, &new_key(tag, caller, i))
                 })
             }
             (Kind::NaiveGroup(writer), Work::NewKeys) => {
@@ -1609,6 +1692,7 @@ fn main() {
             if c <= 2 {
                 g.push(row(System::NaiveIndexed, Work::NewKeys, fill, c));
                 g.push(row(System::NaiveColocated, Work::NewKeys, fill, c));
+                g.push(row(System::NaiveDeferred, Work::NewKeys, fill, c));
             }
             if c > 1 {
                 g.push(row(System::IdemSend, Work::NewKeys, fill, c));
