@@ -562,7 +562,9 @@ fn clean_and_crash_images(n: usize) -> (Vec<u8>, Vec<u8>) {
 // Bytes flipped in the file itself, under redb. What happens (redb 4.6 verifies its page
 // checksums only in recovery after an unclean shutdown and in `check_integrity`; idem's record
 // checksum, docs/FORMAT.md "Checksum", on every read of a record):
-// - cleanly closed file: the store opens; the damaged record is `Error::CorruptRecord`
+// - cleanly closed file: the open for writing checks every page first
+//   (`StoreBuilder::verify_on_open`, default on) and refuses the file, `Error::CorruptStore`.
+//   Without that check the store opens; the damaged record is `Error::CorruptRecord`
 //   (checksum mismatch), never replayed; every other key replays; `Store::check_integrity`
 //   reports the damage as `Error::CorruptStore` ("Failed to repair database. All roots are
 //   corrupted"). Before record format 2 the damaged record decoded with a different body and
@@ -617,25 +619,32 @@ fn a_flipped_byte_in_the_file_is_no_panic() {
 /// damaged key answers `CorruptRecord` (nothing runs, nothing is replayed) and every other
 /// key still replays.
 ///
-/// Holds for a cleanly closed file (the record checksum, record format 2). For a file left by a
-/// crash it does NOT hold, and this test pins what happens instead: redb's recovery verifies its
-/// page checksums, finds the damaged leaf page, and the open fails with `Error::CorruptStore`
-/// ("redb found the file damaged: Failed to repair database. All roots are corrupted"): typed, no panic, but the whole store cannot be
-/// opened until it is restored. That refusal happens inside redb before idem reads any record,
-/// so the record format cannot change it; should redb (or idem's open) learn to open such a
-/// file, the crash half below fails and must become the clean half's assertions.
+/// Holds for a cleanly closed file opened without the open-time check of every page
+/// (`verify_on_open(false)`; the record checksum, record format 2). With that check (the
+/// default), and for a file left by a crash, it does NOT hold, and this test pins what happens
+/// instead: redb verifies its page checksums (the check, or the crash's recovery), finds the
+/// damaged leaf page, and the open fails with `Error::CorruptStore` ("redb found the file
+/// damaged: … corrupted"): typed, no panic, but the whole store cannot be opened until it is
+/// restored. That refusal happens inside redb before idem reads any record, so the record
+/// format cannot change it; should redb (or idem's open) learn to open such a file, those
+/// halves below fail and must become the unchecked half's assertions.
 #[test]
 fn a_flipped_body_byte_in_the_file_is_a_corrupt_record() {
     const N: usize = 50;
     let (clean, crash) = clean_and_crash_images(N);
-    for (what, image) in [("clean", clean), ("crash", crash)] {
+    for (what, image, verify) in [
+        ("clean", clean.clone(), true),
+        ("clean, unchecked", clean, false),
+        ("crash", crash, true),
+    ] {
         let at = body_offset(&image, 7) + 7;
         let mut damaged = image;
         damaged[at] ^= 0x01;
         let opened = Store::builder()
             .clock(ManualClock::new(T0))
+            .verify_on_open(verify)
             .open_with_backend(crash_backend_from_image(damaged));
-        if what == "crash" {
+        if verify {
             // Current behaviour (redb 4.6 recovery), not the requirement: see the doc comment.
             match opened {
                 Err(Error::CorruptStore { reason }) => {
@@ -694,9 +703,11 @@ fn a_failed_integrity_check_is_corrupt_store_and_a_copy_check_spares_the_file() 
     let at = body_offset(&clean, 7) + 7;
     let mut damaged = clean;
     damaged[at] ^= 0x01;
+    // Without the open-time check of every page, which would refuse the damaged file at once.
     let open = |image: Vec<u8>| {
         Store::builder()
             .clock(ManualClock::new(T0))
+            .verify_on_open(false)
             .open_with_backend(crash_backend_from_image(image))
     };
 
@@ -704,6 +715,7 @@ fn a_failed_integrity_check_is_corrupt_store_and_a_copy_check_spares_the_file() 
     let copy = crash_backend_from_image(damaged.clone());
     let mut checked = Store::builder()
         .clock(ManualClock::new(T0))
+        .verify_on_open(false)
         .open_with_backend(copy.clone())
         .expect("the damaged copy opens");
     let verdict = checked.check_integrity();

@@ -302,8 +302,9 @@ impl KeyArgs {
 /// The options of the commands that write to the file.
 #[derive(clap::Args)]
 struct WriteArgs {
-    /// Write even to a file that fails redb's integrity check (by default a copy of the file is
-    /// checked first, and a damaged file is refused).
+    /// Skip the check of a copy of the file (redb's integrity check and idem's own, of records
+    /// and expiry index) that comes first by default. The open for writing still checks every
+    /// page's checksum, and refuses a file whose pages fail it.
     #[arg(long)]
     force: bool,
 }
@@ -711,7 +712,15 @@ fn run<W: Write>(cli: &Cli, o: &mut Out<W>) -> Result<(), Failure> {
         Command::Compact { write } => {
             let before = file_size(&cli.file);
             let mut store = open_for_writing(cli, write)?;
-            let moved = store.compact().map_err(&failed)?;
+            let moved = store.compact().map_err(|e| {
+                Failure::Said(format!(
+                    "{}: {e}. Compaction stopped part-way, which leaves the file needing crash \
+                     recovery: the next open for writing makes it (start the service, or run \
+                     `idem sweep` once space is back); read commands answer \"needs crash \
+                     recovery\" until then",
+                    cli.file.display()
+                ))
+            })?;
             drop(store);
             out!(o, "compacted   {moved}");
             out!(o, "bytes_before {before}");

@@ -10,8 +10,9 @@ use redb::{ReadableDatabase, ReadableTable, StorageBackend};
 
 use crate::engine::boundary::{catch_storage_panic, unlatched};
 use crate::engine::commit::GroupConfig;
+use crate::engine::probe::{self, SharedBackend, Shutdown};
 use crate::engine::read_only::ReadOnlyStore;
-use crate::engine::repair::{RepairHook, RepairProgress, Watch};
+use crate::engine::repair::{Mode, RepairHook, RepairProgress, Watch};
 use crate::engine::store::{FileModes, Store};
 use crate::engine::tables::{EXPIRY, META, META_FORMAT, RECORDS};
 use crate::error::Error;
@@ -45,6 +46,7 @@ use crate::runtime::observe;
 /// | [`quick_repair`](Self::quick_repair) | off: a reopen after a crash rebuilds the allocator state (seconds per GB of file) |
 /// | [`on_repair`](Self::on_repair) | none: that rebuild's progress is not shown to the caller (a `tracing` warning with feature `tracing`) |
 /// | [`prefetch_on_repair`](Self::prefetch_on_repair) | on: the file is read through once before that rebuild |
+/// | [`verify_on_open`](Self::verify_on_open) | on: an open for writing checks every page's checksum first (not in `multi_process` mode) |
 /// | [`inbox_retention`](Self::inbox_retention) | 7 days (inbox marks and webhook receipts) |
 ///
 /// Three ways to open a file:
@@ -115,6 +117,7 @@ pub struct StoreBuilder {
     quick_repair: bool,
     on_repair: Option<RepairHook>,
     prefetch_on_repair: bool,
+    verify_on_open: bool,
 }
 
 /// When a committed answer is on disk.
@@ -156,6 +159,7 @@ impl Default for StoreBuilder {
             quick_repair: false,
             on_repair: None,
             prefetch_on_repair: true,
+            verify_on_open: true,
         }
     }
 }
@@ -197,7 +201,9 @@ impl StoreBuilder {
     /// batch that cost is the allocator-state save, not the second fsync (BENCHMARKS.md, "What
     /// quick-repair costs a commit"). Default off; the default path shortens the repair instead
     /// ([`prefetch_on_repair`](Self::prefetch_on_repair)).
-    /// (In `multi_process` mode every commit saves the state anyway.)
+    /// (In `multi_process` mode every commit saves the state anyway.) With
+    /// [`verify_on_open`](Self::verify_on_open) (on by default) every open walks the file
+    /// anyway, crash or not: the near-instant reopen needs both.
     pub fn quick_repair(mut self, enabled: bool) -> Self {
         self.quick_repair = enabled;
         self
@@ -248,6 +254,32 @@ impl StoreBuilder {
     /// [`open_with_backend`](Self::open_with_backend) (no file). Default on.
     pub fn prefetch_on_repair(mut self, enabled: bool) -> Self {
         self.prefetch_on_repair = enabled;
+        self
+    }
+
+    /// Before an open for writing uses a file, check the checksum of every page of its committed
+    /// trees (redb's `check_integrity_on_open`). redb trusts the pages of a cleanly closed file,
+    /// and a page damaged at rest (a bad sector, a stray write, a bit flip) can make it panic —
+    /// contained by idem as [`Error::CorruptStore`] — or, where redb panics again while
+    /// unwinding from the first panic (freeing pages at a commit), **abort the process**, which
+    /// no library can contain. With the check, such a file is [`Error::CorruptStore`] at the
+    /// open, before any of it is used; a new file, and an open that finds nothing to check, cost
+    /// nothing.
+    ///
+    /// The check never drops an acknowledged commit: a file closed cleanly ends with a
+    /// two-phase commit, and when that commit fails its checksums redb refuses the file rather
+    /// than fall back to the commit before it (it falls back only for a file a crash left,
+    /// whose latest commit may be half-written and was then never acknowledged).
+    ///
+    /// The price is one read of the file per open (the walk of a repair, which
+    /// [`prefetch_on_repair`](Self::prefetch_on_repair) speeds up the same way), proportional to
+    /// its size (docs/OPERATIONS.md has figures); it also makes a reopen after a crash walk the
+    /// file even with [`quick_repair`](Self::quick_repair). Not done in
+    /// [`multi_process`](Self::multi_process) mode, where other processes may be using the
+    /// file: check a copy with `idem check` instead. Read-only opens never check (a check
+    /// writes), and contain redb's panics on the pages they read. Default on.
+    pub fn verify_on_open(mut self, enabled: bool) -> Self {
+        self.verify_on_open = enabled;
         self
     }
 
@@ -315,14 +347,38 @@ impl StoreBuilder {
         b
     }
 
-    /// A redb builder whose repair callbacks `watch` sees, and the watch (which reads the file
-    /// at `path` through before a repair, if asked to).
-    fn watched_builder(&self, path: Option<&Path>) -> (redb::Builder, Watch) {
+    /// Whether an open for writing checks the file first (a file left as `shutdown` says).
+    fn verifies(&self, shutdown: Shutdown) -> bool {
+        self.verify_on_open && !self.multi_process && shutdown != Shutdown::New
+    }
+
+    /// How the file at `path` was left, if the open checks it (else unknown: nothing asks).
+    fn probe_path(&self, path: &Path) -> Shutdown {
+        if self.verify_on_open && !self.multi_process {
+            probe::path(&self.redb_builder(), path)
+        } else {
+            Shutdown::Unknown
+        }
+    }
+
+    /// A redb builder for the open for writing of a file left as `shutdown` says, whose repair
+    /// callbacks `watch` sees, and the watch (which reads the file at `path` through before
+    /// redb's walk, if asked to).
+    fn watched_builder(&self, path: Option<&Path>, shutdown: Shutdown) -> (redb::Builder, Watch) {
         let mut b = self.redb_builder();
+        let verify = self.verifies(shutdown);
+        b.set_check_integrity_on_open(verify);
+        // redb reports its check through the repair callbacks: only a file a crash left is
+        // being repaired.
+        let mode = if verify && shutdown != Shutdown::Crashed {
+            Mode::Verify
+        } else {
+            Mode::Repair
+        };
         let prefetch = path
             .filter(|_| self.prefetch_on_repair)
             .map(Path::to_path_buf);
-        let watch = Watch::new(self.on_repair.clone(), prefetch);
+        let watch = Watch::new(mode, self.on_repair.clone(), prefetch);
         watch.install(&mut b);
         (b, watch)
     }
@@ -335,14 +391,23 @@ impl StoreBuilder {
     /// database, or that redb finds damaged, is [`Error::CorruptStore`] (and left as it was).
     /// Use [`open_existing`](Self::open_existing) to refuse to create a store, and
     /// [`open_read_only`](Self::open_read_only) to read a file without writing it.
+    ///
+    /// An open that fails while it creates the store (a full disk, an I/O error) leaves no
+    /// file behind: a file it created is removed, and an empty file it found is emptied again,
+    /// so the next open starts afresh instead of finding a half-written file.
     pub fn open(self, path: impl AsRef<Path>) -> Result<Store, Error> {
         self.validate()?;
         let path = path.as_ref();
-        let (redb, watch) = self.watched_builder(Some(path));
+        let shutdown = self.probe_path(path);
+        let (redb, watch) = self.watched_builder(Some(path), shutdown);
+        let fresh = Fresh::claim(path);
         let opened = contain_open(|| {
             let (db, repair_time) = watched(&watch, redb.create(path))?;
             Store::init(db, self, Create::Yes, repair_time)
         });
+        if let Err(e) = &opened {
+            fresh.undo(path, e);
+        }
         watch.resume_caller_panic();
         opened
     }
@@ -357,7 +422,8 @@ impl StoreBuilder {
     pub fn open_existing(self, path: impl AsRef<Path>) -> Result<Store, Error> {
         self.validate()?;
         let path = path.as_ref();
-        let (redb, watch) = self.watched_builder(Some(path));
+        let shutdown = self.probe_path(path);
+        let (redb, watch) = self.watched_builder(Some(path), shutdown);
         let opened = contain_open(|| {
             refuse_empty(path)?;
             // Any failure of the read-only open (a crashed file, another process holding it) is
@@ -406,9 +472,16 @@ impl StoreBuilder {
     /// fault-injecting backend in tests).
     pub fn open_with_backend(self, backend: impl StorageBackend) -> Result<Store, Error> {
         self.validate()?;
-        let (redb, watch) = self.watched_builder(None);
+        let backend = Arc::new(backend);
+        let shutdown = if self.verify_on_open && !self.multi_process {
+            probe::backend(&self.redb_builder(), &backend)
+        } else {
+            Shutdown::Unknown
+        };
+        let (redb, watch) = self.watched_builder(None, shutdown);
         let opened = contain_open(|| {
-            let (db, repair_time) = watched(&watch, redb.create_with_backend(backend))?;
+            let (db, repair_time) =
+                watched(&watch, redb.create_with_backend(SharedBackend(backend)))?;
             Store::init(db, self, Create::Yes, repair_time)
         });
         watch.resume_caller_panic();
@@ -432,6 +505,61 @@ fn refuse_empty(path: &Path) -> Result<(), Error> {
         // Anything else (a missing file, a directory, no permission) is redb's open to report.
         _ => Ok(()),
     }
+}
+
+/// A file [`StoreBuilder::open`] is about to create a store in: one it created itself (it was
+/// missing), or one it found empty. If the open fails, [`Fresh::undo`] takes either back, so a
+/// failed first start (a full disk, an I/O error while redb writes its first pages) does not
+/// leave a file of zeros that every later open refuses as "not a redb database".
+enum Fresh {
+    /// Created here: removed after a failed open.
+    Created,
+    /// Found empty: emptied again after a failed open.
+    Empty,
+    /// A file with contents, or one this open cannot claim: left alone.
+    NotOurs,
+}
+
+impl Fresh {
+    fn claim(path: &Path) -> Fresh {
+        match std::fs::metadata(path) {
+            Ok(m) if m.is_file() && m.len() == 0 => return Fresh::Empty,
+            Ok(_) => return Fresh::NotOurs,
+            Err(_) => {}
+        }
+        // `create_new` fails if another process created the file meanwhile: then it is theirs.
+        // Any other failure (a missing directory, no permission) is redb's open to report.
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+        {
+            Ok(_) => Fresh::Created,
+            Err(_) => Fresh::NotOurs,
+        }
+    }
+
+    /// Takes the file back after the open failed with `e`, unless another process holds it
+    /// open (then the file is that process's store).
+    fn undo(self, path: &Path, e: &Error) {
+        if matches!(self, Fresh::NotOurs) || held_elsewhere(e) {
+            return;
+        }
+        // Best effort: the open's own error is what the caller needs to see.
+        let _ = match self {
+            Fresh::Created => std::fs::remove_file(path),
+            _ => std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .and_then(|f| f.set_len(0)),
+        };
+    }
+}
+
+/// The open failed because another handle holds the file (then it is not this open's to undo).
+fn held_elsewhere(e: &Error) -> bool {
+    matches!(e, Error::Storage { source }
+        if matches!(source.downcast_ref::<redb::Error>(), Some(redb::Error::DatabaseAlreadyOpen)))
 }
 
 /// What a watched open of redb returned: the database and how long its repair took, or the
@@ -506,6 +634,28 @@ pub(crate) fn check_marker(read: &redb::ReadTransaction) -> Result<(), Error> {
     }
 }
 
+/// Whether the file already holds idem's tables and a format marker this build reads (a marker
+/// of another version is an error).
+fn initialised(read: &redb::ReadTransaction) -> Result<bool, Error> {
+    let exists = |r: Result<(), redb::TableError>| match r {
+        Ok(()) => Ok(true),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(false),
+        Err(e) => Err(unlatched(e)),
+    };
+    if !exists(read.open_table(RECORDS).map(drop))? || !exists(read.open_table(EXPIRY).map(drop))? {
+        return Ok(false);
+    }
+    let meta = match read.open_table(META) {
+        Ok(meta) => meta,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(false),
+        Err(e) => return Err(unlatched(e)),
+    };
+    match meta.get(META_FORMAT).map_err(unlatched)? {
+        Some(marker) => format_marker(marker.value()).map(|()| true),
+        None => Ok(false),
+    }
+}
+
 /// The stored format marker must be this build's format version.
 fn format_marker(marker: &[u8]) -> Result<(), Error> {
     match marker {
@@ -545,6 +695,11 @@ impl Store {
             // Before any write: a redb file without idem's tables is not turned into a store.
             check_marker(&db.begin_read().map_err(unlatched)?)?;
         }
+        // A store that has its tables and marker is opened without a write: an open writes
+        // only what a new store lacks.
+        if initialised(&db.begin_read().map_err(unlatched)?)? {
+            return Self::started(db, b, instance, repair_time);
+        }
         // Create the tables and check (or write) the format marker. Nothing was acknowledged
         // yet and no store exists to latch: a failure here is a plain storage error (open
         // again).
@@ -566,6 +721,16 @@ impl Store {
             txn.open_table(EXPIRY).map_err(unlatched)?;
         }
         txn.commit().map_err(unlatched)?;
+        Self::started(db, b, instance, repair_time)
+    }
+
+    /// The store on an initialised file, with its background threads started.
+    fn started(
+        db: redb::Database,
+        b: StoreBuilder,
+        instance: [u8; 8],
+        repair_time: Option<Duration>,
+    ) -> Result<Store, Error> {
         let store = Store::new(
             db,
             b.config,

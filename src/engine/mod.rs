@@ -23,6 +23,7 @@
 //! | `background.rs` | the flusher and the sweeper threads: one shared tick loop |
 //! | `maintenance.rs` | [`Metrics`](maintenance::Metrics), `compact`, `check_integrity` |
 //! | `read_only.rs` | [`ReadOnlyStore`](read_only::ReadOnlyStore): the same reads, nothing ever written |
+//! | `probe.rs` | how a file was left (new, closed cleanly, left by a crash), from a read-only look before the open for writing |
 //! | `repair.rs` | a reopen's repair of a file not closed cleanly: [`RepairProgress`](repair::RepairProgress) for the caller's `on_repair` callback, its time |
 
 pub(crate) mod background;
@@ -34,6 +35,7 @@ pub(crate) mod lease;
 pub(crate) mod maintenance;
 pub(crate) mod marks;
 pub(crate) mod open;
+pub(crate) mod probe;
 pub(crate) mod read_only;
 pub(crate) mod repair;
 pub(crate) mod snapshot;

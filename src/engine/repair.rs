@@ -1,6 +1,8 @@
 //! A reopen's repair of a file that was not closed cleanly: what the caller's
 //! [`StoreBuilder::on_repair`](crate::StoreBuilder::on_repair) callback sees while it runs, and
-//! how long it took ([`Store::repair_time`](crate::Store::repair_time)).
+//! how long it took ([`Store::repair_time`](crate::Store::repair_time)); and the verification
+//! of a file closed cleanly ([`StoreBuilder::verify_on_open`](crate::StoreBuilder::verify_on_open)),
+//! which redb runs as the same walk and reports through the same callbacks ([`Mode`]).
 //!
 //! A process that dies with the store open (a crash, a SIGKILL, a power cut) leaves a file whose
 //! last commit is intact but whose allocator state (which pages are free) was never written:
@@ -79,6 +81,18 @@ impl std::fmt::Debug for RepairHook {
     }
 }
 
+/// What redb's repair callbacks are, for one open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Mode {
+    /// The repair of a file a crash left: the caller's callback sees it, it is logged and
+    /// counted, and [`Store::repair_time`](crate::Store::repair_time) reports it.
+    #[default]
+    Repair,
+    /// The check of a file closed cleanly: nothing to repair and nothing to report but its
+    /// time (a `tracing` debug event).
+    Verify,
+}
+
 /// What one open saw of redb's repair callbacks.
 #[derive(Default)]
 struct Seen {
@@ -93,6 +107,7 @@ struct Seen {
 /// One open's watch over redb's repair: installed as redb's callback, read after the open.
 #[derive(Clone, Default)]
 pub(crate) struct Watch {
+    mode: Mode,
     hook: Option<RepairHook>,
     /// The file to read through once when a repair begins (`prefetch_on_repair`).
     prefetch: Option<PathBuf>,
@@ -108,8 +123,9 @@ pub(crate) struct Watched {
 }
 
 impl Watch {
-    pub(crate) fn new(hook: Option<RepairHook>, prefetch: Option<PathBuf>) -> Self {
+    pub(crate) fn new(mode: Mode, hook: Option<RepairHook>, prefetch: Option<PathBuf>) -> Self {
         Watch {
+            mode,
             hook,
             prefetch,
             seen: Arc::default(),
@@ -139,6 +155,12 @@ impl Watch {
                 }
             }
         };
+        if self.mode == Mode::Verify {
+            if first {
+                self.prefetch_once();
+            }
+            return;
+        }
         if first {
             observe::warn!(
                 "the store file was not closed cleanly: redb is rebuilding its allocator state by walking the whole file (StoreBuilder::quick_repair makes this near-instant)"
@@ -167,7 +189,14 @@ impl Watch {
                 return;
             }
         }
-        if let (true, Some(path)) = (first, &self.prefetch) {
+        if first {
+            self.prefetch_once();
+        }
+    }
+
+    /// Reads the file through before redb's walk, if asked to.
+    fn prefetch_once(&self) {
+        if let Some(path) = &self.prefetch {
             let started = Instant::now();
             let read = prefetch(path);
             observe::debug!(
@@ -181,12 +210,18 @@ impl Watch {
     /// What the open saw, read once redb's open has returned.
     pub(crate) fn finish(&self) -> Watched {
         let seen = self.seen.lock();
-        let repair_time = match (seen.began, seen.aborted) {
+        let walked = match (seen.began, seen.aborted) {
             (Some(began), false) => Some(began.elapsed()),
             _ => None,
         };
+        if let (Mode::Verify, Some(took)) = (self.mode, walked) {
+            observe::debug!(
+                "verified every page of the store file",
+                seconds = took.as_secs_f64()
+            );
+        }
         Watched {
-            repair_time,
+            repair_time: walked.filter(|_| self.mode == Mode::Repair),
             aborted: seen.aborted,
         }
     }
