@@ -21,9 +21,11 @@
 //! - `GET /v1/ledger` → 200 `{"entries", "total"}` for the tenant, so a client can count effects;
 //! - `GET /v1/outbox` → 200 `{"pending", "dead", "delivered", "truncated"}` for the tenant:
 //!   its events not yet delivered, its dead letters, and its events this process delivered
-//!   since it started.
+//!   since it started;
+//! - `GET /v1/health` → 200 `{"status": "ok"}`, or 503 problem+json once the store stopped
+//!   after an I/O failure (the service also logs that failure once, on stderr).
 //!
-//! Every request names its tenant (`X-Tenant-Id`) and sees only that tenant's data. Every error
+//! Every request except the health check names its tenant (`X-Tenant-Id`) and sees only that tenant's data. Every error
 //! the service answers is an RFC 9457 `application/problem+json` document with `type`,
 //! `title`, `status` and `detail`: the layer's (`urn:idem:problem:*`) and the service's own
 //! ([`problem`]), including unknown routes, wrong methods and timeouts. (hyper's automatic
@@ -118,6 +120,8 @@ pub mod problem {
     pub const TIMEOUT: &str = "urn:edge-service:problem:request-timeout";
     /// Reading the store failed.
     pub const READ_FAILED: &str = "urn:edge-service:problem:read-failed";
+    /// The store stopped after an I/O failure (`GET /v1/health`): restart the service.
+    pub const STORE_FAILED: &str = "urn:edge-service:problem:store-failed";
 }
 
 /// The request body of `POST /v1/payments`.
@@ -182,6 +186,11 @@ pub trait Engine: Backend {
         publisher: impl Publisher,
         options: DispatcherOptions,
     ) -> Result<DispatcherHandle, idem::Error>;
+    /// The failure the store stopped after, if it did (the file store's fail-stop: every write
+    /// fails until the service restarts). `None` by default: an engine without a latch.
+    fn failure(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The bookings a handler makes inside the transaction that records its answer: implemented
@@ -217,6 +226,7 @@ where
         .route("/v1/ledger", get(ledger::<E>))
         .route("/v1/outbox", get(outbox::<E>))
         .route_layer(idempotent)
+        .route("/v1/health", get(health::<E>))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(AppState { store, delivered })
@@ -682,6 +692,10 @@ impl Engine for Store {
     ) -> Result<DispatcherHandle, idem::Error> {
         Store::start_dispatcher(self, publisher, options)
     }
+
+    fn failure(&self) -> Option<String> {
+        Store::failure(self)
+    }
 }
 
 /// The service on PostgreSQL (`--postgres URL`): idem's tables and the service's own
@@ -940,6 +954,39 @@ async fn get_payment<E: Engine>(
     }
 }
 
+/// `GET /v1/health`: 200 `{"status": "ok"}` while the store takes writes; 503 problem+json
+/// naming the failure once it stopped after an I/O failure (restart the service to reopen it).
+async fn health<E: Engine>(State(app): State<AppState<E>>) -> Response {
+    match app.store.failure() {
+        None => Json(json!({"status": "ok"})).into_response(),
+        Some(cause) => problem_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            problem::STORE_FAILED,
+            "Store stopped after an I/O failure",
+            &format!(
+                "the store refuses writes since an I/O failure ({cause}); check the disk and \
+                 restart the service, which reopens the store"
+            ),
+        ),
+    }
+}
+
+/// Logs the store's failure once, when it happens (checked every `every`): a fail-stopped
+/// store answers every write with an error until the service restarts, and the log line says
+/// why.
+async fn log_store_failure<E: Engine>(store: E, every: std::time::Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        if let Some(cause) = store.failure() {
+            eprintln!(
+                "edge_service: the store stopped after an I/O failure ({cause}): every write \
+                 fails until the service is restarted (GET /v1/health answers 503)"
+            );
+            return;
+        }
+    }
+}
+
 /// The tenant's ledger, summed with checked arithmetic: `None` when the sum leaves `i64`
 /// (impossible for entries this service wrote, which [`LEDGER_TOTALS`] bounds).
 async fn ledger<E: Engine>(State(app): State<AppState<E>>, Tenant(tenant): Tenant) -> Response {
@@ -1189,6 +1236,10 @@ where
         .map_err(|e| format!("cannot read the listening address: {e}"))?;
     let signal = shutdown_signal();
     eprintln!("edge_service: listening on http://{addr} ({what})");
+    let watcher = tokio::spawn(log_store_failure(
+        store.clone(),
+        std::time::Duration::from_millis(250),
+    ));
     let timeouts = args.timeouts();
     telemetry.spawn_upkeep();
     let service = app(store.clone(), delivered).merge(telemetry.routes());
@@ -1201,6 +1252,7 @@ where
         );
     })
     .await;
+    watcher.abort();
     // Stops after the publish in progress; undelivered events wait for the next start.
     match tokio::task::spawn_blocking(move || dispatcher.shutdown()).await {
         Ok(Ok(())) => {}

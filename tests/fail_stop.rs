@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use idem::redb::StorageBackend;
 use idem::redb::backends::InMemoryBackend;
-use std::time::Duration;
 
 use idem::clock::ManualClock;
 use idem::{Begin, Error, Outcome, Request, Response, Scope, Store, Timestamp};
@@ -18,9 +17,27 @@ use idem::{Begin, Error, Outcome, Request, Response, Scope, Store, Timestamp};
 struct FaultyBackend {
     inner: Arc<InMemoryBackend>,
     failing: Arc<AtomicBool>,
+    /// Reads fail too while set (the disk is gone, not only full).
+    failing_reads: Arc<AtomicBool>,
 }
 
 impl FaultyBackend {
+    fn new() -> Self {
+        FaultyBackend {
+            inner: Arc::new(InMemoryBackend::new()),
+            failing: Arc::new(AtomicBool::new(false)),
+            failing_reads: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// A backend over the same bytes that does not fail.
+    fn reopened(&self) -> Self {
+        FaultyBackend {
+            inner: self.inner.clone(),
+            ..FaultyBackend::new()
+        }
+    }
+
     fn fail_if_set(&self) -> io::Result<()> {
         if self.failing.load(Ordering::SeqCst) {
             return Err(io::Error::other("injected I/O failure"));
@@ -34,6 +51,9 @@ impl StorageBackend for FaultyBackend {
         self.inner.len()
     }
     fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        if self.failing_reads.load(Ordering::SeqCst) {
+            return Err(io::Error::other("injected read failure"));
+        }
         self.inner.read(offset, out)
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
@@ -60,10 +80,7 @@ fn ok(_: &idem::Tx<'_>) -> Result<Response, idem::Abort> {
 
 #[test]
 fn a_failed_commit_is_outcome_unknown_and_latches_until_reopen() {
-    let backend = FaultyBackend {
-        inner: Arc::new(InMemoryBackend::new()),
-        failing: Arc::new(AtomicBool::new(false)),
-    };
+    let backend = FaultyBackend::new();
     let store = Store::builder()
         .open_with_backend(backend.clone())
         .expect("open");
@@ -97,19 +114,25 @@ fn a_failed_commit_is_outcome_unknown_and_latches_until_reopen() {
         store.begin(req("lease")),
         Err(Error::FailStopped { .. })
     ));
-    // Replays of what was durably committed before the failure are still served.
-    assert!(matches!(
-        store.execute(req("before"), ok),
-        Ok(Outcome::Replayed(_))
-    ));
+    // A replay too is refused, naming the first failure: the answer after a failure does not
+    // depend on what redb still has cached. A plain read is still served.
+    match store.execute(req("before"), ok) {
+        Err(Error::FailStopped { cause }) => {
+            assert!(cause.contains("injected I/O failure"), "{cause}")
+        }
+        other => panic!("a replay on a fail-stopped store: {other:?}"),
+    }
+    assert!(
+        store
+            .get(&Scope::new("t", "op"), "before")
+            .expect("get")
+            .is_some()
+    );
     drop(store);
 
     // Reopen over the same bytes: writes work again, the acknowledged record survived.
     let reopened = Store::builder()
-        .open_with_backend(FaultyBackend {
-            inner: backend.inner.clone(),
-            failing: Arc::new(AtomicBool::new(false)),
-        })
+        .open_with_backend(backend.reopened())
         .expect("reopen");
     assert!(reopened.failure().is_none());
     assert!(matches!(
@@ -124,10 +147,7 @@ fn a_failed_commit_is_outcome_unknown_and_latches_until_reopen() {
 
 #[test]
 fn a_failed_lease_completion_latches_and_the_key_is_retried_after_reopen() {
-    let backend = FaultyBackend {
-        inner: Arc::new(InMemoryBackend::new()),
-        failing: Arc::new(AtomicBool::new(false)),
-    };
+    let backend = FaultyBackend::new();
     let clock = ManualClock::new(Timestamp(1_000_000));
     let store = Store::builder()
         .clock(clock.clone())
@@ -153,13 +173,9 @@ fn a_failed_lease_completion_latches_and_the_key_is_retried_after_reopen() {
         .clock(clock.clone())
         .open_with_backend(backend.clone())
         .expect("reopen");
-    // The completion did not land, and the lease record did (it was committed before): the key
-    // is in flight until the lease lapses, then a takeover reuses the same downstream key.
-    assert!(matches!(
-        reopened.begin(req("k")),
-        Ok(Begin::InFlight { .. })
-    ));
-    clock.advance(Duration::from_secs(31));
+    // The completion did not land, and the lease record did (it was committed before). Its
+    // holder went with the store that granted it, so the reopened store takes the key over at
+    // once (no waiting out the lease) with the same downstream key.
     match reopened.begin(req("k")) {
         Ok(Begin::Acquired(l)) => {
             assert_eq!(l.downstream_key(), downstream);
@@ -167,4 +183,65 @@ fn a_failed_lease_completion_latches_and_the_key_is_retried_after_reopen() {
         }
         other => panic!("expected a takeover, got {other:?}"),
     }
+}
+
+/// After the first failure every call that cannot answer is `FailStopped` naming that first
+/// failure: the write calls at once (replays and duplicates included, whatever is cached), and a
+/// read that redb refuses after the failure ("previous I/O error", which names no cause) too —
+/// never a bare storage error.
+#[test]
+fn after_a_failure_every_call_is_fail_stopped_naming_the_first_cause() {
+    let backend = FaultyBackend::new();
+    // A page cache far smaller than the records, so most reads after the failure reach the disk.
+    let store = Store::builder()
+        .cache_size(64 << 10)
+        .open_with_backend(backend.clone())
+        .expect("open");
+    const N: usize = 400;
+    for i in 0..N {
+        let outcome = store.execute(req(&format!("k{i}")), |_| {
+            Ok(Response::new(200, format!("body {i} {}", "x".repeat(200))))
+        });
+        assert!(matches!(outcome, Ok(Outcome::Executed(_))));
+    }
+    assert!(matches!(
+        store.process("sub", "m1", |_| Ok::<(), idem::Abort>(())),
+        Ok(idem::inbox::Processed::Processed(()))
+    ));
+
+    backend.failing.store(true, Ordering::SeqCst);
+    let first = store
+        .execute(req("during"), ok)
+        .expect_err("commit must fail");
+    assert!(
+        matches!(first, Error::OutcomeUnknown { .. } | Error::Storage { .. }),
+        "the first failure is reported as itself: {first:?}"
+    );
+    backend.failing_reads.store(true, Ordering::SeqCst);
+
+    let fail_stopped = |what: &str, r: Result<(), Error>| match r {
+        Err(Error::FailStopped { cause }) => assert!(
+            cause.contains("injected I/O failure"),
+            "{what}: names the first failure: {cause}"
+        ),
+        other => panic!("{what}: {other:?}"),
+    };
+    for i in 0..N {
+        let key = format!("k{i}");
+        fail_stopped("execute (a replay)", store.execute(req(&key), ok).map(drop));
+        fail_stopped("begin (a replay)", store.begin(req(&key)).map(drop));
+        // A plain read: served while redb can, else FailStopped with the first cause.
+        match store.get(&Scope::new("t", "op"), &key) {
+            Ok(_) => {}
+            other => fail_stopped("get", other.map(drop)),
+        }
+    }
+    fail_stopped(
+        "process (a duplicate)",
+        store
+            .process("sub", "m1", |_| Ok::<(), idem::Abort>(()))
+            .map(drop),
+    );
+    fail_stopped("purge", store.purge(&Scope::new("t", "op"), "k1").map(drop));
+    fail_stopped("sweep", store.sweep().map(drop));
 }

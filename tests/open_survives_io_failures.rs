@@ -17,11 +17,12 @@
 //!
 //! - returns `Ok` or a typed `idem::Error` (never a panic);
 //! - then a clean reopen of what was durable succeeds, every committed claim replays with its
-//!   body and exactly one effect, the lease is still in flight, the inbox mark and the outbox
+//!   body and exactly one effect, the lease's record is still there (and, its holder gone with
+//!   the store that granted it, taken over at once by the next `begin`), the inbox mark and the outbox
 //!   event are there, the optional extra claim is whole or absent, and the expiry index matches.
 //!
-//! The test prints, per image, the I/O operations a clean open makes (redb's recovery writes
-//! plus idem's table/marker commit) and how many failure points were tried; run with
+//! The test prints, per image, the I/O operations a clean open makes (redb's recovery writes,
+//! or the commit of its open-time check of every page) and how many failure points were tried; run with
 //! `--nocapture` to see them.
 
 // White-box hooks (`Store::check_expiry_index`): compiled only with the internal feature, which
@@ -110,6 +111,15 @@ fn base_images(clock: &ManualClock) -> Vec<(String, Vec<u8>)> {
     images
 }
 
+/// The lease's holder died with the store that granted it, so `store` takes it over at once
+/// (attempt 2). Writes: the last check made of a store.
+fn check_takeover(store: &Store, ctx: &str) {
+    match store.begin(req("t", "op", "L", b"p")) {
+        Ok(Begin::Acquired(lease)) => assert_eq!(lease.takeover_of(), Some(1), "{ctx}"),
+        other => panic!("{ctx}: the dead holder's lease was not taken over: {other:?}"),
+    }
+}
+
 /// The committed state is all there on a store opened from `image`, whole.
 fn check_state(store: &Store, ctx: &str) {
     for i in 0..CLAIMS {
@@ -121,14 +131,10 @@ fn check_state(store: &Store, ctx: &str) {
         }
         assert_eq!(effects(store, &key), 1, "{ctx}: {key}");
     }
-    match store.begin(req("t", "op", "L", b"p")) {
-        Ok(Begin::InFlight { .. }) => {}
-        other => panic!("{ctx}: the live lease was lost: {other:?}"),
-    }
     let lease = store.get(&Scope::new("t", "op"), "L").expect("get L");
     assert!(
         matches!(lease.map(|r| r.state), Some(State::Pending { .. })),
-        "{ctx}"
+        "{ctx}: the lease's record was lost"
     );
     assert!(
         store.inbox_mark("sub", "m").expect("mark").is_some(),
@@ -204,6 +210,7 @@ fn open_loop(
             Ok(store) => {
                 if injected == 0 {
                     check_state(&store, &ctx);
+                    check_takeover(&store, &ctx);
                     drop(store);
                     return n;
                 }
@@ -242,6 +249,7 @@ fn open_loop(
         .unwrap_or_else(|_| panic!("{ctx}: the reopen panicked"))
         .unwrap_or_else(|e| panic!("{ctx}: the durable image does not reopen: {e:?}"));
         check_state(&reopened, &format!("{ctx}, after the reopen"));
+        check_takeover(&reopened, &format!("{ctx}, after the reopen"));
     }
     unreachable!()
 }

@@ -43,7 +43,7 @@ use crate::model::response::{Outcome, Response};
 use crate::model::retention::Windows;
 use crate::model::rules::answers::{self, Early};
 use crate::model::rules::instants::{self, Attempt};
-use crate::model::rules::{Decision, decide};
+use crate::model::rules::{Decision, Holders, decide_among};
 use crate::model::scope::{Limits, Request, Scope, admit_key, record_key};
 use crate::model::settings::Config;
 use crate::runtime::observe::{self, Call, Engine, Kind};
@@ -72,6 +72,9 @@ pub(crate) struct Inner {
     failure: Mutex<Option<String>>,
     /// Random per-instance prefix of holder tokens.
     instance: [u8; 8],
+    /// Which lease holders may still be running (fixed at open: outside `multi_process` mode
+    /// only this instance's).
+    holders: Holders,
     next_token: AtomicU64,
     /// Lease events so far: bumped and broadcast (`lease_changed`) after every commit that
     /// finished, released or removed a lease (`lease_event`), so `begin_wait` wakes at once.
@@ -631,6 +634,13 @@ impl Store {
             clock,
             failure: Mutex::new(None),
             instance,
+            // With the file to itself, only this instance's holders can be running: every
+            // other holder died with the instance that granted its lease.
+            holders: if modes.multi_process {
+                Holders::Any
+            } else {
+                Holders::Instance(instance)
+            },
             next_token: AtomicU64::new(0),
             lease_events: Mutex::new(0),
             lease_changed: Condvar::new(),
@@ -725,11 +735,19 @@ impl Store {
     }
 
     /// The lock-free path: a read transaction answers replays, mismatches and in-flight keys.
+    /// A fail-stopped store answers none: the answer after a failure is `FailStopped` whatever
+    /// redb still holds in its cache.
     fn read_path(&self, request: &Request, key: &[u8]) -> Result<Option<Early>, Error> {
+        self.check_writable()?;
         let stored = self.read_record(key)?;
         let now = self.now();
         Ok(self.early(
-            decide(stored.as_ref(), request.fingerprint(), now),
+            decide_among(
+                stored.as_ref(),
+                request.fingerprint(),
+                now,
+                self.inner.holders,
+            ),
             request,
             now,
         ))
@@ -743,7 +761,12 @@ impl Store {
         now: Timestamp,
     ) -> Result<Claimed, Error> {
         let stored = self.load_open(open, key)?;
-        let decision = decide(stored.as_ref(), request.fingerprint(), now);
+        let decision = decide_among(
+            stored.as_ref(),
+            request.fingerprint(),
+            now,
+            self.inner.holders,
+        );
         if let Some(early) = self.early(decision.clone(), request, now) {
             return Ok(Claimed::Early(early));
         }
@@ -1041,14 +1064,22 @@ impl Store {
         })
     }
 
-    /// Latches fail-stop if `e` reports an I/O-level failure; returns `e`.
+    /// Latches fail-stop if `e` reports an I/O-level failure; returns `e`, or, for an I/O-level
+    /// failure after the store had already failed, [`Error::FailStopped`] naming the first
+    /// failure (redb answers every later read of an uncached page with "previous I/O error",
+    /// which names no cause).
     pub(crate) fn observe(&self, e: Error) -> Error {
         match &e {
-            Error::Storage { source } if is_io_failure_in(source) => self.latch(source),
-            Error::OutcomeUnknown { source } => self.latch(source),
-            _ => {}
+            Error::Storage { source } if is_io_failure_in(source) => match self.latch(source) {
+                Some(cause) => Error::FailStopped { cause },
+                None => e,
+            },
+            Error::OutcomeUnknown { source } => {
+                self.latch(source);
+                e
+            }
+            _ => e,
         }
-        e
     }
 
     /// Latches fail-stop for damage found inside a write (its reason is the cause), and returns
@@ -1057,14 +1088,20 @@ impl Store {
         match &e {
             Error::CorruptStore { reason } => self.latch(reason),
             other => self.latch(other),
-        }
+        };
         e
     }
 
-    pub(crate) fn latch(&self, cause: &dyn std::fmt::Display) {
+    /// Latches fail-stop with `cause`, unless the store had already failed: then returns that
+    /// earlier, first cause.
+    pub(crate) fn latch(&self, cause: &dyn std::fmt::Display) -> Option<String> {
         let mut failure = self.inner.failure.lock();
-        if failure.is_none() {
-            *failure = Some(cause.to_string());
+        match &*failure {
+            Some(first) => Some(first.clone()),
+            None => {
+                *failure = Some(cause.to_string());
+                None
+            }
         }
     }
 

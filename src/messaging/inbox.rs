@@ -252,6 +252,8 @@ impl Store {
         F: FnMut(&Tx<'_>) -> Result<T, Abort>,
     {
         let key = self.inbox_key(ns, subscriber, id)?;
+        // A fail-stopped store answers no delivery, duplicates included (as `execute`).
+        self.check_writable()?;
         if let Some(duplicate) = duplicate(self.read_mark(&key)?, self.now()) {
             return Ok(duplicate);
         }

@@ -47,6 +47,16 @@ pub(crate) fn checksum8(context: &str, covered: &[u8]) -> [u8; 8] {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct HolderToken(pub [u8; 16]);
 
+impl HolderToken {
+    /// The store instance that granted the lease: the token's first 8 bytes (docs/FORMAT.md,
+    /// "Holder tokens").
+    pub fn instance(&self) -> [u8; 8] {
+        let mut instance = [0u8; 8];
+        instance.copy_from_slice(&self.0[..8]);
+        instance
+    }
+}
+
 /// The state of an intent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum State {

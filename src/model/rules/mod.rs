@@ -3,6 +3,8 @@
 //!
 //! - `decide`: what a request may do given the stored record ([`decide()`], [`holds_lease`],
 //!   [`is_expired`], [`is_forgotten`]);
+//! - `restart`: which lease holders may still be running ([`Holders`]), and [`decide_among`],
+//!   which takes over at once a lease whose holder cannot be;
 //! - `answers`: the answer a decision gives without running anything, and what a closure's
 //!   result records (`settle`);
 //! - `instants`: what each write of a record stores — a claim, a takeover, a heartbeat
@@ -21,6 +23,7 @@ pub(crate) mod answers;
 mod decide;
 pub(crate) mod inbox;
 pub(crate) mod instants;
+mod restart;
 mod sweep;
 #[cfg(test)]
 mod table;
@@ -29,5 +32,6 @@ pub(crate) mod versions;
 pub use decide::{Decision, decide, holds_lease, is_expired, is_forgotten};
 pub use inbox::{InboxDecision, inbox_decide};
 pub use instants::heartbeat_deadline;
+pub use restart::{Holders, decide_among};
 pub use sweep::{SweepAction, sweep_action, sweep_due};
 pub use versions::{VersionCheck, version_check};
