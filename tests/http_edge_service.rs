@@ -180,6 +180,18 @@ async fn first_call_replay_mismatch_missing_key_refund_and_ledger() {
     assert_eq!(replay.body, first.body);
     assert_eq!(replay.header("content-type"), Some("application/json"));
     assert_eq!(replay.header("location"), first.header("location"));
+    // A client that serialises its JSON again (members reordered, whitespace): the same
+    // request, the same answer (the layer's default compares a JSON body as JSON).
+    let reserialised = pay(
+        addr,
+        "t1",
+        "k-1",
+        "{ \"currency\": \"EUR\", \"amount\": 4200,\n  \"account\": \"acc_1\" }",
+    )
+    .await;
+    assert_eq!(reserialised.status, 201);
+    assert_eq!(reserialised.header("idempotent-replayed"), Some("true"));
+    assert_eq!(reserialised.body, first.body);
 
     // The same key with another body: 422, a problem document, nothing booked.
     let other = PAY.replace("4200", "4300");

@@ -32,8 +32,12 @@ use http_fixtures::send;
 /// The blake3 key-derivation context of the fingerprint (docs/FORMAT.md, "Fingerprints and
 /// downstream keys": `Fingerprint::of_bytes`).
 const CONTEXT: &str = "idem 2026-11-30 request fingerprint: canonical bytes v1";
-/// The tag that opens every fingerprint input.
+/// The tag that opens a fingerprint input whose body part is the body as sent.
 const TAG: &[u8] = b"idem-http-v1";
+/// The tag when the body part is the body's RFC 8785 canonical JSON.
+const TAG_JCS: &[u8] = b"idem-http-v1+jcs";
+/// The tag when the body part is what `.fingerprint_body_with(f)` returned.
+const TAG_CUSTOM: &[u8] = b"idem-http-v1+custom";
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -95,7 +99,37 @@ struct Fp {
     /// Header field lines sent besides the tenant and the key, in this order.
     lines: &'static [(&'static str, &'static str)],
     body: &'static str,
+    /// The layer's body mode.
+    mode: Mode,
+    /// The body part of the input, as docs/FORMAT.md says it is taken from this request.
+    part: Part,
+    /// The row whose fingerprint this one shares (the table shows what compares alike).
+    same_as: Option<&'static str>,
     pinned: &'static str,
+}
+
+/// The layer's body mode of a row.
+#[derive(Clone, Copy)]
+enum Mode {
+    /// The default: a body labelled JSON is compared as JSON.
+    Default,
+    /// `.raw_body()`.
+    RawBody,
+    /// `.canonical_json_body()`.
+    CanonicalJsonBody,
+    /// `.fingerprint_body_with(f)`, `f` = the text of the body's member `n`.
+    MemberN,
+}
+
+/// The body part of a row's input, and so its tag.
+#[derive(Clone, Copy)]
+enum Part {
+    /// The body as sent, under `idem-http-v1`.
+    AsSent,
+    /// This RFC 8785 canonical JSON of the body, under `idem-http-v1+jcs`.
+    Jcs(&'static str),
+    /// These bytes from `f`, under `idem-http-v1+custom`.
+    Custom(&'static str),
 }
 
 impl Fp {
@@ -103,9 +137,18 @@ impl Fp {
         format!("{} {}", self.method, self.template)
     }
 
+    /// The tag and the body part of the input.
+    fn tag_and_part(&self) -> (&'static [u8], &'static str) {
+        match self.part {
+            Part::AsSent => (TAG, self.body),
+            Part::Jcs(canonical) => (TAG_JCS, canonical),
+            Part::Custom(picked) => (TAG_CUSTOM, picked),
+        }
+    }
+
     /// The fingerprint input as docs/FORMAT.md gives it, field by field:
-    /// `F(x) = u64be(len x) ‖ x`; `F("idem-http-v1") ‖ F(method) ‖ F(operation) ‖
-    /// F(path and query) ‖ (F(name) ‖ F(u64be(count)) ‖ F(value)*)* ‖ F(body)`.
+    /// `F(x) = u64be(len x) ‖ x`; `F(tag) ‖ F(method) ‖ F(operation) ‖
+    /// F(path and query) ‖ (F(name) ‖ F(u64be(count)) ‖ F(value)*)* ‖ F(body part)`.
     fn documented_input(&self) -> Vec<Seg> {
         let mut segs = Vec::new();
         let mut at = 0;
@@ -118,7 +161,8 @@ impl Fp {
             };
             push(segs, &mut at, b, &format!("{what} = {shown}"));
         };
-        field(&mut segs, "tag", TAG);
+        let (tag, part) = self.tag_and_part();
+        field(&mut segs, "tag", tag);
         field(&mut segs, "method", self.method.as_bytes());
         field(&mut segs, "operation", self.operation().as_bytes());
         field(&mut segs, "path and query", self.target.as_bytes());
@@ -139,7 +183,7 @@ impl Fp {
                 field(&mut segs, "value", v.as_bytes());
             }
         }
-        field(&mut segs, "body", self.body.as_bytes());
+        field(&mut segs, "body", part.as_bytes());
         segs
     }
 
@@ -164,6 +208,20 @@ impl Fp {
             s += ", no body";
         } else {
             s += &format!(", body `{}`", self.body);
+        }
+        match self.mode {
+            Mode::Default => {}
+            Mode::RawBody => s += ", `.raw_body()`",
+            Mode::CanonicalJsonBody => s += ", `.canonical_json_body()`",
+            Mode::MemberN => s += ", `.fingerprint_body_with(f)` (`f`: the member `n` as JSON)",
+        }
+        match self.part {
+            Part::AsSent => {}
+            Part::Jcs(c) => s += &format!("; body part `{c}` under `idem-http-v1+jcs`"),
+            Part::Custom(c) => s += &format!("; body part `{c}` under `idem-http-v1+custom`"),
+        }
+        if let Some(row) = self.same_as {
+            s += &format!("; the fingerprint of \"{row}\"");
         }
         s
     }
@@ -201,8 +259,18 @@ impl Fp {
             .collect()
     }
 
-    /// A router with this request's route behind a layer that selects its headers.
+    /// A router with this request's route behind a layer that selects its headers, in the
+    /// row's body mode.
     fn router(&self, layer: IdempotencyLayer) -> Router {
+        let layer = match self.mode {
+            Mode::Default => layer,
+            Mode::RawBody => layer.raw_body(),
+            Mode::CanonicalJsonBody => layer.canonical_json_body(),
+            Mode::MemberN => layer.fingerprint_body_with(|_, body| {
+                let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+                v["n"].to_string().into_bytes()
+            }),
+        };
         Router::new()
             .route(self.template, any(|| async { StatusCode::CREATED }))
             .route_layer(layer.fingerprint_headers(self.selected()))
@@ -219,8 +287,12 @@ fn fingerprint_table() -> Vec<Fp> {
         selected: &[],
         lines: &[],
         body: r#"{"n":1}"#,
+        mode: Mode::Default,
+        part: Part::AsSent,
+        same_as: None,
         pinned: "",
     };
+    const JSON: &[(&str, &str)] = &[("content-type", "application/json")];
     vec![
         Fp {
             what: "a JSON body",
@@ -314,6 +386,85 @@ fn fingerprint_table() -> Vec<Fp> {
             pinned: "06de7f71362eec180690831db2120d2e307db5fe51b7966000d647eeb9436d02",
             ..base()
         },
+        // The body part: JSON is compared as JSON when the request labels it so.
+        Fp {
+            what: "a JSON body labelled JSON",
+            lines: JSON,
+            part: Part::Jcs(r#"{"n":1}"#),
+            pinned: "d8c99d90848463c80aae114e58fa214635e2e39c16eae0040c95fbd808ff551d",
+            ..base()
+        },
+        Fp {
+            what: "the same JSON re-serialised, labelled with a parameter",
+            lines: &[("content-type", "Application/JSON; charset=utf-8")],
+            body: r#"{ "n" : 1.0 }"#,
+            part: Part::Jcs(r#"{"n":1}"#),
+            same_as: Some("a JSON body labelled JSON"),
+            pinned: "d8c99d90848463c80aae114e58fa214635e2e39c16eae0040c95fbd808ff551d",
+            ..base()
+        },
+        Fp {
+            what: "a +json type, members out of order",
+            lines: &[("content-type", "application/merge-patch+json")],
+            body: r#"{"n":1,"a":[true,null]}"#,
+            part: Part::Jcs(r#"{"a":[true,null],"n":1}"#),
+            pinned: "8cbb3d74df44341353da972266e91a83e324e26d31c77b9ab7c8eeb33dd3caac",
+            ..base()
+        },
+        Fp {
+            what: "labelled JSON, not JSON",
+            lines: JSON,
+            body: r#"{"n":1"#,
+            pinned: "c9d3fa8604e805e98844d0ce17348c75bf88c6a4bba1144befeea28d54a32176",
+            ..base()
+        },
+        Fp {
+            what: "labelled JSON, a member name twice",
+            lines: JSON,
+            body: r#"{"n":1,"n":1}"#,
+            pinned: "6ab38f9c89a9f795aa38fdc0064892f175909b975aa063f2320a3915a7f98769",
+            ..base()
+        },
+        Fp {
+            what: "labelled JSON, a number RFC 8785 would round",
+            lines: JSON,
+            body: r#"{"n":9007199254740993}"#,
+            pinned: "b6a99220151a6ff448c658e2e8a04439d6fe189f9d1adb756c6b06ceb313f3c0",
+            ..base()
+        },
+        Fp {
+            what: "a JSON body labelled text/plain",
+            lines: &[("content-type", "text/plain")],
+            same_as: Some("a JSON body"),
+            pinned: "71b0ed727b942c0e8119b64355780ce16da583753534a4102d3e0b1f848f43ce",
+            ..base()
+        },
+        Fp {
+            what: "a JSON body labelled JSON, under `.raw_body()`",
+            lines: JSON,
+            mode: Mode::RawBody,
+            same_as: Some("a JSON body"),
+            pinned: "71b0ed727b942c0e8119b64355780ce16da583753534a4102d3e0b1f848f43ce",
+            ..base()
+        },
+        Fp {
+            what: "an unlabelled JSON body under `.canonical_json_body()`",
+            body: r#"{ "n": 1 }"#,
+            mode: Mode::CanonicalJsonBody,
+            part: Part::Jcs(r#"{"n":1}"#),
+            same_as: Some("a JSON body labelled JSON"),
+            pinned: "d8c99d90848463c80aae114e58fa214635e2e39c16eae0040c95fbd808ff551d",
+            ..base()
+        },
+        Fp {
+            what: "a custom body part",
+            lines: JSON,
+            body: r#"{"n":1,"ts":7}"#,
+            mode: Mode::MemberN,
+            part: Part::Custom("1"),
+            pinned: "5f5209cad0e46b02749933effd65db43f1d08e5713972a66c0708c04aa336d67",
+            ..base()
+        },
     ]
 }
 
@@ -342,11 +493,13 @@ async fn fingerprints_are_pinned_through_the_layer() {
         let (status, _, _) = send(&fp.router(layer(&store)), fp.request(&key, "t1")).await;
         assert_eq!(status, StatusCode::CREATED, "{}", fp.what);
         let stored = stored_fingerprint(&store, "t1", &fp.operation(), &key);
-        // The public function is what the layer stores.
+        // The public function is what the layer stores under its default body mode.
         let (parts, _) = fp.request(&key, "t1").into_parts();
         let public =
             idem::http::fingerprint(&parts, &fp.operation(), &fp.selected(), fp.body.as_bytes());
-        assert_eq!(public.to_hex(), stored, "{}", fp.what);
+        if matches!(fp.mode, Mode::Default) {
+            assert_eq!(public.to_hex(), stored, "{}", fp.what);
+        }
         // It is the documented input under the documented context, and the pinned value.
         assert_eq!(stored, fp.documented_fingerprint(), "{}", fp.what);
         assert_eq!(stored, fp.pinned, "{}: the fingerprint changed", fp.what);
@@ -355,14 +508,25 @@ async fn fingerprints_are_pinned_through_the_layer() {
 
 #[test]
 fn every_row_of_the_table_has_its_own_fingerprint() {
+    // Unless it names the row it shares one with: those rows show what compares alike.
     let table = fingerprint_table();
     let mut seen = std::collections::BTreeMap::new();
-    for fp in &table {
+    for fp in table.iter().filter(|fp| fp.same_as.is_none()) {
         if let Some(other) = seen.insert(fp.pinned, fp.what) {
             panic!("{:?} and {:?} share a fingerprint", fp.what, other);
         }
     }
-    assert_eq!(seen.len(), table.len());
+    for fp in table.iter().filter(|fp| fp.same_as.is_some()) {
+        let twin = table
+            .iter()
+            .find(|t| Some(t.what) == fp.same_as && t.same_as.is_none())
+            .unwrap_or_else(|| panic!("{:?}: no row {:?}", fp.what, fp.same_as));
+        assert_eq!(fp.pinned, twin.pinned, "{:?}", fp.what);
+    }
+    assert_eq!(
+        seen.len() + table.iter().filter(|fp| fp.same_as.is_some()).count(),
+        table.len()
+    );
 }
 
 #[tokio::test]
@@ -956,6 +1120,38 @@ async fn records_written_before_are_replayed_as_documented() {
     }
 }
 
+/// A JSON request recorded under `idem-http-v1` (its bytes), as the layer fingerprinted every
+/// body before a body labelled JSON was compared as JSON: a retry of the same bytes under the
+/// default is another request (`422`); under `.raw_body()` it is replayed.
+#[tokio::test]
+async fn a_json_request_recorded_by_its_bytes_is_matched_under_raw_body_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = http_fixtures::store(&dir);
+    let fp = fingerprint_table()
+        .into_iter()
+        .find(|fp| fp.what == "a JSON body labelled JSON")
+        .unwrap();
+    // The same request without its label: the body as sent, under `idem-http-v1`.
+    let unlabelled = &fingerprint_table()[0];
+    let (parts, _) = unlabelled.request("old", "t1").into_parts();
+    let as_sent = idem::http::fingerprint(&parts, &fp.operation(), &[], fp.body.as_bytes());
+    assert_eq!(as_sent.to_hex(), unlabelled.pinned);
+    let request = idem::Request::with_fingerprint(Scope::new("t1", fp.operation()), "old", as_sent);
+    let Begin::Acquired(lease) = store.begin(request).unwrap() else {
+        panic!("not claimed");
+    };
+    lease
+        .complete(idem::Response::new(201, b"hi".to_vec()))
+        .unwrap();
+    let (status, _, _) = send(&fp.router(layer(&store)), fp.request("old", "t1")).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    let raw = fp.router(layer(&store).raw_body());
+    let (status, headers, body) = send(&raw, fp.request("old", "t1")).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(&body[..], b"hi");
+}
+
 #[test]
 fn unreadable_envelopes_are_a_store_failure_never_a_guess() {
     for bytes in [
@@ -981,7 +1177,14 @@ fn unreadable_envelopes_are_a_store_failure_never_a_guess() {
 #[test]
 fn format_md_shows_the_pinned_values() {
     let doc = format_md();
-    for needle in [CONTEXT, "idem-http-v1", "IDH1", "IDH2"] {
+    for needle in [
+        CONTEXT,
+        "idem-http-v1",
+        "idem-http-v1+jcs",
+        "idem-http-v1+custom",
+        "IDH1",
+        "IDH2",
+    ] {
         assert!(doc.contains(needle), "docs/FORMAT.md must name {needle}");
     }
     for fp in fingerprint_table() {

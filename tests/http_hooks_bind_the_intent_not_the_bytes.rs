@@ -1,5 +1,6 @@
 //! The layer's hooks for what binds a key and what a replay carries: `canonical_json_body` (the
-//! same JSON re-serialised is the same request; a different value is still 422),
+//! same JSON re-serialised is the same request even without a JSON `Content-Type`; a different
+//! value is still 422),
 //! `fingerprint_body_with` (only the chosen part binds the key), `key_from_request` (a key
 //! inside the request when there is no header; the header wins; none is 400) and `on_replay`
 //! (called on replays only).
@@ -70,7 +71,8 @@ async fn canonical_json_makes_reordered_keys_and_whitespace_the_same_request() {
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 
-    // Without the option the re-serialised body is a different request.
+    // Without the option an unlabelled body (no JSON `Content-Type`) is compared by its bytes:
+    // the re-serialised body is a different request.
     let dir = tempfile::tempdir().unwrap();
     let (plain, _) = counted_app(IdempotencyLayer::tenant_header(store(&dir), "x-tenant-id"));
     send(

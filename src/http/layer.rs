@@ -39,10 +39,15 @@ type ReplayFn = dyn Fn(&Parts, &mut http::Response<axum::body::Body>) + Send + S
 /// What of the body binds the key (the body part of the request fingerprint).
 #[derive(Clone, Default)]
 pub(super) enum BodyFingerprint {
-    /// The bytes as sent (default: the same payload re-serialised differently is 422).
+    /// The body's RFC 8785 canonical JSON when the request's `Content-Type` labels it JSON
+    /// (`application/json`, `application/*+json`) and it has one; otherwise the bytes as sent
+    /// (default).
     #[default]
+    ByContentType,
+    /// The bytes as sent, whatever the `Content-Type` ([`IdempotencyLayer::raw_body`]).
     Raw,
-    /// RFC 8785 canonical JSON of a JSON body ([`IdempotencyLayer::canonical_json_body`]).
+    /// The body's RFC 8785 canonical JSON whatever the `Content-Type`, when it has one
+    /// ([`IdempotencyLayer::canonical_json_body`]).
     CanonicalJson,
     /// The bytes the caller's function picks ([`IdempotencyLayer::fingerprint_body_with`]).
     Custom(Arc<BodyFn>),
@@ -110,7 +115,9 @@ impl<B: Backend> Clone for Config<B> {
 ///
 /// Defaults: methods POST, PUT, PATCH, DELETE; key header `Idempotency-Key`; operation
 /// `"{METHOD} {route template}"` (the request path when no template is known); fingerprint of
-/// method, operation, path and query, and body (no headers); body limit 1 MiB; missing key →
+/// method, operation, path and query, and body (no headers), a body labelled JSON
+/// (`Content-Type: application/json` or `application/*+json`) compared as JSON (its RFC 8785
+/// canonical form, [`raw_body`](Self::raw_body) to compare bytes); body limit 1 MiB; missing key →
 /// 400; replayed headers `Content-Type` and `Location`; every status recorded except 503 (4xx
 /// and other 5xx as a terminal failure); at most the store's `max_queue`, and at most 256, store
 /// admissions in flight.
@@ -242,7 +249,7 @@ impl<B: Backend> IdempotencyLayer<B> {
                 body_limit: 1024 * 1024,
                 missing_key: MissingKey::Reject,
                 record_status: Arc::new(|s: StatusCode| s != StatusCode::SERVICE_UNAVAILABLE),
-                body_fingerprint: BodyFingerprint::Raw,
+                body_fingerprint: BodyFingerprint::ByContentType,
                 key_from: None,
                 on_replay: None,
                 calls,
@@ -289,14 +296,29 @@ impl<B: Backend> IdempotencyLayer<B> {
         self.edit(|c| c.replay_headers = names)
     }
 
-    /// Fingerprints a JSON body by its RFC 8785 canonical form (JCS: keys sorted, no
-    /// insignificant whitespace, numbers in one notation), so the same JSON re-serialised with
-    /// reordered keys or other whitespace is the same request (a retry is replayed, not 422). A
-    /// body that is not JSON is fingerprinted as it is. Opt-in, and a stored format: turning it on
-    /// or off changes the fingerprint of every JSON request, so retries of intents recorded
-    /// before the change answer 422 until their records are forgotten (docs/HTTP.md).
-    /// Trade-off: two bodies that differ only in what JSON does not distinguish (duplicate keys,
-    /// `1.0` vs `1`) bind to one key.
+    /// Compares every body by its bytes as sent, also a body labelled JSON.
+    ///
+    /// By default a body labelled JSON (`Content-Type: application/json` or
+    /// `application/*+json`, parameters ignored) is compared as JSON, by its RFC 8785 canonical
+    /// form: the same JSON re-serialised (members reordered, other whitespace) is the same
+    /// request and is replayed. With `raw_body` it is another request (`422`): for a service
+    /// whose clients must resend the original bytes. A stored format: turning it on or off
+    /// changes the fingerprint of every request labelled JSON, so retries of intents recorded
+    /// before the change answer `422` until their records are forgotten (docs/HTTP.md).
+    pub fn raw_body(self) -> Self {
+        self.edit(|c| c.body_fingerprint = BodyFingerprint::Raw)
+    }
+
+    /// Compares every body that is JSON as JSON (its RFC 8785 canonical form: members sorted,
+    /// no insignificant whitespace, one notation per number), **whatever its `Content-Type`**:
+    /// for clients that send JSON unlabelled (no `Content-Type`, `text/plain`). The default does
+    /// this for a body labelled JSON only. As by default, a body without a canonical form that
+    /// keeps its values — not JSON, a member name twice, a number RFC 8785 would round
+    /// (`9007199254740993`, `1e-400`) — is compared by its bytes (docs/HTTP.md). A stored
+    /// format, like [`raw_body`](Self::raw_body): turning it on or off changes the fingerprint
+    /// of every JSON request not labelled JSON. Trade-off: values JSON does not tell apart bind
+    /// to one key (`1.0` and `1`, `-0` and `0`, `"\u00e9"` and `"é"`), also in a body labelled
+    /// otherwise.
     pub fn canonical_json_body(self) -> Self {
         self.edit(|c| c.body_fingerprint = BodyFingerprint::CanonicalJson)
     }
@@ -306,8 +328,9 @@ impl<B: Backend> IdempotencyLayer<B> {
     /// fields that define the intent, so a retry that changes a field outside them (a client
     /// timestamp, a trace id) is still replayed, while a different amount is still 422. What `f`
     /// leaves out no longer binds the key: a retry that differs only there gets the first
-    /// answer. Method, operation, path, query and `fingerprint_headers` still count. A stored
-    /// format, like [`canonical_json_body`](Self::canonical_json_body).
+    /// answer. Method, operation, path, query and `fingerprint_headers` still count; the body's
+    /// `Content-Type` does not (`f` sees the parts and decides). A stored format, like
+    /// [`raw_body`](Self::raw_body).
     pub fn fingerprint_body_with(
         self,
         f: impl Fn(&Parts, &[u8]) -> Vec<u8> + Send + Sync + 'static,

@@ -35,7 +35,9 @@
 //! - **replay of the stored answer**: once recorded, every retry gets the stored status, body
 //!   and the configured headers, plus `Idempotent-Replayed: true`, without calling the handler;
 //! - **a key is bound to its request**: the same key with a different method, route, selected
-//!   headers or body is `422`;
+//!   headers or body is `422`; a body labelled JSON (`application/json`, `application/*+json`)
+//!   is compared as JSON (RFC 8785: member order and whitespace do not count), other bodies
+//!   byte for byte ([`IdempotencyLayer::raw_body`] compares every body byte for byte);
 //! - **one key, one field line**: the key is exactly one `Idempotency-Key` field line holding a
 //!   Structured Field string (`"abc"`) or a bare key (`abc`, visible ASCII without `"` `,` `;`
 //!   `\` or whitespace); two lines, a list, parameters or a malformed value is `400` (see
@@ -85,6 +87,7 @@
 //! | `key.rs` | the `Idempotency-Key` grammar |
 //! | `tenant.rs` | the tenant rule ([`tenant_from_header`], [`InvalidTenant`]) |
 //! | `fingerprint.rs` | the `idem-http-v1` request [`fingerprint`] (a stored format) |
+//! | `json.rs` | whether a body is labelled JSON (its `Content-Type`), and its RFC 8785 canonical form |
 //! | `envelope.rs` | the `IDH1` / `IDH2` envelope of a stored answer (a stored format) and its fitting into the cap |
 //! | `replay.rs` | the HTTP answer of a stored response ([`replay`]) or a tombstone ([`expired`]) |
 //! | `lease.rs` | the lease held while a handler runs: heartbeats, finishing; store calls off the runtime |
@@ -100,6 +103,7 @@ mod answers;
 mod envelope;
 mod fingerprint;
 mod handle;
+mod json;
 mod key;
 mod layer;
 mod lease;
