@@ -636,8 +636,8 @@ impl PgStore {
         }
         let statement = commit_sql(self, &baton);
         let timer = Stopwatch::start();
-        match baton.conn.client.simple_query(&statement) {
-            Ok(_) => {
+        match self.run_commit(&mut baton.conn, &statement, n) {
+            Ok(()) => {
                 observe::batch(
                     ENGINE,
                     n,
@@ -672,6 +672,38 @@ impl PgStore {
                 group.hand_off();
                 Some(Signal::Failed(error))
             }
+        }
+    }
+}
+
+impl PgStore {
+    /// Sends the commit of a batch of `members` members on `conn`.
+    fn run_commit(
+        &self,
+        conn: &mut Conn,
+        statement: &str,
+        members: usize,
+    ) -> Result<(), postgres::Error> {
+        #[cfg(feature = "__internal_whitebox")]
+        {
+            use crate::postgres::whitebox::{CommitLoss, terminate};
+            let loss = self.commit_loss(members);
+            if loss == Some(CommitLoss::BeforeItRuns) {
+                let _ = terminate(conn);
+            }
+            let result = conn.client.simple_query(statement).map(drop);
+            if result.is_ok()
+                && loss == Some(CommitLoss::AfterItRan)
+                && let Some(e) = terminate(conn)
+            {
+                return Err(e);
+            }
+            result
+        }
+        #[cfg(not(feature = "__internal_whitebox"))]
+        {
+            let _ = (self, members);
+            conn.client.simple_query(statement).map(drop)
         }
     }
 }

@@ -68,6 +68,9 @@ pub(crate) struct Inner {
     pub(crate) extensions: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
     /// The background sweeper, if configured.
     pub(crate) sweeper: Mutex<Option<crate::postgres::sweep::Sweeper>>,
+    /// Test hooks (NOT PUBLIC API).
+    #[cfg(feature = "__internal_whitebox")]
+    pub(crate) hooks: crate::postgres::whitebox::Hooks,
 }
 
 impl Drop for Inner {
