@@ -764,6 +764,9 @@ impl Sim {
             }
             idem::rules::Decision::InFlight { lease_deadline } => Expect::InFlight(lease_deadline),
             idem::rules::Decision::Mismatch => Expect::Mismatch,
+            idem::rules::Decision::Resume { .. } => {
+                panic!("decide resumed a claim, but it is given no claim's tokens")
+            }
         };
         assert_eq!(
             &decided, expected,
