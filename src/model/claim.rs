@@ -21,8 +21,8 @@ const REMEMBERED: usize = 16;
 /// new token, with the same attempt number and downstream key. A claim that never landed is
 /// simply claimed again.
 ///
-/// A claim recognises only tokens drawn for its own calls, so it never takes a lease another
-/// caller holds. If an earlier call of the same claim did hand out a lease, the retry takes it
+/// A claim recognises only tokens drawn for its own calls (a clone shares the tokens drawn
+/// before it was made), so it never takes a lease another caller holds. If an earlier call of the same claim did hand out a lease, the retry takes it
 /// back: that lease is fenced out ([`Error::LeaseLost`] on its next call), exactly as after a
 /// takeover, so the key still has one holder. Retry with the claim only while you hold none of
 /// its leases. It remembers the tokens of its latest 16 calls that may have written one.
