@@ -58,7 +58,7 @@ use crate::error::BoxError;
 use crate::inbox::{Processed, Receipt};
 use crate::model::keys::DownstreamKey;
 use crate::outbox::{DispatcherHandle, DispatcherOptions, OutboxEvent, Publisher};
-use crate::{Abort, Begin, Error, Outcome, Request, Response, Store, Timestamp};
+use crate::{Abort, Begin, Claim, Error, Outcome, Request, Response, Store, Timestamp};
 
 /// How often `begin_wait` asks again while another attempt is in flight (it sleeps between
 /// asks: no thread waits).
@@ -156,6 +156,29 @@ impl<B: Backend> AsyncStore<B> {
         })
     }
 
+    /// [`AsyncStore::begin`] for a [`Claim`] ([`crate::Store::begin_claim`]): after a failed
+    /// call, a retry with the same claim recognises a claim that landed and takes its lease at
+    /// once. The claim learns this call's holder token when the call returns: if this future is
+    /// dropped before then, a retry does not recognise what the abandoned call may have
+    /// written (it waits for that lease to lapse, as a plain `begin` does).
+    pub async fn begin_claim(&self, claim: &mut Claim) -> Result<Begin<AsyncLease<B>>, Error> {
+        let store = self.store.clone();
+        let mut sent = claim.clone();
+        let (begun, sent) = self
+            .admitted(move || {
+                let begun = store.begin_claim(&mut sent);
+                Ok((begun, sent))
+            })
+            .await?;
+        *claim = sent;
+        Ok(match begun? {
+            Begin::Acquired(lease) => Begin::Acquired(AsyncLease::new(lease)),
+            Begin::Replayed(r) => Begin::Replayed(r),
+            Begin::InFlight { retry_after } => Begin::InFlight { retry_after },
+            Begin::Expired(t) => Begin::Expired(t),
+        })
+    }
+
     /// Like [`AsyncStore::begin`], but while another attempt is in flight, waits (sleeping,
     /// not blocking a thread) up to `max_wait` for it to finish, release or lapse, asking again
     /// every 20 ms or at the hinted `retry_after`, whichever is sooner. Returns
@@ -166,8 +189,10 @@ impl<B: Backend> AsyncStore<B> {
         max_wait: Duration,
     ) -> Result<Begin<AsyncLease<B>>, Error> {
         let give_up = Instant::now().checked_add(max_wait);
+        // One claim for every ask: an ask whose answer was lost is recognised by the next.
+        let mut claim = Claim::new(request);
         loop {
-            match self.begin(request.clone()).await? {
+            match self.begin_claim(&mut claim).await? {
                 Begin::InFlight { retry_after } => {
                     let now = Instant::now();
                     let pause = match give_up {

@@ -9,7 +9,7 @@
 use crate::inbox::{Processed, Receipt};
 use crate::model::keys::DownstreamKey;
 use crate::model::scope::Limits;
-use crate::{Abort, Begin, Error, Lease, Outcome, Request, Response, Store, Timestamp, Tx};
+use crate::{Abort, Begin, Claim, Error, Lease, Outcome, Request, Response, Store, Timestamp, Tx};
 
 mod sealed {
     pub trait Sealed {}
@@ -44,6 +44,10 @@ pub trait Backend: sealed::Sealed + Clone + Send + Sync + 'static {
 
     /// Claims the key of `request` with a lease, or answers without one (flow B's `begin`).
     fn begin(&self, request: Request) -> Result<Begin<Self::Lease>, Error>;
+
+    /// Flow B's claim for a [`Claim`] whose retries recognise the lease it already took (the
+    /// engine's `begin_claim`).
+    fn begin_claim(&self, claim: &mut Claim) -> Result<Begin<Self::Lease>, Error>;
 
     /// The inbox (`process` of the engine): `f` runs at most once per message.
     fn process<T, F>(
@@ -157,6 +161,10 @@ impl Backend for Store {
         Store::begin(self, request)
     }
 
+    fn begin_claim(&self, claim: &mut Claim) -> Result<Begin<Lease>, Error> {
+        Store::begin_claim(self, claim)
+    }
+
     fn now(&self) -> Timestamp {
         Store::now(self)
     }
@@ -253,6 +261,10 @@ mod pg {
 
         fn begin(&self, request: Request) -> Result<Begin<PgLease>, Error> {
             PgStore::begin(self, request)
+        }
+
+        fn begin_claim(&self, claim: &mut Claim) -> Result<Begin<PgLease>, Error> {
+            PgStore::begin_claim(self, claim)
         }
 
         fn now(&self) -> Timestamp {

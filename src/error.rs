@@ -110,7 +110,8 @@ pub enum Error {
     },
 
     /// A lease call (complete, fail, heartbeat) was rejected: the lease expired and another
-    /// attempt took the key over, or the key was released. Nothing was changed.
+    /// attempt took the key over, or the key was released or purged, or a retry of the same
+    /// [`crate::Claim`] took the lease back. Nothing was changed.
     #[error(
         "the lease on idempotency key {key:?} was lost (it expired and another attempt took over, or it was released): stop this attempt; its result must not be recorded"
     )]
@@ -245,10 +246,13 @@ pub enum Error {
     },
 
     /// A commit failed. Whether it landed is unknown. Retry with the same key: the retry
-    /// replays if the commit did land, and runs once if it did not. A file store is now
-    /// fail-stopped (reopen it first); a PostgreSQL store reconnects by itself.
+    /// replays if the commit did land, and runs once if it did not. A flow-B `begin` whose
+    /// claim landed leaves the key Pending under a token no lease holds: retry it with the same
+    /// [`crate::Claim`] (`begin_claim`), which takes that lease at once (a plain `begin` waits
+    /// for it to lapse). A file store is now fail-stopped (reopen it first); a PostgreSQL store
+    /// reconnects by itself.
     #[error(
-        "the commit failed and its outcome is unknown ({source}): retry with the same key, which replays if the commit landed. A file store has stopped accepting writes: drop every clone of the Store and every Lease and reopen the file first; a PostgreSQL store reconnects by itself"
+        "the commit failed and its outcome is unknown ({source}): retry with the same key, which replays if the commit landed (a begin: retry with the same Claim through begin_claim, which takes the lease at once if the claim landed). A file store has stopped accepting writes: drop every clone of the Store and every Lease and reopen the file first; a PostgreSQL store reconnects by itself"
     )]
     OutcomeUnknown {
         /// The storage engine's error (shared by every caller whose request was in the failed

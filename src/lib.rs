@@ -179,6 +179,7 @@ pub use engine::store::Store;
 pub use engine::tx::Tx;
 #[doc(inline)]
 pub use error::Error;
+pub use model::claim::Claim;
 pub use model::clock::Timestamp;
 pub use model::response::{Abort, Outcome, Resource, Response, Tombstone};
 pub use model::retention::RetentionPolicy;
@@ -217,9 +218,9 @@ pub mod keys {
 /// for a reference model, a test, or to explain an answer.
 pub mod rules {
     pub use crate::model::rules::{
-        Decision, InboxDecision, SweepAction, VersionCheck, decide, heartbeat_deadline,
-        holds_lease, inbox_decide, is_expired, is_forgotten, sweep_action, sweep_due,
-        version_check,
+        Decision, InboxDecision, SweepAction, VersionCheck, decide, decide_claim,
+        heartbeat_deadline, holds_lease, inbox_decide, is_expired, is_forgotten, sweep_action,
+        sweep_due, version_check,
     };
 }
 

@@ -2,8 +2,9 @@
 //! blocked worker would stall the test: flow A replays; `begin_wait` sleeps (it never blocks the
 //! thread) while another task on the same thread finishes the lease, then returns its answer;
 //! overload beyond `max_in_flight` is `Busy` at once, not a queue; an `AsyncLease` dropped inside
-//! the runtime releases its key off the worker (the PostgreSQL client would panic on it); the
-//! dispatcher publishes through an async publisher.
+//! the runtime releases its key off the worker (the PostgreSQL client would panic on it); a
+//! claim's retry (`begin_claim`) takes back its own lease; the dispatcher publishes through an
+//! async publisher.
 #![cfg(feature = "tokio")]
 
 mod common;
@@ -15,7 +16,7 @@ use idem::asynchronous::{AsyncPublisher, AsyncStore, start_dispatcher};
 use idem::backend::Backend;
 use idem::error::BoxError;
 use idem::outbox::{DispatcherOptions, Event, OutboxEvent};
-use idem::{Begin, Error, Outcome, Request, Response, Scope, Store};
+use idem::{Begin, Claim, Error, Outcome, Request, Response, Scope, Store};
 
 fn req(key: &str) -> Request {
     Request::from_canonical_bytes(Scope::new("t", "op"), key, b"p")
@@ -75,6 +76,22 @@ async fn flows<B: Backend>(store: AsyncStore<B>) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(freed, "the dropped lease was released");
+
+    // A claim's retry takes back the lease its earlier call took (whose answer is forgotten
+    // here, as if it never arrived); anyone else sees the key in flight.
+    let mut claim = Claim::new(req("d"));
+    let Begin::Acquired(lost) = store.begin_claim(&mut claim).await.unwrap() else {
+        panic!("a fresh key is acquired");
+    };
+    std::mem::forget(lost);
+    assert!(matches!(
+        store.begin(req("d")).await.unwrap(),
+        Begin::InFlight { .. }
+    ));
+    let Begin::Acquired(lease) = store.begin_claim(&mut claim).await.unwrap() else {
+        panic!("the claim's retry takes its own lease at once");
+    };
+    lease.complete(Response::new(200, "d")).await.unwrap();
 }
 
 #[test]

@@ -18,7 +18,8 @@
 //! a byte of it, and they refuse a file that needs crash recovery instead of recovering it.
 //! `check` works on a copy (unless `--in-place`). Only `sweep`, `purge`, `compact` and
 //! `outbox requeue|discard` open the file for writing, and first run redb's integrity check on a
-//! copy of it: a file whose pages fail it is refused unless `--force`. No command creates a
+//! copy of it (`--force` skips that copy; the open for writing still checks every page and
+//! refuses a damaged file either way). No command creates a
 //! store: a missing path, an empty file or a file that is not an idem store is an error.
 //!
 //! redb locks the file: on a file a running service holds open, every command fails and says
@@ -890,7 +891,7 @@ fn check<W: Write>(cli: &Cli, o: &mut Out<W>, in_place: bool) -> Result<(), Fail
         if in_place {
             out!(
                 o,
-                "  this was the file itself: redb has marked it for repair, and it will not open again"
+                "  this was the file itself: it is damaged, and an open that checks its pages (the default) refuses it"
             );
         } else {
             out!(

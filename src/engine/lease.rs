@@ -25,8 +25,9 @@ pub type Begin<L = Lease> = crate::model::response::Begin<L>;
 ///
 /// Every call re-reads the record inside a write transaction and proceeds only if the record
 /// still carries this lease's holder token ([`crate::rules::holds_lease`]). Once the lease lapsed and
-/// another attempt took the key over, every call here fails with [`Error::LeaseLost`] and
-/// changes nothing: a stale holder can never complete or overwrite a newer one.
+/// another attempt took the key over (or a retry of the same [`crate::Claim`] took it back),
+/// every call here fails with [`Error::LeaseLost`] and changes nothing: a stale holder can never
+/// complete or overwrite a newer one.
 ///
 /// Dropping an unfinished lease releases it (the record is removed and the key is free at
 /// once). If the process dies instead, the lease deadline frees the key for a takeover. Every

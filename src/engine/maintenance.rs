@@ -105,11 +105,12 @@ impl Store {
     /// ([`Error::FailStopped`]).
     ///
     /// **Run it on a copy when you suspect damage.** If redb cannot repair the file, this returns
-    /// [`Error::CorruptStore`] and the store is fail-stopped; redb has then marked the file for
-    /// repair, so it **will not open again** — even when the damage was one page and every other
-    /// record still read correctly before the check. (The next unclean shutdown of such a file
-    /// has the same effect: redb verifies page checksums only when it repairs.) `idem check`
-    /// checks a copy and leaves the file untouched unless given `--in-place`. A record value that
+    /// [`Error::CorruptStore`] and the store is fail-stopped; a damaged file then no longer
+    /// opens with the default open-time check of every page
+    /// ([`StoreBuilder::verify_on_open`](crate::StoreBuilder::verify_on_open)), which the store
+    /// was presumably opened without — even when the damage was one page and every other record
+    /// still read correctly before the check. `idem check` checks a copy and leaves the file
+    /// untouched unless given `--in-place`. A record value that
     /// no longer matches its own checksum is found without this check: reading it gives
     /// [`Error::CorruptRecord`].
     pub fn check_integrity(&mut self) -> Result<bool, Error> {
@@ -151,7 +152,7 @@ impl Store {
                 self.latch(&what);
                 Error::CorruptStore {
                     reason: format!(
-                        "redb's integrity check failed and could not repair the file ({what}); the file is now marked for repair and will not open again"
+                        "redb's integrity check failed and could not repair the file ({what}); an open that checks its pages (the default) refuses it"
                     ),
                 }
             }

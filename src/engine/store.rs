@@ -35,6 +35,7 @@ use crate::engine::sweep::SweepTotals;
 use crate::engine::tables::{EXPIRY, RECORDS};
 use crate::engine::tx::Tx;
 use crate::error::{Error, StorageError};
+use crate::model::claim::Claim;
 use crate::model::clock::{Clock, Timestamp};
 use crate::model::outbox::Origin;
 use crate::model::record::{HolderToken, Record, State};
@@ -241,7 +242,7 @@ impl Store {
         F: FnMut(&Tx<'_>) -> Result<Response, Abort>,
     {
         let key = self.admit(&request)?;
-        if let Some(early) = self.read_path(&request, &key)? {
+        if let Some(early) = self.read_path(&request, &[], &key)? {
             return early.into_outcome();
         }
         let windows = self.inner.config.windows_for(request.scope().operation());
@@ -265,7 +266,7 @@ impl Store {
     {
         Call::of(ENGINE, Kind::Execute, request.scope()).observe(|call| {
             let key = self.admit(&request)?;
-            if let Some(early) = self.read_path(&request, &key)? {
+            if let Some(early) = self.read_path(&request, &[], &key)? {
                 return early.into_outcome();
             }
             let windows = self.inner.config.windows_for(request.scope().operation());
@@ -293,7 +294,7 @@ impl Store {
             took_over: false,
             announced: false,
         };
-        let attempt = match self.decide_in(open, request, key, now) {
+        let attempt = match self.decide_in(open, request, &[], key, now) {
             Ok(Claimed::Free(attempt)) => attempt,
             Ok(Claimed::Early(early)) => return Step::Clean(answer(early.into_outcome())),
             Err(e) => return Step::Clean(answer(Err(e))),
@@ -403,25 +404,96 @@ impl Store {
     /// # }
     /// ```
     pub fn begin(&self, request: Request) -> Result<Begin, Error> {
-        Call::of(ENGINE, Kind::Begin, request.scope()).observe(|_| self.begin_observed(request))
+        Call::of(ENGINE, Kind::Begin, request.scope()).observe(|_| {
+            let mut claim = Claim::new(request);
+            let claimed = self.claim_key(&mut claim)?;
+            self.begun(claim.into_request(), claimed)
+        })
     }
 
-    /// [`Store::begin`], inside its observed call (`runtime/observe.rs`).
-    fn begin_observed(&self, request: Request) -> Result<Begin, Error> {
-        let key = self.admit(&request)?;
-        if let Some(early) = self.read_path(&request, &key)? {
-            return early.into_begin();
+    /// [`Store::begin`] for a [`Claim`] whose retries recognise the lease it already took:
+    /// when a call fails — [`Error::OutcomeUnknown`] above all, where the claim may have
+    /// committed without its answer arriving (reopen the store first: it is fail-stopped) —
+    /// call again with the same claim. If an earlier call's claim landed, the key is Pending
+    /// under that call's holder token: this call recognises it and takes the lease at once
+    /// ([`crate::rules::Decision::Resume`]: same attempt, same downstream key, a new token),
+    /// where [`Store::begin`] would answer `InFlight` until the lease lapsed. Otherwise the same
+    /// answers as `begin`. The claim outlives the store: a reopened store recognises it.
+    ///
+    /// A lease an earlier call of this claim handed out is fenced by the resume
+    /// ([`Error::LeaseLost`]): retry with the claim only while you hold none of its leases.
+    ///
+    /// # Example
+    ///
+    /// A worker loses the answer of its claim (here: the lease is forgotten, as if the answer
+    /// never arrived). A plain `begin` sees another attempt in flight; the worker's retry with
+    /// its claim takes the lease at once.
+    ///
+    /// ```
+    /// use idem::{Begin, Claim, Request, Response, Scope, Store};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(dir.path().join("idem.redb"))?;
+    /// let request = Request::new(Scope::new("tenant-42", "ship_parcel"), "parcel-5", "express")?;
+    /// let mut claim = Claim::new(request.clone());
+    ///
+    /// let Begin::Acquired(lease) = store.begin_claim(&mut claim)? else { unreachable!() };
+    /// std::mem::forget(lease); // the answer is lost: nothing releases the key
+    /// assert!(matches!(store.begin(request)?, Begin::InFlight { .. }));
+    ///
+    /// let Begin::Acquired(lease) = store.begin_claim(&mut claim)? else { unreachable!() };
+    /// assert_eq!(lease.attempt(), 1); // the same attempt, taken back at once
+    /// lease.complete(Response::new(200, "label"))?;
+    /// assert!(matches!(store.begin_claim(&mut claim)?, Begin::Replayed(_)));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn begin_claim(&self, claim: &mut Claim) -> Result<Begin, Error> {
+        Call::of(ENGINE, Kind::Begin, claim.request().scope()).observe(|_| {
+            let claimed = self.claim_key(claim)?;
+            self.begun(claim.request().clone(), claimed)
+        })
+    }
+
+    /// The lease of a committed claim for `request`, or the answer given instead. The Lease is
+    /// built only after the commit: a Lease releases its key on drop, so one must never exist
+    /// for a claim that did not commit.
+    fn begun(&self, request: Request, claimed: ClaimedKey) -> Result<Begin, Error> {
+        match claimed {
+            Ok((key, holder, deadline, attempt)) => Ok(Begin::Acquired(Lease::new(
+                self.clone(),
+                request,
+                key,
+                holder,
+                deadline,
+                attempt,
+            ))),
+            Err(early) => early.into_begin(),
+        }
+    }
+
+    /// Flow B's claim for `claim`, under a holder token drawn for this call (the claim
+    /// remembers it, and forgets it when the call answers without writing it): a claim, a
+    /// takeover of a lapsed lease, or a resume of a record one of the claim's earlier calls
+    /// wrote.
+    fn claim_key(&self, claim: &mut Claim) -> Result<ClaimedKey, Error> {
+        let key = self.admit(claim.request())?;
+        if let Some(early) = self.read_path(claim.request(), claim.tokens(), &key)? {
+            return Ok(Err(early));
         }
         let config = &self.inner.config;
-        let windows = config.windows_for(request.scope().operation());
+        let windows = config.windows_for(claim.request().scope().operation());
+        let holder = self.new_token();
+        claim.issue(holder);
+        let (request, own) = (claim.request(), claim.tokens());
         let claimed = self.write(Durable::AsConfigured, |txn, now| {
             let mut open = Open::new(txn);
-            let attempt = match self.decide_in(&mut open, &request, &key, now) {
+            let attempt = match self.decide_in(&mut open, request, own, &key, now) {
                 Ok(Claimed::Free(attempt)) => attempt,
                 Ok(Claimed::Early(early)) => return Step::Clean(Err(early)),
                 Err(e) => return Step::Clean(Err(Early::Error(e))),
             };
-            let holder = self.new_token();
             let (record, lease_deadline) = instants::claim(
                 *request.fingerprint(),
                 attempt,
@@ -431,22 +503,17 @@ impl Store {
                 &windows,
             );
             match self.put_open(&mut open, &key, &record) {
-                Ok(()) => Step::Done(Ok((holder, lease_deadline, attempt.number))),
+                Ok(()) => Step::Done(Ok((lease_deadline, attempt.number))),
                 Err(e) => Step::Abort(e),
             }
         })?;
-        // The Lease is built only after the commit: a Lease releases its key on drop, so one
-        // must never exist for a claim that did not commit.
         match claimed {
-            Ok((holder, deadline, attempt)) => Ok(Begin::Acquired(Lease::new(
-                self.clone(),
-                request,
-                key,
-                holder,
-                deadline,
-                attempt,
-            ))),
-            Err(early) => early.into_begin(),
+            Ok((deadline, attempt)) => Ok(Ok((key, holder, deadline, attempt))),
+            Err(early) => {
+                // Answered from what was stored: this call's token was never written.
+                claim.withdraw(&holder);
+                Ok(Err(early))
+            }
         }
     }
 
@@ -501,10 +568,12 @@ impl Store {
         }
         // `None`: a wait so long that the deadline is not representable, i.e. no deadline.
         let give_up = Instant::now().checked_add(max_wait);
+        // One claim for every ask: an ask whose answer was lost is recognised by the next.
+        let mut claim = Claim::new(request);
         loop {
             let seen = self.lease_events_seen();
-            match self.begin_observed(request.clone())? {
-                Begin::InFlight { retry_after } => {
+            match self.claim_key(&mut claim)? {
+                Err(Early::InFlight { retry_after }) => {
                     let now = Instant::now();
                     let slice = match give_up {
                         Some(t) if now >= t => return Ok(Begin::InFlight { retry_after }),
@@ -513,7 +582,7 @@ impl Store {
                     };
                     self.wait_for_lease_event(seen, slice);
                 }
-                other => return Ok(other),
+                other => return self.begun(claim.into_request(), other),
             }
         }
     }
@@ -734,10 +803,16 @@ impl Store {
         Ok(record_key(request))
     }
 
-    /// The lock-free path: a read transaction answers replays, mismatches and in-flight keys.
-    /// A fail-stopped store answers none: the answer after a failure is `FailStopped` whatever
-    /// redb still holds in its cache.
-    fn read_path(&self, request: &Request, key: &[u8]) -> Result<Option<Early>, Error> {
+    /// The lock-free path: the answer a read transaction gives `request` (whose claim drew the
+    /// holder tokens `own`; none for flow A) without a write, if any — a replay, a mismatch, an
+    /// in-flight key. A fail-stopped store answers none: the answer after a failure is
+    /// `FailStopped` whatever redb still holds in its cache.
+    fn read_path(
+        &self,
+        request: &Request,
+        own: &[HolderToken],
+        key: &[u8],
+    ) -> Result<Option<Early>, Error> {
         self.check_writable()?;
         let stored = self.read_record(key)?;
         let now = self.now();
@@ -745,6 +820,7 @@ impl Store {
             decide_among(
                 stored.as_ref(),
                 request.fingerprint(),
+                own,
                 now,
                 self.inner.holders,
             ),
@@ -753,10 +829,13 @@ impl Store {
         ))
     }
 
+    /// What `request` (whose claim drew the holder tokens `own`; none for flow A) may do,
+    /// decided from the record read in the write transaction.
     fn decide_in(
         &self,
         open: &mut Open<'_>,
         request: &Request,
+        own: &[HolderToken],
         key: &[u8],
         now: Timestamp,
     ) -> Result<Claimed, Error> {
@@ -764,6 +843,7 @@ impl Store {
         let decision = decide_among(
             stored.as_ref(),
             request.fingerprint(),
+            own,
             now,
             self.inner.holders,
         );
@@ -1213,6 +1293,10 @@ enum Claimed {
     Early(Early),
     Free(Attempt),
 }
+
+/// What a flow-B claim got: the key and the lease's token, deadline and attempt number once
+/// the claim committed, or an answer without a claim.
+type ClaimedKey = Result<(Vec<u8>, HolderToken, Timestamp, u32), Early>;
 
 /// This engine's name in what it reports (feature `tracing`: the spans' `engine` field).
 pub(crate) const ENGINE: Engine = Engine("redb");

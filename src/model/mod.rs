@@ -2,6 +2,7 @@
 //! do with them. No storage, no threads, no I/O: every engine (today the one in src/engine)
 //! stores and loads these values and applies these rules, it never re-derives one.
 //!
+//! - `claim`: a flow-B request whose retries recognise the lease it already took;
 //! - `clock`: [`Timestamp`](clock::Timestamp) and the clocks that give it;
 //! - `envelope`: the byte layout of the HTTP layer's stored answers (`IDH1` / `IDH2`), read
 //!   without HTTP types;
@@ -21,6 +22,7 @@
 //! - `typed`: typed answers (`execute_typed`): a serde value stored and decoded on replay;
 //! - `settings`: the settings every engine shares, their defaults and checks.
 
+pub(crate) mod claim;
 pub(crate) mod clock;
 pub(crate) mod envelope;
 pub(crate) mod keys;

@@ -256,6 +256,8 @@ impl PgStoreBuilder {
             work: Arc::new(Signal::default()),
             extensions: Mutex::new(HashMap::new()),
             sweeper: Mutex::new(None),
+            #[cfg(feature = "__internal_whitebox")]
+            hooks: Default::default(),
         };
         let store = PgStore {
             inner: Arc::new(inner),

@@ -31,12 +31,17 @@
 //!   write whose row changed since it was read: the whole batch re-runs after a short jittered
 //!   pause (up to [`MAX_RUNS`] times; every member decides again from the rows as they are now, so the
 //!   loser of an insert race replays the winner's answer);
-//! - a connection that fails at the commit: every member gets [`Error::OutcomeUnknown`] (a
-//!   retry with the same key replays if the commit landed); anywhere else the transaction
-//!   certainly did not commit, and members get [`Error::Storage`]. The broken connection is
-//!   dropped; the pool connects anew, so a server restart costs the batches in flight, not the
-//!   store.
+//! - a commit that fails: a member whose answer does not depend on it gets its answer — one
+//!   that wrote nothing ([`Step::Clean`]: a replay, a mismatch, an in-flight answer, a lease
+//!   call that found its lease lost) and read only rows as they were committed before the batch
+//!   opened (not a row an earlier member of the batch wrote). Every other member gets
+//!   [`Error::OutcomeUnknown`] if the connection failed at the commit (a retry with the same key
+//!   finds the commit if it landed), or [`Error::Storage`] if the server refused it (nothing
+//!   landed). A connection that fails anywhere else certainly did not commit, and members get
+//!   [`Error::Storage`]. The broken connection is dropped; the pool connects anew, so a server
+//!   restart costs the batches in flight, not the store.
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
@@ -123,7 +128,8 @@ pub(crate) enum Step<T> {
     /// Keep my writes in the batch; give me `T` once the batch has committed.
     Done(T),
     /// I wrote nothing; give me `T` once the batch has ended (a batch in which nobody wrote is
-    /// rolled back, not committed).
+    /// rolled back, not committed). If I read nothing an earlier member of the batch wrote, `T`
+    /// does not depend on the batch's commit, and I get it even if the commit fails.
     Clean(T),
     /// Roll back my writes (the batch re-runs without me) and give me this error now; a
     /// retryable refusal of the server re-runs the whole batch, me included.
@@ -165,6 +171,12 @@ pub(crate) struct Baton {
     written: BTreeMap<(Table, Vec<u8>), Option<Written>>,
     /// Some member kept writes.
     dirty: bool,
+    /// The current member read a row from `written` (what an earlier member wrote): its answer
+    /// holds only if the batch commits.
+    read_written: Cell<bool>,
+    /// Per member (by position): its answer stands whether or not the batch commits — it wrote
+    /// nothing, and read only rows as they were committed before the batch opened.
+    settled: Vec<bool>,
     /// Runs of this batch so far (1 for the first).
     runs: u32,
 }
@@ -189,6 +201,7 @@ impl Batch<'_> {
     fn current(&self, table: Table, key: &[u8]) -> Result<Option<&[u8]>, Error> {
         let id = (table, key.to_vec());
         if let Some(w) = self.baton.written.get(&id) {
+            self.baton.read_written.set(true);
             return Ok(w.as_ref().map(|w| w.value.as_slice()));
         }
         match self.baton.found.get(&id) {
@@ -328,6 +341,7 @@ impl PgStore {
                 }
                 Signal::Turn(mut baton) => {
                     queued.ended();
+                    baton.read_written.set(false);
                     let step =
                         catch_unwind(AssertUnwindSafe(|| work(&mut Batch { baton: &mut baton })));
                     match step {
@@ -335,7 +349,13 @@ impl PgStore {
                             baton.dirty = true;
                             value = Some(v);
                         }
-                        Ok(Step::Clean(v)) => value = Some(v),
+                        Ok(Step::Clean(v)) => {
+                            let independent = !baton.read_written.get();
+                            if let Some(settled) = baton.settled.get_mut(baton.pos) {
+                                *settled = independent;
+                            }
+                            value = Some(v);
+                        }
                         Ok(Step::Abort(e)) if retryable(&e) && baton.runs < MAX_RUNS => {
                             self.restart(baton);
                             signal = me.wait();
@@ -365,7 +385,7 @@ impl PgStore {
                 }
                 Signal::Committed => {
                     return value.ok_or(Error::Internal {
-                        what: "a batch member was told of a commit it did not take part in",
+                        what: "a batch member was told its answer stands before it had one",
                     });
                 }
                 Signal::Failed(e) => return Err(e),
@@ -403,6 +423,7 @@ impl PgStore {
             };
             match self.lock_rows(c, &batch) {
                 Ok((c, now, found)) => {
+                    let settled = vec![false; batch.len()];
                     return Some(Box::new(Baton {
                         conn: c,
                         batch,
@@ -411,6 +432,8 @@ impl PgStore {
                         found,
                         written: BTreeMap::new(),
                         dirty: false,
+                        read_written: Cell::new(false),
+                        settled,
                         runs,
                     }));
                 }
@@ -636,8 +659,8 @@ impl PgStore {
         }
         let statement = commit_sql(self, &baton);
         let timer = Stopwatch::start();
-        match baton.conn.client.simple_query(&statement) {
-            Ok(_) => {
+        match self.run_commit(&mut baton.conn, &statement, n) {
+            Ok(()) => {
                 observe::batch(
                     ENGINE,
                     n,
@@ -666,12 +689,57 @@ impl PgStore {
                 if failure != Failure::Connection {
                     rollback(&mut baton.conn);
                 }
+                // The members that wrote, or read what an earlier member wrote, learn the
+                // failure (`OutcomeUnknown` when the connection failed: the commit may have
+                // landed); the others' answers came from committed rows and stand.
                 let error = at_commit(e);
-                group::fail_all(&baton.batch[..n - 1], || error.clone_for_batch());
+                let answer = |settled: bool| {
+                    if settled {
+                        Signal::Committed
+                    } else {
+                        Signal::Failed(error.clone_for_batch())
+                    }
+                };
+                for (m, settled) in baton.batch[..n - 1].iter().zip(&baton.settled) {
+                    m.send(answer(*settled));
+                }
+                let mine = answer(baton.settled.get(n - 1).copied().unwrap_or(false));
                 drop(baton);
                 group.hand_off();
-                Some(Signal::Failed(error))
+                Some(mine)
             }
+        }
+    }
+}
+
+impl PgStore {
+    /// Sends the commit of a batch of `members` members on `conn`.
+    fn run_commit(
+        &self,
+        conn: &mut Conn,
+        statement: &str,
+        members: usize,
+    ) -> Result<(), postgres::Error> {
+        #[cfg(feature = "__internal_whitebox")]
+        {
+            use crate::postgres::whitebox::{CommitLoss, terminate};
+            let loss = self.commit_loss(members);
+            if loss == Some(CommitLoss::BeforeItRuns) {
+                let _ = terminate(conn);
+            }
+            let result = conn.client.simple_query(statement).map(drop);
+            if result.is_ok()
+                && loss == Some(CommitLoss::AfterItRan)
+                && let Some(e) = terminate(conn)
+            {
+                return Err(e);
+            }
+            result
+        }
+        #[cfg(not(feature = "__internal_whitebox"))]
+        {
+            let _ = (self, members);
+            conn.client.simple_query(statement).map(drop)
         }
     }
 }

@@ -20,8 +20,8 @@ use crate::runtime::observe::{self, Attempted, Call, Kind};
 /// Every call locks the record's row and proceeds only if it still carries this lease's holder
 /// token ([`crate::rules::holds_lease`]), and the write itself is `UPDATE … WHERE holder =
 /// <token>` (or the same `DELETE`), its row count checked by the server. Once the lease lapsed
-/// and another attempt took the key over, every call fails with [`Error::LeaseLost`] and
-/// changes nothing.
+/// and another attempt took the key over (or a retry of the same [`crate::Claim`] took it back),
+/// every call fails with [`Error::LeaseLost`] and changes nothing.
 ///
 /// Dropping an unfinished lease releases it (the key is free at once). If the process dies,
 /// the lease deadline — on the database server's clock — frees the key for a takeover, by any

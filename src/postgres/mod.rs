@@ -42,6 +42,7 @@
 //! | `outbox.rs` | the outbox push ([`PgOutbox`]), version marks ([`PgVersions`]), outbox inspection and dead letters |
 //! | `dispatch.rs` | the dispatcher several processes may run at once (`FOR UPDATE SKIP LOCKED`) |
 //! | `sweep.rs` | bounded sweeps on the `due` index, stats, the background sweeper |
+//! | `whitebox.rs` | NOT PUBLIC API (`__internal_whitebox`): test hooks on the commit path |
 
 pub(crate) mod builder;
 pub(crate) mod commit;
@@ -55,6 +56,8 @@ pub(crate) mod store;
 pub(crate) mod sweep;
 pub(crate) mod tx;
 pub(crate) mod typed;
+#[cfg(feature = "__internal_whitebox")]
+pub(crate) mod whitebox;
 
 pub use builder::PgStoreBuilder;
 pub use lease::PgLease;
@@ -62,3 +65,6 @@ pub use outbox::{PgOutbox, PgVersions};
 pub use schema::SCHEMA_VERSION;
 pub use store::{PgClient, PgStore};
 pub use tx::PgTx;
+#[cfg(feature = "__internal_whitebox")]
+#[doc(hidden)]
+pub use whitebox::CommitLoss;

@@ -11,13 +11,14 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use crate::error::Error;
+use crate::model::claim::Claim;
 use crate::model::clock::{Clock, Timestamp};
 use crate::model::outbox::Origin;
 use crate::model::record::{HolderToken, Record};
 use crate::model::response::{Abort, Begin, Outcome, Response};
 use crate::model::rules::answers::{self, Early};
 use crate::model::rules::instants;
-use crate::model::rules::{Decision, decide};
+use crate::model::rules::{Decision, decide_claim};
 use crate::model::scope::{Limits, Request, Scope, admit_key, record_key};
 use crate::model::settings::Config;
 use crate::postgres::commit::{Batch, Group, Locks, Pooled, Step};
@@ -68,6 +69,9 @@ pub(crate) struct Inner {
     pub(crate) extensions: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
     /// The background sweeper, if configured.
     pub(crate) sweeper: Mutex<Option<crate::postgres::sweep::Sweeper>>,
+    /// Test hooks (NOT PUBLIC API).
+    #[cfg(feature = "__internal_whitebox")]
+    pub(crate) hooks: crate::postgres::whitebox::Hooks,
 }
 
 impl Drop for Inner {
@@ -181,7 +185,7 @@ impl PgStore {
                 Ok(r) => r,
                 Err(e) => return Step::Clean(Err(e)),
             };
-            let attempt = match self.claimable(stored.as_ref(), &request, now) {
+            let attempt = match self.claimable(stored.as_ref(), &request, &[], now) {
                 Ok(attempt) => attempt,
                 Err(early) => return Step::Clean(early.into_outcome()),
             };
@@ -262,25 +266,102 @@ impl PgStore {
     /// # }
     /// ```
     pub fn begin(&self, request: Request) -> Result<Begin<PgLease>, Error> {
-        Call::of(ENGINE, Kind::Begin, request.scope()).observe(|_| self.begin_observed(request))
+        Call::of(ENGINE, Kind::Begin, request.scope()).observe(|_| {
+            let mut claim = Claim::new(request);
+            let claimed = self.claim_key(&mut claim)?;
+            self.begun(claim.into_request(), claimed)
+        })
     }
 
-    /// [`PgStore::begin`], inside its observed call (`runtime/observe.rs`).
-    fn begin_observed(&self, request: Request) -> Result<Begin<PgLease>, Error> {
-        let key = self.admit(&request)?;
+    /// [`PgStore::begin`] for a [`Claim`] whose retries recognise the lease it already took:
+    /// when a call fails — [`Error::OutcomeUnknown`] above all, where the claim may have
+    /// committed without its answer arriving — call again with the same claim. If an earlier
+    /// call's claim landed, the key is Pending under that call's holder token: this call
+    /// recognises it and takes the lease at once ([`crate::rules::Decision::Resume`]: same
+    /// attempt, same downstream key, a new token), where [`PgStore::begin`] would answer
+    /// `InFlight` until the lease lapsed. Otherwise the same answers as `begin`.
+    ///
+    /// A lease an earlier call of this claim handed out is fenced by the resume
+    /// ([`Error::LeaseLost`]): retry with the claim only while you hold none of its leases.
+    ///
+    /// # Example
+    ///
+    /// (`no_run`: it needs a server.)
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use idem::postgres::PgStore;
+    /// use idem::{Begin, Claim, Error, Request, Response, Scope};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = PgStore::open("postgresql://app@db.internal/payments")?;
+    /// let request = Request::new(Scope::new("tenant-42", "pay_invoice"), "inv-7", &1_000i64)?;
+    /// let mut claim = Claim::new(request);
+    /// let mut tries = 0;
+    /// let begun = loop {
+    ///     tries += 1;
+    ///     match store.begin_claim(&mut claim) {
+    ///         // The connection failed: the claim may have landed; the retry recognises it.
+    ///         Err(Error::OutcomeUnknown { .. } | Error::Storage { .. } | Error::Busy { .. })
+    ///             if tries < 5 =>
+    ///         {
+    ///             std::thread::sleep(Duration::from_millis(100))
+    ///         }
+    ///         other => break other?,
+    ///     }
+    /// };
+    /// if let Begin::Acquired(lease) = begun {
+    ///     // … call the provider with lease.downstream_key() …
+    ///     lease.complete(Response::new(200, "paid"))?;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn begin_claim(&self, claim: &mut Claim) -> Result<Begin<PgLease>, Error> {
+        Call::of(ENGINE, Kind::Begin, claim.request().scope()).observe(|_| {
+            let claimed = self.claim_key(claim)?;
+            self.begun(claim.request().clone(), claimed)
+        })
+    }
+
+    /// The lease of a committed claim for `request`, or the answer given instead. The lease
+    /// exists only once its claim committed: a lease releases its key on drop.
+    fn begun(&self, request: Request, claimed: Claimed) -> Result<Begin<PgLease>, Error> {
+        match claimed {
+            Ok(c) => Ok(Begin::Acquired(PgLease::new(
+                self.clone(),
+                request,
+                c.key,
+                c.holder,
+                c.deadline,
+                c.attempt,
+            ))),
+            Err(early) => early.into_begin(),
+        }
+    }
+
+    /// Flow B's claim for `claim`, under a holder token drawn for this call (the claim
+    /// remembers it, and forgets it when the call answers without writing it): a claim, a
+    /// takeover of a lapsed lease, or a resume of a record one of the claim's earlier calls
+    /// wrote.
+    fn claim_key(&self, claim: &mut Claim) -> Result<Claimed, Error> {
+        let request = claim.request();
+        let key = self.admit(request)?;
         let config = &self.inner.config;
         let windows = config.windows_for(request.scope().operation());
+        let holder = self.new_token();
+        claim.issue(holder);
+        let (request, own) = (claim.request(), claim.tokens());
         let claimed = self.write(Locks::record(&key), |batch| {
             let now = batch.now();
             let stored = match batch.record(&key) {
                 Ok(r) => r,
                 Err(e) => return Step::Clean(Err(Early::Error(e))),
             };
-            let attempt = match self.claimable(stored.as_ref(), &request, now) {
+            let attempt = match self.claimable(stored.as_ref(), request, own, now) {
                 Ok(attempt) => attempt,
                 Err(early) => return Step::Clean(Err(early)),
             };
-            let holder = self.new_token();
             let (record, lease_deadline) = instants::claim(
                 *request.fingerprint(),
                 attempt,
@@ -290,21 +371,22 @@ impl PgStore {
                 &windows,
             );
             match batch.put_record(&key, &record) {
-                Ok(()) => Step::Done(Ok((holder, lease_deadline, attempt.number))),
+                Ok(()) => Step::Done(Ok((lease_deadline, attempt.number))),
                 Err(e) => Step::Abort(e),
             }
         })?;
-        // The lease exists only once its claim committed: a lease releases its key on drop.
         match claimed {
-            Ok((holder, deadline, attempt)) => Ok(Begin::Acquired(PgLease::new(
-                self.clone(),
-                request,
+            Ok((deadline, attempt)) => Ok(Ok(ClaimedKey {
                 key,
                 holder,
                 deadline,
                 attempt,
-            ))),
-            Err(early) => early.into_begin(),
+            })),
+            Err(early) => {
+                // Answered from what was stored: this call's token was never written.
+                claim.withdraw(&holder);
+                Ok(Err(early))
+            }
         }
     }
 
@@ -333,10 +415,12 @@ impl PgStore {
             return Err(Error::Reentrant);
         }
         let give_up = Instant::now().checked_add(max_wait);
+        // One claim for every ask: an ask whose answer was lost is recognised by the next.
+        let mut claim = Claim::new(request);
         loop {
             let seen = *self.inner.lease_events.lock();
-            match self.begin_observed(request.clone())? {
-                Begin::InFlight { retry_after } => {
+            match self.claim_key(&mut claim)? {
+                Err(Early::InFlight { retry_after }) => {
                     let now = Instant::now();
                     let slice = match give_up {
                         Some(t) if now >= t => return Ok(Begin::InFlight { retry_after }),
@@ -348,7 +432,7 @@ impl PgStore {
                         let _ = self.inner.lease_changed.wait_for(&mut events, slice);
                     }
                 }
-                other => return Ok(other),
+                other => return self.begun(claim.into_request(), other),
             }
         }
     }
@@ -466,14 +550,16 @@ impl PgStore {
         Ok(record_key(request))
     }
 
-    /// The attempt a claim at `now` starts, or the answer it gets instead.
+    /// The attempt a claim at `now` starts, or the answer it gets instead; `own`: the holder
+    /// tokens of the request's [`Claim`] (none for flow A).
     fn claimable(
         &self,
         stored: Option<&Record>,
         request: &Request,
+        own: &[HolderToken],
         now: Timestamp,
     ) -> Result<instants::Attempt, Early> {
-        let decision = decide(stored, request.fingerprint(), now);
+        let decision = decide_claim(stored, request.fingerprint(), own, now);
         if let Some(early) = answers::early(
             decision.clone(),
             request,
@@ -484,7 +570,7 @@ impl PgStore {
         }
         debug_assert!(matches!(
             decision,
-            Decision::Claim | Decision::Takeover { .. }
+            Decision::Claim | Decision::Takeover { .. } | Decision::Resume { .. }
         ));
         Ok(instants::attempt(&decision, stored, now))
     }
@@ -650,6 +736,17 @@ impl std::fmt::Debug for PgClient {
         f.debug_struct("PgClient").finish_non_exhaustive()
     }
 }
+
+/// A committed claim: the key, and the lease's token, deadline and attempt number.
+struct ClaimedKey {
+    key: Vec<u8>,
+    holder: HolderToken,
+    deadline: Timestamp,
+    attempt: u32,
+}
+
+/// What a flow-B claim got: the key, or an answer without a claim.
+type Claimed = Result<ClaimedKey, Early>;
 
 /// This engine's name in what it reports (feature `tracing`: the spans' `engine` field).
 pub(crate) const ENGINE: Engine = Engine("postgres");

@@ -68,7 +68,9 @@ pub(crate) enum Signal<B> {
     /// Your turn: run your work in the batch's transaction, then pass it on. Boxed: a
     /// transaction handle may be large; the baton moves by pointer.
     Turn(Box<B>),
-    /// The batch you ran in committed.
+    /// Your answer is final: the batch you ran in committed, or (the driver's judgement) your
+    /// work's answer does not depend on the batch's commit — the batch wrote nothing, or you
+    /// wrote nothing and read nothing it wrote.
     Committed,
     /// The batch failed, or you were turned away.
     Failed(Error),

@@ -5,7 +5,7 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
-use idem::{Begin, Response, Scope};
+use idem::{Begin, Claim, Response, Scope};
 
 use super::*;
 use crate::common::T0;
@@ -266,4 +266,55 @@ pub fn a_heartbeat_under_a_backward_clock_keeps_the_granted_deadline<E: Engine>(
         begin_replayed(e.begin_wait(charge, Duration::MAX)).body(),
         b"ok"
     );
+}
+
+/// A claim whose answer was lost (its lease forgotten, as by a caller that never received it)
+/// leaves the key Pending: another caller sees it in flight, and the retry with the same
+/// [`Claim`] takes it at once — the same attempt and downstream key, a full lease from now —
+/// while the lease the earlier call handed out is fenced. A claim recognises only its own
+/// tokens: once another attempt took the key over, the claim sees it in flight like anyone;
+/// and a claim that got an answer without a lease is claimed afresh.
+pub fn a_begin_retried_with_its_claim_takes_its_own_lease_at_once<E: Engine>(e: &mut E) {
+    let scope = Scope::new("t1", "ship");
+    let parcel = req("t1", "ship", "parcel-1", b"express");
+    let mut claim = Claim::new(parcel.clone());
+    let mut first = acquired(e.begin_claim(&mut claim));
+    begin_in_flight(e.begin(parcel.clone()));
+
+    e.advance(MS * 5);
+    let resumed = acquired(e.begin_claim(&mut claim));
+    assert_eq!((resumed.attempt(), resumed.takeover_of()), (1, None));
+    assert_eq!(resumed.downstream_key(), first.downstream_key());
+    assert_eq!(resumed.deadline(), e.now().saturating_add(LEASE));
+    // The earlier handle is fenced: nothing it does reaches the record.
+    let before = e.get(&scope, "parcel-1").expect("get");
+    lease_lost(first.heartbeat());
+    lease_lost(first.complete(Response::new(200, "from the lost answer")));
+    assert_eq!(e.get(&scope, "parcel-1").expect("get"), before);
+    begin_in_flight(e.begin(parcel.clone()));
+
+    let label = resumed
+        .complete(Response::new(200, "label"))
+        .expect("the resumed lease completes");
+    assert_eq!(begin_replayed(e.begin_claim(&mut claim)), label);
+
+    // Another attempt's takeover is not the claim's own.
+    let other = req("t1", "ship", "parcel-2", b"express");
+    let mut claim = Claim::new(other.clone());
+    acquired(e.begin_claim(&mut claim)).crash();
+    e.advance(LEASE);
+    let taken = acquired(e.begin(other.clone()));
+    assert_eq!(taken.takeover_of(), Some(1));
+    begin_in_flight(e.begin_claim(&mut claim));
+    taken.release().expect("release");
+
+    // A claim that was answered without a lease wrote nothing: it claims afresh later.
+    let third = req("t1", "ship", "parcel-3", b"express");
+    let holder = acquired(e.begin(third.clone()));
+    let mut claim = Claim::new(third.clone());
+    begin_in_flight(e.begin_claim(&mut claim));
+    holder.release().expect("release");
+    let fresh = acquired(e.begin_claim(&mut claim));
+    assert_eq!(fresh.attempt(), 1);
+    fresh.release().expect("release");
 }

@@ -24,7 +24,7 @@ use idem::outbox::{
 };
 use idem::rules::VersionCheck;
 use idem::store::{Stats, SweepReport};
-use idem::{Begin, Error, Outcome, Request, Response, Scope, Timestamp, Tombstone};
+use idem::{Begin, Claim, Error, Outcome, Request, Response, Scope, Timestamp, Tombstone};
 
 mod closure_endings;
 mod derived_values_are_engine_independent;
@@ -214,6 +214,8 @@ pub trait Engine: Sync + Sized {
     fn execute(&self, request: Request, behavior: &Behavior) -> Result<Outcome, Error>;
     /// Flow B's claim.
     fn begin(&self, request: Request) -> Result<Begin<Self::Lease>, Error>;
+    /// Flow B's claim for a [`Claim`] whose retries recognise the lease it already took.
+    fn begin_claim(&self, claim: &mut Claim) -> Result<Begin<Self::Lease>, Error>;
     /// Flow B's claim, waiting up to `max_wait` for another attempt to finish.
     fn begin_wait(&self, request: Request, max_wait: Duration)
     -> Result<Begin<Self::Lease>, Error>;
@@ -337,6 +339,7 @@ macro_rules! conformance_tests {
             begin_wait_takes_over_a_lease_that_lapses_while_waiting,
             in_flight_hint_is_the_remaining_lease_capped,
             a_heartbeat_under_a_backward_clock_keeps_the_granted_deadline,
+            a_begin_retried_with_its_claim_takes_its_own_lease_at_once,
             // Retention.
             retention_boundaries_are_exact,
             sweep_shrinks_then_deletes_and_stats_count_states,

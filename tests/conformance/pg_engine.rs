@@ -16,7 +16,7 @@ use idem::outbox::{
 };
 use idem::postgres::{PgLease, PgStore, PgTx};
 use idem::store::{Stats, SweepReport};
-use idem::{Abort, Begin, Error, Outcome, Request, Response, Scope, Timestamp};
+use idem::{Abort, Begin, Claim, Error, Outcome, Request, Response, Scope, Timestamp};
 
 use crate::common::pg::PgHarness;
 use crate::conformance::{
@@ -102,6 +102,10 @@ impl Engine for PgEngine {
 
     fn begin(&self, request: Request) -> Result<Begin<PgEngineLease>, Error> {
         Ok(self.lease(self.store.begin(request)?))
+    }
+
+    fn begin_claim(&self, claim: &mut Claim) -> Result<Begin<PgEngineLease>, Error> {
+        Ok(self.lease(self.store.begin_claim(claim)?))
     }
 
     fn begin_wait(

@@ -14,7 +14,7 @@ use idem::outbox::{
 };
 use idem::redb::TableDefinition;
 use idem::store::{Stats, SweepReport};
-use idem::{Abort, Begin, Error, Lease, Outcome, Request, Response, Scope, Timestamp, Tx};
+use idem::{Abort, Begin, Claim, Error, Lease, Outcome, Request, Response, Scope, Timestamp, Tx};
 
 use crate::common::{Harness, bump, effects};
 use crate::conformance::{
@@ -83,6 +83,10 @@ impl Engine for RedbEngine {
 
     fn begin(&self, request: Request) -> Result<Begin<Lease>, Error> {
         self.h.store().begin(request)
+    }
+
+    fn begin_claim(&self, claim: &mut Claim) -> Result<Begin<Lease>, Error> {
+        self.h.store().begin_claim(claim)
     }
 
     fn begin_wait(&self, request: Request, max_wait: Duration) -> Result<Begin<Lease>, Error> {

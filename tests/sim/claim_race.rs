@@ -157,6 +157,9 @@ struct Sim {
     seq: u64,
     /// Every holder token ever handed out: fencing needs each attempt's to be new.
     holders: std::collections::HashSet<idem::format::HolderToken>,
+    /// The tokens the open store granted: a lease granted before the last reopen or crash has
+    /// no holder left (the file admits one store at a time), and is taken over at once.
+    granted_here: std::collections::HashSet<idem::format::HolderToken>,
 }
 
 /// The model's own rule (docs/design.md, decision order), written independently of `decide`.
@@ -207,7 +210,14 @@ fn live(record: &Option<Record>, now: Timestamp) -> Option<&Record> {
     record.as_ref().filter(|r| now < r.forget_at)
 }
 
-fn expect(record: &Option<Record>, fp: &Fingerprint, now: Timestamp) -> Expect {
+/// `granted_here`: the tokens whose holders may still be running (`None`: any holder may be,
+/// `decide`'s view; the store's view is the tokens it granted itself).
+fn expect(
+    record: &Option<Record>,
+    fp: &Fingerprint,
+    now: Timestamp,
+    granted_here: Option<&std::collections::HashSet<idem::format::HolderToken>>,
+) -> Expect {
     let Some(r) = live(record, now) else {
         return Expect::Claim;
     };
@@ -230,9 +240,10 @@ fn expect(record: &Option<Record>, fp: &Fingerprint, now: Timestamp) -> Expect {
         State::Pending {
             lease_deadline,
             attempt,
-            ..
+            holder,
         } => {
-            if now < *lease_deadline {
+            let running = granted_here.is_none_or(|granted| granted.contains(holder));
+            if now < *lease_deadline && running {
                 Expect::InFlight(*lease_deadline)
             } else {
                 Expect::Takeover(attempt.saturating_add(1))
@@ -292,6 +303,7 @@ impl Sim {
             intents: (0..INTENTS.len()).map(|_| Intent::default()).collect(),
             seq: 0,
             holders: Default::default(),
+            granted_here: Default::default(),
         }
     }
 
@@ -398,8 +410,8 @@ impl Sim {
         let intent = usize::from(intent) % INTENTS.len();
         let req = request(intent, payload);
         let now = self.now();
-        let expected = expect(&self.intents[intent].record, req.fingerprint(), now);
-        self.agrees_with_decide(intent, req.fingerprint(), &expected);
+        let expected = self.expect(intent, req.fingerprint(), now);
+        self.agrees_with_decide(intent, req.fingerprint());
         let response = self.response(&format!("a{client}"), intent, end);
         let mut runs = 0;
         let result = self.store().execute(req.clone(), |tx| {
@@ -469,8 +481,8 @@ impl Sim {
         let intent = usize::from(intent) % INTENTS.len();
         let req = request(intent, payload);
         let now = self.now();
-        let expected = expect(&self.intents[intent].record, req.fingerprint(), now);
-        self.agrees_with_decide(intent, req.fingerprint(), &expected);
+        let expected = self.expect(intent, req.fingerprint(), now);
+        self.agrees_with_decide(intent, req.fingerprint());
         let result = self.store().begin(req.clone());
         match expected {
             Expect::Claim | Expect::Takeover(_) => {
@@ -498,6 +510,7 @@ impl Sim {
                     "a holder token was handed out twice: {:?}",
                     lease.holder()
                 );
+                self.granted_here.insert(lease.holder());
                 let deadline = ts(now, LEASE_MS);
                 assert_eq!(lease.deadline(), deadline);
                 let key = lease.downstream_key();
@@ -680,6 +693,7 @@ impl Sim {
             self.release(client as u8, false);
         }
         self.store = None;
+        self.granted_here.clear();
         self.store = Some(open(&self.backend, &self.clock));
     }
 
@@ -694,6 +708,7 @@ impl Sim {
             drop(slot.take());
         }
         self.store = None;
+        self.granted_here.clear();
         self.backend = self.backend.crash();
         self.store = Some(open(&self.backend, &self.clock));
     }
@@ -702,7 +717,7 @@ impl Sim {
         let intent = usize::from(intent) % INTENTS.len();
         let req = request(intent, payload);
         let now = self.now();
-        let expected = expect(&self.intents[intent].record, req.fingerprint(), now);
+        let expected = self.expect(intent, req.fingerprint(), now);
         let backend = self.backend.clone();
         let mut runs = 0;
         let result = self.store().execute(req, |tx| {
@@ -717,12 +732,15 @@ impl Sim {
             Expect::Claim | Expect::Takeover(_) => {
                 assert_eq!(runs, 1);
                 // The disk may fail on a write inside the transaction (redb growing the file:
-                // Storage, rolled back) or at the commit (OutcomeUnknown). Either way nothing
-                // was acknowledged, and the store latched.
+                // Storage, rolled back; or FailStopped naming it, when a later step of the same
+                // call met the failure again) or at the commit (OutcomeUnknown). Either way
+                // nothing was acknowledged, and the store latched.
                 assert!(
                     matches!(
                         result,
-                        Err(Error::OutcomeUnknown { .. } | Error::Storage { .. })
+                        Err(Error::OutcomeUnknown { .. }
+                            | Error::Storage { .. }
+                            | Error::FailStopped { .. })
                     ),
                     "a commit on a dead disk must fail, got {result:?}"
                 );
@@ -753,7 +771,21 @@ impl Sim {
         }
     }
 
-    fn agrees_with_decide(&self, intent: usize, fp: &Fingerprint, expected: &Expect) {
+    /// What the open store must answer for `intent`: the model's rule, knowing which leases'
+    /// holders may still be running.
+    fn expect(&self, intent: usize, fp: &Fingerprint, now: Timestamp) -> Expect {
+        expect(
+            &self.intents[intent].record,
+            fp,
+            now,
+            Some(&self.granted_here),
+        )
+    }
+
+    /// `idem::rules::decide` (which assumes any holder may be running) against the model's rule
+    /// under the same assumption.
+    fn agrees_with_decide(&self, intent: usize, fp: &Fingerprint) {
+        let expected = &expect(&self.intents[intent].record, fp, self.now(), None);
         let record = self.intents[intent].record.as_ref();
         let decided = match idem::rules::decide(record, fp, self.now()) {
             idem::rules::Decision::Claim => Expect::Claim,
@@ -764,6 +796,9 @@ impl Sim {
             }
             idem::rules::Decision::InFlight { lease_deadline } => Expect::InFlight(lease_deadline),
             idem::rules::Decision::Mismatch => Expect::Mismatch,
+            idem::rules::Decision::Resume { .. } => {
+                panic!("decide resumed a claim, but it is given no claim's tokens")
+            }
         };
         assert_eq!(
             &decided, expected,

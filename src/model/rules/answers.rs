@@ -51,7 +51,7 @@ impl Early {
 /// The answer `decision` (made at `now`) gives without a claim, if any: a replay, the
 /// tombstone, a mismatch naming the request's scope and key, or "in flight" with a hint of the
 /// lease's remaining time capped at `retry_after_cap` (and never below 1 ms). `None` for a
-/// claim or a takeover.
+/// claim, a takeover or a resume.
 pub(crate) fn early(
     decision: Decision<'_>,
     request: &Request,
@@ -59,7 +59,7 @@ pub(crate) fn early(
     retry_after_cap: Duration,
 ) -> Option<Early> {
     match decision {
-        Decision::Claim | Decision::Takeover { .. } => None,
+        Decision::Claim | Decision::Takeover { .. } | Decision::Resume { .. } => None,
         Decision::Replay(r) => Some(Early::Replay(r.clone())),
         expired @ Decision::Expired { .. } => expired.tombstone().map(Early::Expired),
         Decision::Mismatch => Some(Early::Error(Error::PayloadMismatch {

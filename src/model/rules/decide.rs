@@ -18,6 +18,14 @@ pub enum Decision<'r> {
         /// The new attempt's number (previous + 1).
         attempt: u32,
     },
+    /// A Pending record with the same fingerprint whose holder token is one the request's own
+    /// claim drew ([`decide_claim`]): an earlier call of the same [`crate::Claim`] wrote it and
+    /// its answer was lost. Take it again at once, live or lapsed, keeping its attempt number,
+    /// under a new token (which fences out the old one).
+    Resume {
+        /// The stored attempt's number, kept.
+        attempt: u32,
+    },
     /// The intent finished and its response window is open: replay this response (Completed
     /// or Failed).
     Replay(&'r Response),
@@ -75,9 +83,27 @@ pub fn is_forgotten(record: &Record, now: Timestamp) -> bool {
 /// 3. Completed / Failed with `now < expires_at` → `Replay`; past `expires_at`, or a
 ///    Tombstone → `Expired`;
 /// 4. Pending with `now < lease_deadline` → `InFlight`; otherwise → `Takeover`.
+///
+/// The same as [`decide_claim`] for a request that holds no token of the stored record (flow
+/// A, a plain `begin`): it never answers [`Decision::Resume`].
 pub fn decide<'r>(
     stored: Option<&'r Record>,
     fingerprint: &Fingerprint,
+    now: Timestamp,
+) -> Decision<'r> {
+    decide_claim(stored, fingerprint, &[], now)
+}
+
+/// [`decide`] for a flow-B claim ([`crate::Claim`]) whose earlier calls drew the holder tokens
+/// `own`: a Pending record carrying one of them is this claim's own, whose answer was lost, and
+/// is resumed at once ([`Decision::Resume`]) whatever its lease deadline. The rule sits in
+/// step 4, after forgetting and the fingerprint: a forgotten record is still absent, and a
+/// record of the claim's own always has its fingerprint. Any other record decides as in
+/// [`decide`].
+pub fn decide_claim<'r>(
+    stored: Option<&'r Record>,
+    fingerprint: &Fingerprint,
+    own: &[HolderToken],
     now: Timestamp,
 ) -> Decision<'r> {
     let record = match stored {
@@ -100,6 +126,9 @@ pub fn decide<'r>(
             resource: t.resource(),
             failed: t.is_failure(),
         },
+        State::Pending {
+            holder, attempt, ..
+        } if own.contains(holder) => Decision::Resume { attempt: *attempt },
         State::Pending {
             lease_deadline,
             attempt,
@@ -139,76 +168,94 @@ mod tests {
     };
 
     /// Every combination of state × fingerprint match × lease alive/lapsed × phase of the
-    /// record's life (response window, tombstone horizon, forgotten), with the expected decision
-    /// written out independently of `decide`.
+    /// record's life (response window, tombstone horizon, forgotten) × the claim's own tokens
+    /// (none, the stored holder's among others, only others), with the expected decision
+    /// written out independently of `decide_claim`; `decide` is `decide_claim` without tokens.
     #[test]
     fn exhaustive_decision_table() {
         let now = 1_000_000;
         let mut cases = 0;
+        let owns: [&[HolderToken]; 3] = [&[], &[YOU, ME], &[YOU]];
         for kind in KINDS {
             for fp_matches in [true, false] {
                 for lease_alive in [true, false] {
                     for phase in PHASES {
-                        cases += 1;
-                        let rec = record(kind, lease_alive, phase, now);
-                        let fp = if fp_matches { FP } else { OTHER };
-                        let got = decide(rec.as_ref(), &fp, Timestamp(now));
-                        let expected = match (kind, phase, fp_matches, lease_alive) {
-                            (Kind::Absent, ..) => "claim",
-                            (_, Phase::Forgotten, _, _) => "claim",
-                            (_, _, false, _) => "mismatch",
-                            (Kind::Completed | Kind::Failed, Phase::Window, true, _) => "replay",
-                            (Kind::Completed | Kind::Failed, Phase::Horizon, true, _) => "expired",
-                            (Kind::Tombstone, _, true, _) => "expired",
-                            (Kind::Pending, _, true, true) => "inflight",
-                            (Kind::Pending, _, true, false) => "takeover",
-                        };
-                        let case = format!(
-                            "kind={kind:?} fp_matches={fp_matches} lease_alive={lease_alive} phase={phase:?}"
-                        );
-                        assert_eq!(name(&got), expected, "{case}");
-                        match &got {
-                            Decision::Takeover { attempt } => {
-                                assert_eq!(*attempt, 4, "takeover numbers the next attempt")
+                        for own in owns {
+                            cases += 1;
+                            let rec = record(kind, lease_alive, phase, now);
+                            let fp = if fp_matches { FP } else { OTHER };
+                            let got = decide_claim(rec.as_ref(), &fp, own, Timestamp(now));
+                            if own.is_empty() {
+                                assert_eq!(decide(rec.as_ref(), &fp, Timestamp(now)), got);
                             }
-                            Decision::Replay(r) => assert_eq!(
-                                r.is_failure(),
-                                kind == Kind::Failed,
-                                "replay keeps Completed vs Failed: {case}"
-                            ),
-                            Decision::InFlight { lease_deadline } => {
-                                assert_eq!(lease_deadline.0, now + 10)
-                            }
-                            Decision::Expired {
-                                status,
-                                resource,
-                                failed,
-                            } => {
-                                let (want_status, want_id, want_failed) = match kind {
-                                    Kind::Completed => (201, "o1", false),
-                                    Kind::Failed => (402, "", true),
-                                    Kind::Tombstone => (409, "o2", true),
-                                    _ => unreachable!("{case}"),
-                                };
-                                assert_eq!(*status, want_status, "{case}");
-                                assert_eq!(
-                                    resource.map_or("", |r| r.id.as_str()),
-                                    want_id,
-                                    "{case}"
-                                );
-                                assert_eq!(*failed, want_failed, "{case}");
-                                let t = got.tombstone().expect("an expired decision has one");
-                                assert_eq!(t.status(), want_status);
-                            }
-                            Decision::Claim | Decision::Mismatch => {
-                                assert_eq!(got.tombstone(), None)
-                            }
+                            // The table's Pending records hold ME's lease.
+                            let mine = own.contains(&ME);
+                            let expected = match (kind, phase, fp_matches, lease_alive, mine) {
+                                (Kind::Absent, ..) => "claim",
+                                (_, Phase::Forgotten, ..) => "claim",
+                                (_, _, false, ..) => "mismatch",
+                                (Kind::Completed | Kind::Failed, Phase::Window, true, ..) => {
+                                    "replay"
+                                }
+                                (Kind::Completed | Kind::Failed, Phase::Horizon, true, ..) => {
+                                    "expired"
+                                }
+                                (Kind::Tombstone, _, true, ..) => "expired",
+                                (Kind::Pending, _, true, _, true) => "resume",
+                                (Kind::Pending, _, true, true, false) => "inflight",
+                                (Kind::Pending, _, true, false, false) => "takeover",
+                            };
+                            let case = format!(
+                                "kind={kind:?} fp_matches={fp_matches} lease_alive={lease_alive} phase={phase:?} mine={mine}"
+                            );
+                            check_decision(&got, expected, kind, now, &case);
                         }
                     }
                 }
             }
         }
-        assert_eq!(cases, 60);
+        assert_eq!(cases, 180);
+    }
+
+    /// Checks `got` against the table's `expected` name and the values each decision carries.
+    fn check_decision(got: &Decision<'_>, expected: &str, kind: Kind, now: u64, case: &str) {
+        assert_eq!(name(got), expected, "{case}");
+        match got {
+            Decision::Takeover { attempt } => {
+                assert_eq!(*attempt, 4, "takeover numbers the next attempt")
+            }
+            Decision::Resume { attempt } => {
+                assert_eq!(*attempt, 3, "a resume keeps the attempt")
+            }
+            Decision::Replay(r) => assert_eq!(
+                r.is_failure(),
+                kind == Kind::Failed,
+                "replay keeps Completed vs Failed: {case}"
+            ),
+            Decision::InFlight { lease_deadline } => {
+                assert_eq!(lease_deadline.0, now + 10)
+            }
+            Decision::Expired {
+                status,
+                resource,
+                failed,
+            } => {
+                let (want_status, want_id, want_failed) = match kind {
+                    Kind::Completed => (201, "o1", false),
+                    Kind::Failed => (402, "", true),
+                    Kind::Tombstone => (409, "o2", true),
+                    _ => unreachable!("{case}"),
+                };
+                assert_eq!(*status, want_status, "{case}");
+                assert_eq!(resource.map_or("", |r| r.id.as_str()), want_id, "{case}");
+                assert_eq!(*failed, want_failed, "{case}");
+                let t = got.tombstone().expect("an expired decision has one");
+                assert_eq!(t.status(), want_status);
+            }
+            Decision::Claim | Decision::Mismatch => {
+                assert_eq!(got.tombstone(), None)
+            }
+        }
     }
 
     #[test]

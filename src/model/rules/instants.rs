@@ -32,15 +32,16 @@ pub(crate) struct Attempt {
 }
 
 /// The attempt a claim at `now` starts, given the stored record and what [`decide`] answered
-/// for it: a [`Decision::Takeover`] keeps the intent's original `created_at` and takes the
-/// decision's attempt number; a [`Decision::Claim`] (no record, or a forgotten one) starts the
-/// intent afresh at `now` as attempt 1. The engine asks only after a `Claim` or a `Takeover`
-/// (every other decision claims nothing); for those it answers the fresh attempt too.
+/// for it: a [`Decision::Takeover`] or a [`Decision::Resume`] keeps the intent's original
+/// `created_at` and takes the decision's attempt number (the next one for a takeover, the
+/// stored one for a resume); a [`Decision::Claim`] (no record, or a forgotten one) starts the
+/// intent afresh at `now` as attempt 1. The engine asks only after a `Claim`, a `Takeover` or a
+/// `Resume` (every other decision claims nothing); for those it answers the fresh attempt too.
 ///
 /// [`decide`]: fn@super::decide
 pub(crate) fn attempt(decision: &Decision<'_>, stored: Option<&Record>, now: Timestamp) -> Attempt {
     match (decision, stored) {
-        (Decision::Takeover { attempt }, Some(r)) => Attempt {
+        (Decision::Takeover { attempt } | Decision::Resume { attempt }, Some(r)) => Attempt {
             created_at: r.created_at,
             number: *attempt,
         },
@@ -166,9 +167,11 @@ pub(crate) fn shrink(record: &Record) -> Option<Record> {
 mod tests {
     use super::*;
     use crate::model::response::Response;
-    use crate::model::rules::decide::{decide, holds_lease};
+    use crate::model::rules::decide::{decide, decide_claim, holds_lease};
     use crate::model::rules::sweep::{SweepAction, sweep_action, sweep_due};
-    use crate::model::rules::table::{FP, KINDS, Kind, ME, OTHER, PHASES, YOU, name, record};
+    use crate::model::rules::table::{
+        FP, KINDS, Kind, ME, OTHER, PHASES, Phase, YOU, name, record,
+    };
 
     const MS: fn(u64) -> Duration = Duration::from_millis;
 
@@ -294,6 +297,41 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// A claim whose earlier call's answer was lost resumes its own Pending record, live or
+    /// lapsed: the intent's `created_at` and the attempt number are kept, the new token holds
+    /// the lease and the old one is fenced out; another claim's record is not resumed.
+    #[test]
+    fn a_resume_keeps_the_attempt_and_fences_the_old_token() {
+        let now = 1_000_000;
+        for lease_alive in [true, false] {
+            let stored =
+                record(Kind::Pending, lease_alive, Phase::Window, now).expect("a pending record");
+            let at = Timestamp(now);
+            let decision = decide_claim(Some(&stored), &FP, &[ME], at);
+            assert_eq!(decision, Decision::Resume { attempt: 3 });
+            let a = attempt(&decision, Some(&stored), at);
+            assert_eq!(
+                a,
+                Attempt {
+                    created_at: stored.created_at,
+                    number: 3
+                }
+            );
+            let (resumed, deadline) = claim(FP, a, YOU, at, MS(30), &windows((30, 30)));
+            assert_eq!(deadline, Timestamp(now + 30));
+            assert!(holds_lease(Some(&resumed), &YOU, at));
+            assert!(
+                !holds_lease(Some(&resumed), &ME, at),
+                "the old token is fenced"
+            );
+            // Only the claim's own tokens resume: the stored holder's (ME) is not YOU's.
+            assert_ne!(
+                name(&decide_claim(Some(&stored), &FP, &[YOU], at)),
+                "resume"
+            );
         }
     }
 

@@ -1,8 +1,8 @@
 //! The rules an engine applies and never re-derives, as pure functions of stored values and
 //! time, each with its exhaustive decision table:
 //!
-//! - `decide`: what a request may do given the stored record ([`decide()`], [`holds_lease`],
-//!   [`is_expired`], [`is_forgotten`]);
+//! - `decide`: what a request may do given the stored record ([`decide()`], [`decide_claim`]
+//!   for a claim that may have written it, [`holds_lease`], [`is_expired`], [`is_forgotten`]);
 //! - `restart`: which lease holders may still be running ([`Holders`]), and [`decide_among`],
 //!   which takes over at once a lease whose holder cannot be;
 //! - `answers`: the answer a decision gives without running anything, and what a closure's
@@ -29,7 +29,7 @@ mod sweep;
 mod table;
 pub(crate) mod versions;
 
-pub use decide::{Decision, decide, holds_lease, is_expired, is_forgotten};
+pub use decide::{Decision, decide, decide_claim, holds_lease, is_expired, is_forgotten};
 pub use inbox::{InboxDecision, inbox_decide};
 pub use instants::heartbeat_deadline;
 pub use restart::{Holders, decide_among};

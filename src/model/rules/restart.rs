@@ -16,7 +16,7 @@
 use crate::model::clock::Timestamp;
 use crate::model::keys::Fingerprint;
 use crate::model::record::{HolderToken, Record, State};
-use crate::model::rules::decide::{Decision, decide};
+use crate::model::rules::decide::{Decision, decide_claim};
 
 /// Which lease holders may still be running, as the engine knows them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,16 +39,19 @@ impl Holders {
     }
 }
 
-/// [`decide`], knowing which holders may still be running: a live lease whose holder cannot
-/// be running is taken over at once (`Takeover`, the next attempt, as when a lease lapses),
-/// instead of answering `InFlight` until its deadline. Every other decision is `decide`'s.
+/// [`decide_claim`] (a request whose claim drew the tokens `own`; none for flow A or a plain
+/// `begin`), knowing which holders may still be running: a live lease whose holder cannot be
+/// running is taken over at once (`Takeover`, the next attempt, as when a lease lapses),
+/// instead of answering `InFlight` until its deadline. Every other decision is
+/// `decide_claim`'s (a claim's own lease is resumed before this rule is asked).
 pub fn decide_among<'r>(
     stored: Option<&'r Record>,
     fingerprint: &Fingerprint,
+    own: &[HolderToken],
     now: Timestamp,
     holders: Holders,
 ) -> Decision<'r> {
-    let decision = decide(stored, fingerprint, now);
+    let decision = decide_claim(stored, fingerprint, own, now);
     match (&decision, stored.map(|r| &r.state)) {
         (
             Decision::InFlight { .. },
@@ -65,6 +68,7 @@ pub fn decide_among<'r>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::rules::decide::decide;
     use crate::model::rules::table::{FP, KINDS, Kind, ME, OTHER, PHASES, name, record};
 
     /// [`ME`]'s instance: the first 8 bytes of its token.
@@ -87,7 +91,7 @@ mod tests {
                             Holders::Instance(MINE),
                             Holders::Instance(ANOTHER),
                         ] {
-                            let got = decide_among(rec.as_ref(), &fp, Timestamp(now), holders);
+                            let got = decide_among(rec.as_ref(), &fp, &[], Timestamp(now), holders);
                             let case = format!(
                                 "{kind:?} fp={} alive={lease_alive} {phase:?} {holders:?}",
                                 fp == FP

@@ -85,6 +85,7 @@ pub(super) fn name(d: &Decision<'_>) -> &'static str {
     match d {
         Decision::Claim => "claim",
         Decision::Takeover { .. } => "takeover",
+        Decision::Resume { .. } => "resume",
         Decision::Replay(_) => "replay",
         Decision::Expired { .. } => "expired",
         Decision::InFlight { .. } => "inflight",
