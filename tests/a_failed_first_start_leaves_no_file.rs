@@ -11,61 +11,12 @@
 
 #[cfg(feature = "http")]
 mod edge_example;
+mod tmpfs;
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use idem::{Outcome, Request, Response, Scope, Store};
-
-/// A tmpfs of `size` mounted on a fresh directory, unmounted on drop.
-struct Tmpfs {
-    dir: tempfile::TempDir,
-}
-
-impl Tmpfs {
-    fn mount(size: &str) -> Option<Tmpfs> {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mounted = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if mounted {
-            return Some(Tmpfs { dir });
-        }
-        assert_ne!(
-            std::env::var("IDEM_REQUIRE_MOUNT").as_deref(),
-            Ok("1"),
-            "IDEM_REQUIRE_MOUNT=1 but a tmpfs cannot be mounted here (needs root)"
-        );
-        eprintln!(
-            "skipped: cannot mount a tmpfs here (needs root); IDEM_REQUIRE_MOUNT=1 fails instead"
-        );
-        None
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    /// Fills the file system with a filler file until a write fails; returns its path.
-    fn fill(&self) -> PathBuf {
-        let filler = self.path().join("filler");
-        let mut f = std::fs::File::create(&filler).expect("filler");
-        let chunk = vec![0xa5u8; 4096];
-        while f.write_all(&chunk).is_ok() {}
-        let _ = f.sync_all();
-        filler
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.dir.path()).status();
-    }
-}
+use tmpfs::Tmpfs;
 
 fn claim(store: &Store) -> Outcome {
     let req = Request::from_canonical_bytes(Scope::new("t", "op"), "k", b"p");
