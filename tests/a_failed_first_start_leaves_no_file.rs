@@ -13,8 +13,6 @@
 mod edge_example;
 mod tmpfs;
 
-use std::process::{Command, Stdio};
-
 use idem::{Outcome, Request, Response, Scope, Store};
 use tmpfs::Tmpfs;
 
@@ -68,6 +66,7 @@ fn the_example_service_starts_once_space_is_back_after_a_first_start_on_a_full_d
     std::fs::create_dir(&data).expect("data dir");
     let filler = fs.fill();
 
+    use std::process::{Command, Stdio};
     let first = Command::new(edge_example::example_binary())
         .arg("--data")
         .arg(&data)
