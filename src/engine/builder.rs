@@ -394,13 +394,21 @@ impl StoreBuilder {
     ///
     /// An open that fails while it creates the store (a full disk, an I/O error) leaves no
     /// file behind: a file it created is removed, and an empty file it found is emptied again,
-    /// so the next open starts afresh instead of finding a half-written file.
+    /// so the next open starts afresh instead of finding a half-written file (not in
+    /// [`multi_process`](Self::multi_process) mode, where another process may have opened it
+    /// meanwhile).
     pub fn open(self, path: impl AsRef<Path>) -> Result<Store, Error> {
         self.validate()?;
         let path = path.as_ref();
         let shutdown = self.probe_path(path);
         let (redb, watch) = self.watched_builder(Some(path), shutdown);
-        let fresh = Fresh::claim(path);
+        // In multi_process mode another process may open the file this one creates, before this
+        // open fails: then it is theirs, and it is never taken back.
+        let fresh = if self.multi_process {
+            Fresh::NotOurs
+        } else {
+            Fresh::claim(path)
+        };
         let opened = contain_open(|| {
             let (db, repair_time) = watched(&watch, redb.create(path))?;
             Store::init(db, self, Create::Yes, repair_time)
