@@ -29,9 +29,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
-
 use crate::error::Error;
+use crate::runtime::sync::{Condvar, Mutex, protocol_invariant};
 
 /// Commit-path settings.
 #[derive(Debug, Clone, Copy)]
@@ -102,7 +101,15 @@ impl<B, M> Member<B, M> {
 
     /// Tells this member `s` and wakes it.
     pub(crate) fn send(&self, s: Signal<B>) {
-        *self.signal.lock() = s;
+        let mut slot = self.signal.lock();
+        // Invariant: one thread at a time may signal a member (a leader, the baton, the
+        // committer), and only once the member took the last signal: nothing is overwritten.
+        protocol_invariant!(
+            matches!(*slot, Signal::Wait),
+            "a member was signalled before it took its previous signal"
+        );
+        *slot = s;
+        drop(slot);
         self.cv.notify_one();
     }
 
@@ -114,6 +121,19 @@ impl<B, M> Member<B, M> {
                 Signal::Wait => self.cv.wait(&mut g),
                 s => return s,
             }
+        }
+    }
+}
+
+impl<B, M> Drop for Member<B, M> {
+    fn drop(&mut self) {
+        // Invariant: every signal sent to a member is taken by it; one left when the last
+        // reference goes was sent after the member had its answer (answered twice).
+        if !std::thread::panicking() {
+            protocol_invariant!(
+                matches!(*self.signal.get_mut(), Signal::Wait),
+                "a member was signalled after its answer"
+            );
         }
     }
 }

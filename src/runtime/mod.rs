@@ -14,4 +14,5 @@ pub(crate) mod group;
 pub(crate) mod observe;
 pub(crate) mod publish;
 pub(crate) mod signal;
+pub(crate) mod sync;
 pub(crate) mod worker;
