@@ -2,8 +2,8 @@
 //! (and one commit, one fsync), and each caller runs its own work on its own thread, so closures
 //! need neither `Send` nor `'static`. What moves between threads is the engine's transaction
 //! itself, passed as a baton `B`. An engine's driver opens, runs, commits and rolls back the
-//! batch (engine/commit.rs for the file engine); this file only says who leads, who waits, whose turn it
-//! is, and who is answered.
+//! batch (`driver.rs`, over the file engine's transaction); this file only says who leads, who
+//! waits, whose turn it is, and who is answered.
 //!
 //! - A caller that finds fewer than `lanes` batches running becomes a leader at once: a lone
 //!   request opens its transaction and commits immediately, with no timer and no hand-off
@@ -129,12 +129,10 @@ impl<B, M> Drop for Member<B, M> {
     fn drop(&mut self) {
         // Invariant: every signal sent to a member is taken by it; one left when the last
         // reference goes was sent after the member had its answer (answered twice).
-        if !std::thread::panicking() {
-            protocol_invariant!(
-                matches!(*self.signal.get_mut(), Signal::Wait),
-                "a member was signalled after its answer"
-            );
-        }
+        protocol_invariant!(
+            std::thread::panicking() || matches!(*self.signal.get_mut(), Signal::Wait),
+            "a member was signalled after its answer"
+        );
     }
 }
 
