@@ -14,6 +14,8 @@
 
 pub(crate) mod driver;
 pub(crate) mod group;
+#[cfg(test)]
+mod model_check;
 pub(crate) mod observe;
 pub(crate) mod publish;
 pub(crate) mod signal;

@@ -1,32 +1,34 @@
 //! The blocking primitives of the group-commit protocol (`group.rs`, `driver.rs`):
 //! parking_lot's `Mutex` and `Condvar` in every build, loom's when the crate's unit tests are
-//! built with `--cfg loom`, so that the model checker (`model_check.rs`) explores every
-//! interleaving of the shipped protocol code, not of a copy.
+//! built with `--cfg idem_loom`, so that the model checker (`model_check.rs`) explores every
+//! interleaving of the shipped protocol code, not of a copy. The switch is idem's own cfg, not
+//! the customary `loom`: tokio (a dev-dependency) reads `--cfg loom` too and builds without its
+//! networking, which the PostgreSQL client among the dev-dependencies needs.
 //!
 //! Only the primitives a thread blocks on, or hands protocol state through, are swapped. `Arc`
 //! (which keeps members alive while the state moves through their mutexes) and the commit
 //! counters (relaxed statistics) stay std's: loom's would add a scheduling point to every clone
 //! and every count without modelling any state the protocol decides on.
 
-#[cfg(not(all(loom, test)))]
+#[cfg(not(all(idem_loom, test)))]
 pub(crate) use parking_lot::{Condvar, Mutex};
 
 /// Asserts an invariant of the protocol in debug builds and under the model checker (which
 /// runs in release); compiled out of release builds.
 macro_rules! protocol_invariant {
     ($cond:expr, $($msg:tt)+) => {
-        if cfg!(any(debug_assertions, all(loom, test))) {
+        if cfg!(any(debug_assertions, all(idem_loom, test))) {
             assert!($cond, $($msg)+);
         }
     };
 }
 pub(crate) use protocol_invariant;
 
-#[cfg(all(loom, test))]
+#[cfg(all(idem_loom, test))]
 pub(crate) use self::model::{Condvar, Mutex};
 
 /// parking_lot's API (no poisoning, `wait(&mut guard)`) over loom's primitives.
-#[cfg(all(loom, test))]
+#[cfg(all(idem_loom, test))]
 mod model {
     use std::ops::{Deref, DerefMut};
     use std::sync::PoisonError;
