@@ -210,10 +210,13 @@ pub(crate) fn run_member<E: BatchEngine>(
                     Ok(Step::Done(())) => baton.dirty = true,
                     Ok(Step::Clean(())) => {}
                     Ok(Step::Abort(e)) => {
+                        // Latch first (an I/O failure), as for damage: the prefix is then
+                        // answered FailStopped instead of re-run and committed after the latch.
+                        let e = engine.observe(e);
                         let prefix = baton.batch[..baton.pos].to_vec();
                         // A failed shrink has latched and answered the prefix itself.
                         let _ = guarded(engine, &prefix, "rolling back", || shrink(engine, baton));
-                        return Err(engine.observe(e));
+                        return Err(e);
                     }
                     Err(Fault::Caller(panic)) => {
                         let prefix = baton.batch[..baton.pos].to_vec();

@@ -1007,3 +1007,57 @@ mod cases {
         check(case, &[Seen::BatchOf(2), Seen::LateAdmission]);
     }
 }
+
+/// Schedules the checker found failing, pinned (`Pins`) and run on std threads in every test
+/// build: the fake engine is the same, the schedule is the one loom reported.
+#[cfg(not(idem_loom))]
+mod regressions {
+    use super::*;
+
+    /// Runs caller 0, then caller 1 once caller 0's work runs (caller 0 leads, caller 1 joins
+    /// its batch late), and checks the properties once both are answered.
+    fn two_callers(case: Case) -> Arc<Fake> {
+        quiet_model_panics();
+        let fake = Arc::new(Fake::new(case));
+        let first = {
+            let fake = Arc::clone(&fake);
+            std::thread::spawn(move || fake.call(0))
+        };
+        while fake.ghost().runs[0] == 0 {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        let second = {
+            let fake = Arc::clone(&fake);
+            std::thread::spawn(move || fake.call(1))
+        };
+        first.join().expect("caller 0 answered");
+        second.join().expect("caller 1 answered");
+        fake.check_end();
+        fake
+    }
+
+    /// Found by `an_io_error_a_member_reports_latches`: a member that ran on its own thread
+    /// failed with an I/O error; the driver re-ran its prefix in a fresh transaction and only
+    /// then latched (`observe`), so the prefix committed after the latch. The schedule: the
+    /// prefix's re-run waits until the latch is set, then commits.
+    #[test]
+    fn an_io_error_on_its_own_thread_latches_before_its_prefix_reruns() {
+        let case = Case {
+            pins: Pins {
+                first_run_waits_for_queue: Some((0, 1)),
+                rerun_waits_for_latch: Some(0),
+            },
+            ..Case::new(vec![own(Act::Write), own(Act::FailIo)])
+        };
+        let fake = two_callers(case);
+        let g = fake.ghost();
+        assert!(g.seen.late, "caller 1 joined caller 0's batch");
+        assert!(
+            matches!(&g.answers[0], Some(Answer::Failed(e)) if e.contains("stopped accepting writes")),
+            "the prefix is answered FailStopped, not re-run: {:?}",
+            g.answers[0]
+        );
+        assert_eq!(g.runs[0], 1, "the prefix did not re-run");
+        assert!(g.committed.is_empty(), "nothing committed");
+    }
+}
