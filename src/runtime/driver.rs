@@ -376,6 +376,12 @@ fn commit_batch<E: BatchEngine>(
         // Nobody wrote: nothing to make durable, and every answer is already final.
         engine.abort_txn(txn);
         engine.check_writable()
+    } else if let Err(e) = engine.check_writable() {
+        // A member's work latched (a storage failure it met and answered without, e.g. a read
+        // whose error became its answer): nothing commits after the latch. One check per
+        // batch, not per member.
+        engine.abort_txn(txn);
+        Err(e)
     } else {
         let timer = Stopwatch::start();
         let result = engine.commit_txn(txn, durable);

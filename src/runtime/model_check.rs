@@ -1060,4 +1060,46 @@ mod regressions {
         assert_eq!(g.runs[0], 1, "the prefix did not re-run");
         assert!(g.committed.is_empty(), "nothing committed");
     }
+
+    /// Found by `an_io_error_a_member_swallowed_still_latches`: a member's work met an I/O
+    /// error (latched where it happened) and answered without it; the batch still committed
+    /// the other member's write, after the latch.
+    #[test]
+    fn a_latch_set_inside_a_batch_stops_its_commit() {
+        let case = Case {
+            pins: Pins {
+                first_run_waits_for_queue: Some((0, 1)),
+                rerun_waits_for_latch: None,
+            },
+            ..Case::new(vec![own(Act::Write), detached(Act::ReadIo)])
+        };
+        let fake = two_callers(case);
+        let g = fake.ghost();
+        assert!(g.seen.late, "caller 1 joined caller 0's batch");
+        assert!(g.committed.is_empty(), "nothing committed after the latch");
+        for m in 0..2 {
+            assert!(
+                matches!(&g.answers[m], Some(Answer::Failed(e)) if e.contains("stopped accepting writes")),
+                "caller {m} is answered FailStopped: {:?}",
+                g.answers[m]
+            );
+        }
+    }
+
+    /// Found by `an_io_error_under_a_kept_write_latches`, alone: a work that latched and kept
+    /// its write is not committed.
+    #[test]
+    fn a_write_kept_past_a_latch_is_not_committed() {
+        quiet_model_panics();
+        let fake = Arc::new(Fake::new(Case::new(vec![own(Act::WriteIo)])));
+        fake.call(0);
+        fake.check_end();
+        let g = fake.ghost();
+        assert!(g.committed.is_empty(), "nothing committed after the latch");
+        assert!(
+            matches!(&g.answers[0], Some(Answer::Failed(e)) if e.contains("stopped accepting writes")),
+            "answered FailStopped: {:?}",
+            g.answers[0]
+        );
+    }
 }
