@@ -36,8 +36,10 @@
 //! wait for room times out at once: `Busy`) or an hour (never times out: the waiter must be
 //! woken by the room it waits for).
 //!
-//! Bounds: at most [`PREEMPTIONS`] preemptions per execution (`LOOM_MAX_PREEMPTIONS`
-//! overrides it); schedules with more are not explored.
+//! Bounds: a case of two threads (two callers) is explored exhaustively; a case of three (three
+//! callers, or two and the outside latch) up to [`PREEMPTIONS`] preemptions per execution
+//! (schedules with more are not explored; `LOOM_MAX_PREEMPTIONS` sets the bound for every
+//! case). loom counts executions as it explores them; each case prints its count.
 
 // Outside `--cfg idem_loom` only the regression tests run: they use part of the fake.
 #![cfg_attr(not(idem_loom), allow(dead_code))]
@@ -55,9 +57,10 @@ use crate::runtime::group::GroupConfig;
 use crate::runtime::observe;
 use crate::runtime::sync::Mutex;
 
-/// Preemptions per execution explored by default.
+/// Preemptions per execution explored in a case of three threads (`LOOM_MAX_PREEMPTIONS`
+/// overrides it); a case of two threads is explored exhaustively.
 #[cfg(idem_loom)]
-const PREEMPTIONS: usize = 2;
+const PREEMPTIONS: usize = 3;
 
 /// What a caller's work does on each run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -720,7 +723,8 @@ fn quiet_model_panics() {
 fn check(case: Case, expect: &[Seen]) {
     quiet_model_panics();
     let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
+    let threads = case.callers.len() + usize::from(case.faults.outside_latch);
+    if builder.preemption_bound.is_none() && threads > 2 {
         builder.preemption_bound = Some(PREEMPTIONS);
     }
     builder.max_branches = 100_000;
