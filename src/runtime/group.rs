@@ -102,15 +102,17 @@ impl<B, M> Member<B, M> {
     /// Tells this member `s` and wakes it.
     pub(crate) fn send(&self, s: Signal<B>) {
         let mut slot = self.signal.lock();
-        // Invariant: one thread at a time may signal a member (a leader, the baton, the
-        // committer), and only once the member took the last signal: nothing is overwritten.
-        protocol_invariant!(
-            matches!(*slot, Signal::Wait),
-            "a member was signalled before it took its previous signal"
-        );
+        let unread = !matches!(*slot, Signal::Wait);
         *slot = s;
         drop(slot);
         self.cv.notify_one();
+        // Invariant: one thread at a time may signal a member (a leader, the baton, the
+        // committer), and only once the member took the last signal: nothing is overwritten.
+        // Checked with the lock released, so a failed check poisons nothing.
+        protocol_invariant!(
+            !unread,
+            "a member was signalled before it took its previous signal"
+        );
     }
 
     /// Waits until this member is told something.
@@ -130,7 +132,7 @@ impl<B, M> Drop for Member<B, M> {
         // Invariant: every signal sent to a member is taken by it; one left when the last
         // reference goes was sent after the member had its answer (answered twice).
         protocol_invariant!(
-            std::thread::panicking() || matches!(*self.signal.get_mut(), Signal::Wait),
+            matches!(*self.signal.get_mut(), Signal::Wait),
             "a member was signalled after its answer"
         );
     }

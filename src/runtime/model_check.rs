@@ -182,7 +182,7 @@ enum Seen {
 }
 
 /// What the executions of a case saw, merged.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Coverage {
     largest_batch: usize,
     most_runs: usize,
@@ -288,7 +288,7 @@ impl Answer {
 }
 
 /// What the checker sees of the run: the fake's history and each caller's runs.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Ghost {
     /// Ticks at every call and begin: orders them.
     clock: usize,
@@ -317,6 +317,13 @@ struct Fake {
     group: Group<Fake>,
     latch: Mutex<Option<String>>,
     case: Case,
+    /// Held (a loom mutex) while a commit or an abort is logged and while an answer is checked
+    /// against the log: loom's reduction of equivalent schedules must see that the two touch
+    /// the same state, or it would not order them both ways.
+    log: Mutex<()>,
+    /// The checker's bookkeeping: a std mutex, no scheduling point (what must be ordered by
+    /// loom is read and written under `log` or `latch`). A property that fails panics with
+    /// no loom lock held.
     ghost: std::sync::Mutex<Ghost>,
 }
 
@@ -333,6 +340,7 @@ impl Fake {
                 lanes: 1,
             }),
             latch: Mutex::new(None),
+            log: Mutex::new(()),
             ghost: std::sync::Mutex::new(Ghost {
                 runs: vec![0; n],
                 last_txn: vec![None; n],
@@ -344,8 +352,20 @@ impl Fake {
         }
     }
 
-    fn ghost(&self) -> std::sync::MutexGuard<'_, Ghost> {
-        self.ghost.lock().unwrap_or_else(|p| p.into_inner())
+    /// Runs `f` on the ghost state.
+    fn ghost<R>(&self, f: impl FnOnce(&mut Ghost) -> R) -> R {
+        f(&mut self.ghost.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Runs `f` on the ghost state holding `log`.
+    fn logged<R>(&self, f: impl FnOnce(&mut Ghost) -> R) -> R {
+        let _log = self.log.lock();
+        self.ghost(f)
+    }
+
+    /// A copy of the ghost state.
+    fn snapshot(&self) -> Ghost {
+        self.ghost(|g| g.clone())
     }
 
     fn set_latch(&self, cause: &dyn Display, inside: bool) {
@@ -353,30 +373,18 @@ impl Fake {
         if latch.is_none() {
             *latch = Some(cause.to_string());
         }
-        let mut g = self.ghost();
-        if inside && g.latched_inside.is_none() {
-            g.latched_inside = Some(cause.to_string());
-        }
+        self.ghost(|g| {
+            if inside && g.latched_inside.is_none() {
+                g.latched_inside = Some(cause.to_string());
+            }
+        });
     }
 
     /// Caller `m`'s work, run in `txn` (on its own thread or the baton's).
     fn work(&self, m: usize, txn: &FakeTxn) -> Step<()> {
         let act = self.case.callers[m].act;
-        {
-            let mut g = self.ghost();
+        let runs = self.ghost(|g| {
             g.runs[m] += 1;
-            let failing = self
-                .case
-                .callers
-                .iter()
-                .filter(|c| c.act.may_fail())
-                .count();
-            assert!(
-                g.runs[m] <= self.case.max_batch && g.runs[m] <= 1 + failing,
-                "property 5: caller {m} ran {} times (batch size {}, {failing} failing)",
-                g.runs[m],
-                self.case.max_batch
-            );
             g.last_txn[m] = Some(txn.id);
             if txn.began < g.called[m] {
                 // It called after its batch began: admitted late.
@@ -386,8 +394,20 @@ impl Fake {
                 g.seen.rerun = true;
             }
             g.seen.most_runs = g.seen.most_runs.max(g.runs[m]);
-        }
-        self.pinned_waits(m);
+            g.runs[m]
+        });
+        let failing = self
+            .case
+            .callers
+            .iter()
+            .filter(|c| c.act.may_fail())
+            .count();
+        assert!(
+            runs <= self.case.max_batch && runs <= 1 + failing,
+            "property 5: caller {m} ran {runs} times (batch size {}, {failing} failing)",
+            self.case.max_batch
+        );
+        self.pinned_waits(m, runs);
         txn.ran.borrow_mut().push(m);
         assert!(
             txn.ran.borrow().len() <= self.case.max_batch,
@@ -400,7 +420,7 @@ impl Fake {
         if !matches!(act, Act::Read | Act::ReadIo) {
             txn.writes.borrow_mut().push(m);
         }
-        let rerun = self.ghost().runs[m] > 1;
+        let rerun = runs > 1;
         match act {
             Act::Write => Step::Done(()),
             Act::FailOnRerun if !rerun => Step::Done(()),
@@ -423,9 +443,8 @@ impl Fake {
     }
 
     /// The regression tests' waits (`Pins`) for caller `m`'s run, bounded.
-    fn pinned_waits(&self, m: usize) {
+    fn pinned_waits(&self, m: usize, runs: usize) {
         let pins = self.case.pins;
-        let runs = self.ghost().runs[m];
         let until = |ready: &dyn Fn() -> bool| {
             for _ in 0..50_000 {
                 if ready() {
@@ -455,11 +474,10 @@ impl Fake {
         } else {
             Detached::none()
         };
-        {
-            let mut g = self.ghost();
+        self.ghost(|g| {
             g.clock += 1;
             g.called[m] = g.clock;
-        }
+        });
         let result = catch_unwind(AssertUnwindSafe(|| {
             run_member(&**self, caller.durable, detached, |txn| {
                 if caller.detached {
@@ -469,21 +487,27 @@ impl Fake {
                 self.work(m, txn)
             })
         }));
-        let mut g = self.ghost();
         let answer = match result {
             Ok(Ok(())) => {
-                let txn = g.last_txn[m].unwrap_or_else(|| {
-                    panic!("property 2: caller {m} told Committed but never ran")
-                });
-                let committed = g.committed.iter().any(|(id, _)| *id == txn);
-                let ended_clean = g.aborted.iter().any(|(id, wrote)| *id == txn && !wrote);
-                assert!(
-                    committed || ended_clean,
-                    "property 2: caller {m} told Committed before transaction {txn} (its last run) committed"
-                );
                 assert!(
                     !caller.act.fails(),
                     "caller {m} fails, yet was told Committed"
+                );
+                let (last, ended) = self.logged(|g| {
+                    let last = g.last_txn[m];
+                    let committed = g.committed.iter().any(|(id, _)| Some(*id) == last);
+                    let ended_clean = g
+                        .aborted
+                        .iter()
+                        .any(|(id, wrote)| Some(*id) == last && !wrote);
+                    (last, committed || ended_clean)
+                });
+                let last = last.unwrap_or_else(|| {
+                    panic!("property 2: caller {m} told Committed but never ran")
+                });
+                assert!(
+                    ended,
+                    "property 2: caller {m} told Committed before transaction {last} (its last run) committed"
                 );
                 Answer::Ok
             }
@@ -497,28 +521,26 @@ impl Fake {
                     Some(m),
                     "caller {m} unwound with a panic that is not its own"
                 );
-                if caller.detached {
-                    g.seen.panic_carried = true;
-                }
                 Answer::Panicked
             }
         };
-        if answer.is_failure() && !caller.act.fails() {
-            g.seen.failed_by_others = true;
-        }
-        if let Answer::Busy = answer {
-            g.seen.busy = true;
-        }
-        assert!(
-            g.answers[m].is_none(),
-            "property 1: caller {m} answered twice"
-        );
-        g.answers[m] = Some(answer);
+        let answered_before = self.ghost(|g| {
+            if answer.is_failure() && !caller.act.fails() {
+                g.seen.failed_by_others = true;
+            }
+            match answer {
+                Answer::Busy => g.seen.busy = true,
+                Answer::Panicked if caller.detached => g.seen.panic_carried = true,
+                _ => {}
+            }
+            g.answers[m].replace(answer).is_some()
+        });
+        assert!(!answered_before, "property 1: caller {m} answered twice");
     }
 
     /// Properties 1 and 3, once every thread ended.
     fn check_end(&self) {
-        let g = self.ghost();
+        let g = self.snapshot();
         assert_eq!(self.group.queued(), 0, "a caller was left in the queue");
         for (m, caller) in self.case.callers.iter().enumerate() {
             let answer = g.answers[m]
@@ -601,13 +623,12 @@ impl BatchEngine for Fake {
     }
 
     fn begin_txn(&self) -> Result<FakeTxn, Error> {
-        let (nth, id, began) = {
-            let mut g = self.ghost();
+        let (nth, id, began) = self.ghost(|g| {
             g.begins += 1;
             g.txns += 1;
             g.clock += 1;
             (g.begins, g.txns, g.clock)
-        };
+        });
         if self.case.faults.begin_fails == Some(nth) {
             let e = Error::Storage {
                 source: StorageError::new(std::io::Error::other("model: the database is closed")),
@@ -632,15 +653,17 @@ impl BatchEngine for Fake {
     }
 
     fn commit_txn(&self, txn: FakeTxn, _durable: bool) -> Result<(), Error> {
-        let nth = {
-            let mut g = self.ghost();
-            g.commits += 1;
-            if let Some(cause) = &g.latched_inside {
-                panic!("property 4: a batch committed after the fail-stop latch was set ({cause})");
-            }
-            g.seen.largest_batch = g.seen.largest_batch.max(txn.ran.borrow().len());
-            g.commits
+        let (nth, latched) = {
+            let _latch = self.latch.lock();
+            self.ghost(|g| {
+                g.commits += 1;
+                g.seen.largest_batch = g.seen.largest_batch.max(txn.ran.borrow().len());
+                (g.commits, g.latched_inside.clone())
+            })
         };
+        if let Some(cause) = latched {
+            panic!("property 4: a batch committed after the fail-stop latch was set ({cause})");
+        }
         let writes = txn.writes.into_inner();
         if self.case.faults.commit_panics == Some(nth) {
             panic_any(EnginePanic);
@@ -648,26 +671,25 @@ impl BatchEngine for Fake {
         if self.case.faults.commit_fails == Some(nth) {
             let e = std::io::Error::other("model: the commit failed");
             if self.case.faults.commit_lands {
-                self.ghost().unknown.push((txn.id, writes));
+                self.logged(|g| g.unknown.push((txn.id, writes)));
             }
             self.set_latch(&e, true);
             return Err(Error::OutcomeUnknown {
                 source: StorageError::new(e),
             });
         }
-        self.ghost().committed.push((txn.id, writes));
+        self.logged(|g| g.committed.push((txn.id, writes)));
         Ok(())
     }
 
     fn abort_txn(&self, txn: FakeTxn) {
-        let nth = {
-            let mut g = self.ghost();
+        let nth = self.logged(|g| {
             g.aborts += 1;
             let wrote = !txn.writes.borrow().is_empty();
             g.seen.largest_batch = g.seen.largest_batch.max(txn.ran.borrow().len());
             g.aborted.push((txn.id, wrote));
             g.aborts
-        };
+        });
         if self.case.faults.abort_fails == Some(nth) {
             self.set_latch(&"model: the abort failed", true);
         }
@@ -748,7 +770,7 @@ fn check(case: Case, expect: &[Seen]) {
             t.join().expect("a caller's thread ended by its answer");
         }
         fake.check_end();
-        let seen = std::mem::take(&mut fake.ghost().seen);
+        let seen = fake.snapshot().seen;
         let mut merged = merged.lock().unwrap_or_else(|p| p.into_inner());
         merged.0 += 1;
         let all = &mut merged.1;
@@ -1027,7 +1049,7 @@ mod regressions {
             let fake = Arc::clone(&fake);
             std::thread::spawn(move || fake.call(0))
         };
-        while fake.ghost().runs[0] == 0 {
+        while fake.snapshot().runs[0] == 0 {
             std::thread::sleep(Duration::from_micros(100));
         }
         let second = {
@@ -1054,7 +1076,7 @@ mod regressions {
             ..Case::new(vec![own(Act::Write), own(Act::FailIo)])
         };
         let fake = two_callers(case);
-        let g = fake.ghost();
+        let g = fake.snapshot();
         assert!(g.seen.late, "caller 1 joined caller 0's batch");
         assert!(
             matches!(&g.answers[0], Some(Answer::Failed(e)) if e.contains("stopped accepting writes")),
@@ -1078,7 +1100,7 @@ mod regressions {
             ..Case::new(vec![own(Act::Write), detached(Act::ReadIo)])
         };
         let fake = two_callers(case);
-        let g = fake.ghost();
+        let g = fake.snapshot();
         assert!(g.seen.late, "caller 1 joined caller 0's batch");
         assert!(g.committed.is_empty(), "nothing committed after the latch");
         for m in 0..2 {
@@ -1098,7 +1120,7 @@ mod regressions {
         let fake = Arc::new(Fake::new(Case::new(vec![own(Act::WriteIo)])));
         fake.call(0);
         fake.check_end();
-        let g = fake.ghost();
+        let g = fake.snapshot();
         assert!(g.committed.is_empty(), "nothing committed after the latch");
         assert!(
             matches!(&g.answers[0], Some(Answer::Failed(e)) if e.contains("stopped accepting writes")),

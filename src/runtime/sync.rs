@@ -14,10 +14,11 @@
 pub(crate) use parking_lot::{Condvar, Mutex};
 
 /// Asserts an invariant of the protocol in debug builds and under the model checker (which
-/// runs in release); compiled out of release builds.
+/// runs in release); compiled out of release builds. Not while the thread unwinds: a second
+/// panic there would abort the process before the first is reported.
 macro_rules! protocol_invariant {
     ($cond:expr, $($msg:tt)+) => {
-        if cfg!(any(debug_assertions, all(idem_loom, test))) {
+        if cfg!(any(debug_assertions, all(idem_loom, test))) && !std::thread::panicking() {
             assert!($cond, $($msg)+);
         }
     };
