@@ -14,9 +14,12 @@
 //!   of the queue for the next batch. No other member fails; a member re-runs once per failure
 //!   behind it in its batch.
 //! - A failed begin or commit fails every member of the batch (`OutcomeUnknown` after a failed
-//!   commit) and latches fail-stop; queued callers then fail fast. No member ever waits without
-//!   a thread that will signal it: every member is either queued (signalled by a leader), or in
-//!   a batch (signalled by the baton or the committer).
+//!   commit) and latches fail-stop; queued callers then fail fast. Nothing commits after the
+//!   latch: a member whose work failed with an I/O error latches before its prefix would re-run,
+//!   and a batch in which a member's work latched is aborted, its members answered
+//!   `FailStopped`.
+//! - No member ever waits without a thread that will signal it: every member is either queued
+//!   (signalled by a leader), or in a batch (signalled by the baton or the committer).
 
 use std::any::Any;
 use std::fmt::Display;

@@ -3,13 +3,19 @@
 //! over a fake engine, in every interleaving loom explores within its preemption bound.
 //!
 //! ```text
-//! RUSTFLAGS="--cfg idem_loom" cargo test --release --lib runtime::model_check
+//! RUSTFLAGS="--cfg idem_loom" CARGO_TARGET_DIR=target/loom cargo test --release --lib runtime::model_check
 //! ```
+//!
+//! (A target directory of its own: the flag rebuilds every dependency.) Without the flag only
+//! `regressions` runs: the schedules the checker found failing, pinned on std threads.
 //!
 //! The fake engine's transaction is a log of the writes of the members that ran in it: a
 //! commit appends it to the committed history, an abort drops it, and a re-run prefix writes
-//! again into a fresh one. Around it, ghost state (a std mutex, invisible to loom: it adds no
-//! schedule) records each member's runs and answer. Properties, and where each is asserted:
+//! again into a fresh one. Around it, ghost state records each member's runs and answer: a std
+//! mutex (no scheduling point), except that the log of commits and aborts and the answers'
+//! checks against it go through a loom mutex, and the latch is one, so that loom orders a
+//! commit and a check, or a latch and a commit, both ways. Properties, and where each is
+//! asserted:
 //!
 //! 1. **Every caller is answered exactly once.** Each caller's thread returns from
 //!    `run_member` (an answer, or its own panic resumed); a caller left waiting is a deadlock,
@@ -26,7 +32,7 @@
 //! 4. **Nothing is committed after the fail-stop latch is set** by the protocol's own steps or
 //!    a member's work (a failed begin, commit or abort, damage, an I/O error a member reports
 //!    or swallows): the fake's commit asserts the latch is clear. A latch set from outside the
-//!    batches (the closing store of [`closing_store_latched_from_outside`]) races a commit
+//!    batches (the closing store of `closing_store_latched_from_outside`) races a commit
 //!    already decided, so only 1–3 and 5 are checked there.
 //! 5. **Bounded re-runs.** Every run asserts the member's runs are at most the batch size,
 //!    and at most one more than the failing members of the case (a member re-runs once per
@@ -37,7 +43,7 @@
 //! woken by the room it waits for).
 //!
 //! Bounds: a case of two threads (two callers) is explored exhaustively; a case of three (three
-//! callers, or two and the outside latch) up to [`PREEMPTIONS`] preemptions per execution
+//! callers, or two and the outside latch) up to `PREEMPTIONS` (3) preemptions per execution
 //! (schedules with more are not explored; `LOOM_MAX_PREEMPTIONS` sets the bound for every
 //! case). loom counts executions as it explores them; each case prints its count.
 
