@@ -134,7 +134,7 @@ fn tick_loop(
 
 /// The flusher's tick: one durable (fsync) commit if anything was committed without one.
 fn flush(store: &Store) {
-    // The durable commit clears the flag (in commit_batch) only if it succeeds; a failure
+    // The durable commit clears the flag (in `commit_txn`) only if it succeeds; a failure
     // latches the store and later ticks find it fail-stopped.
     // Once fail-stopped, every tick fails alike: only the failure itself is worth a warning.
     if store.unflushed()

@@ -10,7 +10,7 @@
 //! | `store.rs` | the [`Store`](store::Store) and its shared state (private fields, small accessors); flow A (`execute`), the claim half of flow B (`begin`, `begin_wait`), `get`, `for_each_record`, `purge`; the read path (`Store::read`), the record's load/put/remove, the fail-stop latch (`storage`, `observe`, `latch`), the closure boundary (`run_closure`, reentrancy) |
 //! | `builder.rs` | the settings and their documented defaults ([`StoreBuilder`](builder::StoreBuilder)), [`Durability`](builder::Durability), the three ways to open a file and the checks an open makes |
 //! | `boundary.rs` | the storage boundary: redb's panics on damaged data become `CorruptStore`, a caller's panic stays the caller's; `unlatched` for the places with nothing to latch |
-//! | `commit.rs` | group commit on redb: one write transaction and one fsync shared by concurrent writers (`Store::write`), driving the protocol of `runtime/group.rs` |
+//! | `commit.rs` | group commit on redb: one write transaction and one fsync shared by concurrent writers (`Store::write`); redb's side (`BatchEngine`) of the driver of `runtime/driver.rs` |
 //! | `snapshot.rs` | the records table as of the latest commit, shared by the read path's lookups |
 //! | `open.rs` | the record tables opened once for a run of batch members (`Open`) |
 //! | `tx.rs` | the transaction handle given to closures ([`Tx`](tx::Tx)) and the work it announces |

@@ -2,8 +2,8 @@
 //! (and one commit, one fsync), and each caller runs its own work on its own thread, so closures
 //! need neither `Send` nor `'static`. What moves between threads is the engine's transaction
 //! itself, passed as a baton `B`. An engine's driver opens, runs, commits and rolls back the
-//! batch (engine/commit.rs for the file engine); this file only says who leads, who waits, whose turn it
-//! is, and who is answered.
+//! batch (`driver.rs`, over the file engine's transaction); this file only says who leads, who
+//! waits, whose turn it is, and who is answered.
 //!
 //! - A caller that finds fewer than `lanes` batches running becomes a leader at once: a lone
 //!   request opens its transaction and commits immediately, with no timer and no hand-off
@@ -29,9 +29,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
-
 use crate::error::Error;
+use crate::runtime::sync::{Condvar, Mutex, protocol_invariant};
 
 /// Commit-path settings.
 #[derive(Debug, Clone, Copy)]
@@ -104,8 +103,18 @@ impl<B, M> Member<B, M> {
 
     /// Tells this member `s` and wakes it.
     pub(crate) fn send(&self, s: Signal<B>) {
-        *self.signal.lock() = s;
+        let mut slot = self.signal.lock();
+        let unread = !matches!(*slot, Signal::Wait);
+        *slot = s;
+        drop(slot);
         self.cv.notify_one();
+        // Invariant: one thread at a time may signal a member (a leader, the baton, the
+        // committer), and only once the member took the last signal: nothing is overwritten.
+        // Checked with the lock released, so a failed check poisons nothing.
+        protocol_invariant!(
+            !unread,
+            "a member was signalled before it took its previous signal"
+        );
     }
 
     /// Waits until this member is told something.
@@ -117,6 +126,17 @@ impl<B, M> Member<B, M> {
                 s => return s,
             }
         }
+    }
+}
+
+impl<B, M> Drop for Member<B, M> {
+    fn drop(&mut self) {
+        // Invariant: every signal sent to a member is taken by it; one left when the last
+        // reference goes was sent after the member had its answer (answered twice).
+        protocol_invariant!(
+            matches!(*self.signal.get_mut(), Signal::Wait),
+            "a member was signalled after its answer"
+        );
     }
 }
 
