@@ -7,13 +7,15 @@
 //! ```text
 //! cargo run --release --example reopen_after_crash -- build FILE RECORDS  # RECORDS claims, 8 threads
 //! cargo run --release --example reopen_after_crash -- crash FILE [--quick-repair]  # claims on 8 threads, aborts after 0.7 s
-//! cargo run --release --example reopen_after_crash -- reopen FILE [--no-prefetch]
+//! cargo run --release --example reopen_after_crash -- reopen FILE [--no-prefetch] [--no-verify]
 //! ```
 //!
 //! `build` commits with `Durability::Periodic(200 ms)` (a bulk load; the store is closed cleanly
 //! at the end); `crash` commits with the default `Immediate` durability and ends with
 //! `std::process::abort()`, which, like a SIGKILL, leaves the file without its clean-close mark;
-//! `reopen` prints the open's time and `Store::repair_time()`.
+//! `reopen` prints the open's time and `Store::repair_time()`; on a cleanly closed file (the built
+//! one) it times the open-time check of every page (`StoreBuilder::verify_on_open`, off with
+//! `--no-verify`).
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -32,7 +34,7 @@ fn answer() -> Response {
     Response::new(201, r#"{"ok":true}"#).with_resource("order", "o1")
 }
 
-const USAGE: &str = "usage: reopen_after_crash build FILE RECORDS | crash FILE [--quick-repair] | reopen FILE [--no-prefetch]";
+const USAGE: &str = "usage: reopen_after_crash build FILE RECORDS | crash FILE [--quick-repair] | reopen FILE [--no-prefetch] [--no-verify]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -46,7 +48,11 @@ fn main() -> ExitCode {
             None => Err(USAGE.into()),
         },
         "crash" => crash(path, args.iter().any(|a| a == "--quick-repair")),
-        "reopen" => reopen(path, !args.iter().any(|a| a == "--no-prefetch")),
+        "reopen" => reopen(
+            path,
+            !args.iter().any(|a| a == "--no-prefetch"),
+            !args.iter().any(|a| a == "--no-verify"),
+        ),
         _ => Err(USAGE.into()),
     };
     match result {
@@ -110,12 +116,15 @@ fn crash(path: &str, quick_repair: bool) -> Result<(), Failure> {
     })
 }
 
-fn reopen(path: &str, prefetch: bool) -> Result<(), Failure> {
+fn reopen(path: &str, prefetch: bool, verify: bool) -> Result<(), Failure> {
     let started = Instant::now();
-    let store = Store::builder().prefetch_on_repair(prefetch).open(path)?;
+    let store = Store::builder()
+        .prefetch_on_repair(prefetch)
+        .verify_on_open(verify)
+        .open(path)?;
     let took = started.elapsed();
     println!(
-        "reopen {:.3} s, repair {} (prefetch_on_repair {prefetch})",
+        "reopen {:.3} s, repair {} (prefetch_on_repair {prefetch}, verify_on_open {verify})",
         took.as_secs_f64(),
         match store.repair_time() {
             Some(t) => format!("{:.3} s", t.as_secs_f64()),
