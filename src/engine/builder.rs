@@ -271,10 +271,10 @@ impl StoreBuilder {
     /// than fall back to the commit before it (it falls back only for a file a crash left,
     /// whose latest commit may be half-written and was then never acknowledged).
     ///
-    /// The price is one read of the file per open (the walk of a repair, which
-    /// [`prefetch_on_repair`](Self::prefetch_on_repair) speeds up the same way), proportional to
-    /// its size (docs/OPERATIONS.md has figures); it also makes a reopen after a crash walk the
-    /// file even with [`quick_repair`](Self::quick_repair). Not done in
+    /// The price is one read of the file per open, proportional to its size: the walk of a
+    /// crash's repair, which [`prefetch_on_repair`](Self::prefetch_on_repair) speeds up the same
+    /// way (`scripts/reopen-after-crash` times both on a store of a given size); it also makes a
+    /// reopen after a crash walk the file even with [`quick_repair`](Self::quick_repair). Not done in
     /// [`multi_process`](Self::multi_process) mode, where other processes may be using the
     /// file: check a copy with `idem check` instead. Read-only opens never check (a check
     /// writes), and contain redb's panics on the pages they read. Default on.
