@@ -74,7 +74,9 @@
 //! # }
 //! ```
 //!
-//! Add it with `cargo add idem-store` (the package's name; the library is `idem`).
+//! Not published yet (the package name `idem-store` is kept for the first release): add it from
+//! a clone with `cargo add --path /path/to/idem` (the package is `idem-store`, the library
+//! `idem`).
 //!
 //! ## Engines
 //!
