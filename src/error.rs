@@ -225,7 +225,7 @@ pub enum Error {
     /// multi-process mode without having committed its allocator state). redb must recover such
     /// a file, which writes to it, and a read-only open never writes. Nothing was done.
     #[error(
-        "the store file was not closed cleanly (the process that last had it open for writing died, or one of its writes failed part-way: a commit or a compaction on a full or failing disk) and needs crash recovery, which a read-only open never does: open it for writing once (start the service, or run `idem sweep`, which recovers it), or run `idem check` (it recovers and checks a copy, leaving the file as it is)"
+        "the store file was not closed cleanly (the process that last had it open for writing died, or one of its writes failed part-way: a commit or a compaction on a full or failing disk) and needs crash recovery, which a read-only open never does: open it for writing once (start the service, or run `idem recover`), or run `idem check` (it recovers and checks a copy, leaving the file as it is)"
     )]
     NeedsRecovery,
 

@@ -112,6 +112,12 @@ async fn get_body_shows_the_status_headers_and_body_the_http_layer_stored() {
     );
     assert_eq!(line(&out, "body "), r#"{"id":1}"#);
     assert!(!out.contains('\0'), "no raw envelope bytes: {out:?}");
+    // The answer's body is 8 bytes; what is stored is the envelope around it.
+    assert_eq!(line(&out, "body_bytes"), "8");
+    assert!(
+        line(&out, "stored_bytes").parse::<usize>().unwrap() > 8,
+        "{out}"
+    );
 
     // A body that is not UTF-8: in hex.
     let out = get_body(&file, "/bin", "k1", &[]);
@@ -131,6 +137,8 @@ async fn get_body_shows_the_status_headers_and_body_the_http_layer_stored() {
     };
     let v = json("/p/{id}");
     assert_eq!(v["status"], 201);
+    assert_eq!(v["body_bytes"], 8);
+    assert!(v["stored_bytes"].as_u64().unwrap() > 8, "{v}");
     assert_eq!(
         v["http"],
         serde_json::json!({

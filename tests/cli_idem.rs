@@ -164,6 +164,11 @@ fn stats_get_purge_sweep_compact() {
     assert_eq!(line(&out, "state"), "completed");
     assert_eq!(line(&out, "status"), "201");
     assert_eq!(line(&out, "body_bytes"), "11");
+    assert_eq!(
+        line(&out, "stored_bytes"),
+        "11",
+        "a plain body is stored as it is"
+    );
     assert_eq!(line(&out, "resource"), "payment pay_1");
     assert_eq!(line(&out, "fingerprint").len(), 64);
     let expires = line(&out, "expires_at");
@@ -191,10 +196,18 @@ fn stats_get_purge_sweep_compact() {
     assert!(!o.status.success());
     assert_eq!(stdout(&o).trim(), "absent");
 
+    // Without --yes: refused, the record stays.
     let o = idem(&file, &[&["purge"], &key[..]].concat());
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("pass --yes"),
+        "{o:?}"
+    );
+    assert_eq!(line(&stdout(&idem(&file, &["stats"])), "records"), "2");
+    let o = idem(&file, &[&["purge", "--yes"], &key[..]].concat());
     assert!(o.status.success(), "{o:?}");
     assert_eq!(stdout(&o).trim(), "purged");
-    let o = idem(&file, &[&["purge"], &key[..]].concat());
+    let o = idem(&file, &[&["purge", "--yes"], &key[..]].concat());
     assert!(!o.status.success(), "{o:?}");
     assert_eq!(stdout(&o).trim(), "absent");
     assert_eq!(line(&stdout(&idem(&file, &["stats"])), "records"), "1");
@@ -412,7 +425,12 @@ fn get_body_decodes_an_http_envelope_and_prints_a_plain_body_as_before() {
 
     let out = text("json");
     assert_eq!(line(&out, "status"), "201");
-    assert_eq!(line(&out, "body_bytes"), IDH1_JSON.len().to_string());
+    assert_eq!(
+        line(&out, "body_bytes"),
+        "8",
+        "the HTTP body, not its envelope"
+    );
+    assert_eq!(line(&out, "stored_bytes"), IDH1_JSON.len().to_string());
     assert!(line(&out, "envelope").starts_with("IDH1"), "{out}");
     let headers: Vec<&str> = out.lines().filter(|l| l.starts_with("header ")).collect();
     assert_eq!(
@@ -520,7 +538,9 @@ fn purge_of_an_absent_key_exits_like_get_of_an_absent_key() {
     let purge = |key: &str| {
         idem(
             &file,
-            &["purge", "--tenant", "t1", "--op", "op", "--key", key],
+            &[
+                "purge", "--yes", "--tenant", "t1", "--op", "op", "--key", key,
+            ],
         )
     };
     let get_absent = get(&file, "nope", &[]);
@@ -640,6 +660,10 @@ fn check_and_export() {
     assert!(rows[0].get("body").is_none());
     let o = idem(&file, &["export", "--jsonl", "--body"]);
     assert!(stdout(&o).contains("body-b"));
+    // JSON lines is the only format, and the default.
+    let plain = idem(&file, &["export"]);
+    assert!(plain.status.success(), "{plain:?}");
+    assert_eq!(stdout(&plain), stdout(&idem(&file, &["export", "--jsonl"])));
 
     // Damage one record behind the store's back: check fails and names it; export reports it.
     {
@@ -842,4 +866,43 @@ fn check_and_stats_beside_a_multi_process_writer() {
     drop(store);
     let o = idem(&file, &["stats"]);
     assert_eq!(line(&stdout(&o), "records"), "21", "{o:?}");
+}
+
+/// The mistakes an operator makes first get a message that fits them: a path that is no store
+/// (a text file, an empty file) says so and no recovery essay; a write command on a file a
+/// service holds names what to do for that command (never a flag it does not take).
+#[test]
+fn an_operators_first_mistakes_get_a_message_that_fits() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("notes.txt");
+    std::fs::write(&text, "not a store\n").unwrap();
+    let empty = dir.path().join("empty.redb");
+    std::fs::write(&empty, b"").unwrap();
+    for file in [&text, &empty] {
+        for args in [&["stats"][..], &["export"], &["sweep"], &["check"]] {
+            let o = idem(file, args);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(1), "{args:?}: {o:?}");
+            if args[0] == "check" {
+                continue; // check reports on its copy in its own words
+            }
+            assert!(err.contains("not an idem store"), "{args:?}: {err}");
+            assert!(err.contains("check the path"), "{args:?}: {err}");
+            assert!(!err.contains("report it"), "{args:?}: {err}");
+        }
+    }
+
+    let file = dir.path().join("idem.redb");
+    let store = Store::open(&file).unwrap();
+    put(&store, "k", 201, b"ok");
+    for args in [&["sweep"][..], &["compact"]] {
+        let o = idem(&file, args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {o:?}");
+        assert!(err.contains("stop it first"), "{args:?}: {err}");
+        assert!(
+            !err.contains("--in-place"),
+            "{args:?} takes no --in-place: {err}"
+        );
+    }
 }

@@ -86,7 +86,9 @@ fn stats_get_and_purge_see_what_the_service_stored() {
     let purge = idem_pg(
         &h.url,
         &h.schema,
-        &["purge", "--tenant", "acme", "--op", "pay", "--key", "k1"],
+        &[
+            "purge", "--yes", "--tenant", "acme", "--op", "pay", "--key", "k1",
+        ],
     );
     assert!(purge.status.success());
     assert!(
@@ -98,7 +100,9 @@ fn stats_get_and_purge_see_what_the_service_stored() {
     let again = idem_pg(
         &h.url,
         &h.schema,
-        &["purge", "--tenant", "acme", "--op", "pay", "--key", "k1"],
+        &[
+            "purge", "--yes", "--tenant", "acme", "--op", "pay", "--key", "k1",
+        ],
     );
     assert_eq!(
         again.status.code(),

@@ -184,9 +184,30 @@ fn read_commands_refuse_a_file_that_needs_recovery_instead_of_recovering_it() {
         err.contains("repairing a file that was not closed cleanly"),
         "{err}"
     );
-    // The library's read-only open says the same, as a typed error.
+    // The library's read-only open says the same, as a typed error, and names the command.
     let r = Store::builder().open_read_only(&path);
     assert!(matches!(r, Err(idem::Error::NeedsRecovery)), "{r:?}");
+    assert!(
+        r.as_ref()
+            .err()
+            .is_some_and(|e| e.to_string().contains("idem recover")),
+        "{r:?}"
+    );
+    // `idem recover` repairs the file itself; the read commands then work, and a second
+    // `recover` finds nothing to do.
+    let o = idem(&path, &["recover"]);
+    assert!(o.status.success(), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stdout).starts_with("recovered"),
+        "{o:?}"
+    );
+    let stats = idem(&path, &["stats"]);
+    assert!(stats.status.success(), "{stats:?}");
+    let o = idem(&path, &["recover"]);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("nothing to recover"),
+        "{o:?}"
+    );
 }
 
 #[test]
@@ -202,7 +223,16 @@ fn write_commands_refuse_a_damaged_file_even_when_forced() {
     let mut damaged = image.clone();
     damaged[at + 2] ^= 0x20;
     std::fs::write(&path, &damaged).expect("write");
-    let purge = ["purge", "--tenant", "t", "--op", "op", "--key", "key-00003"];
+    let purge = [
+        "purge",
+        "--yes",
+        "--tenant",
+        "t",
+        "--op",
+        "op",
+        "--key",
+        "key-00003",
+    ];
     let writes: [&[&str]; 5] = [
         &["sweep"],
         &purge,

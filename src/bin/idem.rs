@@ -6,6 +6,7 @@
 //! cargo run --features cli --bin idem -- purge --tenant T --op O --key K [--force]
 //! cargo run --features cli --bin idem -- sweep [--force]
 //! cargo run --features cli --bin idem -- compact [--force]
+//! cargo run --features cli --bin idem -- recover
 //! cargo run --features cli --bin idem -- check [--in-place]
 //! cargo run --features cli --bin idem -- export --jsonl [--body]
 //! cargo run --features cli --bin idem -- outbox list [--limit N] [--body]
@@ -90,11 +91,14 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Removes one record: the key becomes free and a retry of the intent RUNS AGAIN. An absent
-    /// key prints `absent` and exits 1, as `get` does.
+    /// Removes one record: the key becomes free and a retry of the intent RUNS AGAIN. Refused
+    /// without `--yes`. An absent key prints `absent` and exits 1, as `get` does.
     Purge {
         #[command(flatten)]
         id: KeyArgs,
+        /// Confirms it: a retry of this intent (a payment, an email) will run again.
+        #[arg(long)]
+        yes: bool,
         #[command(flatten)]
         write: WriteArgs,
     },
@@ -104,6 +108,11 @@ enum Command {
         #[command(flatten)]
         write: WriteArgs,
     },
+    /// Recovers a file that was not closed cleanly (the process that had it open died, or a
+    /// write failed part-way), which read commands refuse ("needs crash recovery"): opens it
+    /// for writing once, which repairs it, and closes it cleanly. Writes nothing else; on a
+    /// file closed cleanly it only checks its pages.
+    Recover,
     /// Gives free space back to the file system (sweep first; needs the file to itself).
     Compact {
         #[command(flatten)]
@@ -122,8 +131,9 @@ enum Command {
     /// Every record as one JSON object per line (no bodies unless --body). Read-only.
     #[command(after_help = RECORD_JSON_FIELDS)]
     Export {
-        /// JSON Lines on stdout (the only format).
-        #[arg(long, required = true)]
+        /// JSON Lines on stdout: the only format, and the default (accepted for scripts that
+        /// name it).
+        #[arg(long)]
         jsonl: bool,
         /// Include response bodies (lossy UTF-8, and the HTTP layer's envelope decoded; may
         /// contain customer data).
@@ -183,10 +193,14 @@ enum PgCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Removes one record: the key becomes free and a retry of the intent RUNS AGAIN.
+    /// Removes one record: the key becomes free and a retry of the intent RUNS AGAIN. Refused
+    /// without `--yes`.
     Purge {
         #[command(flatten)]
         id: KeyArgs,
+        /// Confirms it: a retry of this intent (a payment, an email) will run again.
+        #[arg(long)]
+        yes: bool,
     },
     /// One sweep pass (bounded batches; safe while the fleet runs).
     Sweep,
@@ -263,7 +277,8 @@ of an absent key prints null (and exits 1, as without --json).
   lease_deadline_ms  pending: when the lease lapses
   attempt            pending: the attempt that holds the lease
   status             completed, failed, tombstone: the stored status
-  body_bytes         completed, failed: the size of the stored response body
+  body_bytes         completed, failed: the size of the answer's body (the HTTP body of an answer the layer stored)
+  stored_bytes       completed, failed: the size of the response as stored (the HTTP layer's envelope included)
   resource           the resource pointer, [kind, id], when there is one
   body               with --body: the stored response body, lossy UTF-8
   http               with --body, when the body is an answer the HTTP layer stored:
@@ -467,6 +482,8 @@ fn open_failed(cli: &Cli, e: &Error) -> Failure {
              stop it, or run both in multi-process mode (--multi-process here, \
              StoreBuilder::multi_process(true) in the service)"
         )
+    } else if let Some(failure) = not_a_store(cli, e) {
+        return failure;
     } else if io_kind == Some(io::ErrorKind::PermissionDenied) {
         format!(
             "{file}: permission denied ({msg}): run idem as a user who may read the file (and, \
@@ -476,6 +493,36 @@ fn open_failed(cli: &Cli, e: &Error) -> Failure {
         format!("{file}: {msg}")
     }
     .into()
+}
+
+/// `purge` without `--yes`: what it would do, and that nothing was done.
+fn purge_unconfirmed(id: &KeyArgs) -> Failure {
+    format!(
+        "purge frees the key {:?} (tenant {:?}, operation {:?}): a retry of that intent will RUN \
+         AGAIN (a second payment, a second email). Nothing was done; pass --yes to purge it",
+        id.key, id.tenant, id.op
+    )
+    .into()
+}
+
+/// The file is not a store at all (an empty file, a text file, a redb file of another program):
+/// the path is wrong, which no recovery advice mends.
+fn not_a_store(cli: &Cli, e: &Error) -> Option<Failure> {
+    match e {
+        Error::CorruptStore { reason }
+            if reason.contains("not an idem store")
+                || reason.contains("not a readable redb database") =>
+        {
+            Some(
+                format!(
+                    "{}: not an idem store ({reason}): check the path (--file)",
+                    cli.file.display()
+                )
+                .into(),
+            )
+        }
+        _ => None,
+    }
 }
 
 /// The read-only commands' store: nothing is written to the file.
@@ -505,15 +552,19 @@ fn check_before_writing(cli: &Cli) -> Result<(), Failure> {
         format!(
             "{file}: refused: this command writes to the file, and redb's integrity check of a \
              copy of it failed ({why}). Nothing was written. Keep the file as it is (evidence), \
-             run `idem check` to see the damage, then move the file away or {RESTORE}; or pass \
-             --force to write to it anyway"
+             run `idem check` to see the damage, then move the file away or {RESTORE}. (--force \
+             skips this check of a copy, but the open for writing still refuses a file whose \
+             pages fail their checksums.)"
         )
         .into()
     };
-    let (copy, _) = copy_of_file(cli)?;
+    let (copy, _) = copy_of_file(cli, "--force")?;
     let mut store = match builder(cli).open_existing(&copy.0) {
         Ok(store) => store,
-        Err(e) => return Err(refuse(format!("the copy does not open: {}", detail(&e)))),
+        Err(e) => {
+            return Err(not_a_store(cli, &e)
+                .unwrap_or_else(|| refuse(format!("the copy does not open: {}", detail(&e)))));
+        }
     };
     match store.check_integrity() {
         Ok(true) => Ok(()),
@@ -539,15 +590,17 @@ fn check_before_writing(cli: &Cli) -> Result<(), Failure> {
 /// from being reused meanwhile (redb frees a page for reuse only once no reader may still see
 /// it), so the commit the copied header names is copied whole.
 /// Returns the copy and whether the lock was held.
-fn copy_of_file(cli: &Cli) -> Result<(Removed, bool), Failure> {
+/// `bypass` is the command's flag that works on the file without a copy (`--in-place` for
+/// `check`, `--force` for the write commands), which the hints name.
+fn copy_of_file(cli: &Cli, bypass: &str) -> Result<(Removed, bool), Failure> {
     require_file(cli)?;
     let file = cli.file.display();
     let lock = match builder(cli).open_read_only(&cli.file) {
         Ok(store) => Some(store),
         Err(e) if matches!(redb_cause(&e), Some(idem::redb::Error::DatabaseAlreadyOpen)) => {
             return Err(format!(
-                "{file}: another process has this file open for writing: stop it first, or \
-                 pass --in-place together with --multi-process"
+                "{file}: another process (a service?) has this file open: stop it first; if it \
+                 runs in multi-process mode, pass --multi-process (and {bypass}) to share it"
             )
             .into());
         }
@@ -571,12 +624,12 @@ fn copy_of_file(cli: &Cli) -> Result<(Removed, bool), Failure> {
     let cannot_write = |e: io::Error| -> Failure {
         let hint = match e.kind() {
             io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => {
-                "free some space next to the file, or pass --in-place"
+                format!("free some space next to the file, or pass {bypass}")
             }
-            io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem => {
-                "run idem as a user who may create files in the file's directory, or pass --in-place"
-            }
-            _ => "pass --in-place to check the file itself",
+            io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem => format!(
+                "run idem as a user who may create files in the file's directory, or pass {bypass}"
+            ),
+            _ => format!("pass {bypass} to work on the file itself"),
         };
         format!(
             "{copy}: cannot write a temporary copy of the file ({e}): {hint}. {file} itself \
@@ -675,7 +728,10 @@ fn run<W: Write>(cli: &Cli, o: &mut Out<W>) -> Result<(), Failure> {
                 Some(r) => print_record(o, &r, store.now(), *body)?,
             }
         }
-        Command::Purge { id, write } => {
+        Command::Purge { id, yes, write } => {
+            if !yes {
+                return Err(purge_unconfirmed(id));
+            }
             let store = open_for_writing(cli, write)?;
             let scope = Scope::new(&id.tenant, &id.op);
             if !store.purge(&scope, &id.key).map_err(&failed)? {
@@ -710,6 +766,18 @@ fn run<W: Write>(cli: &Cli, o: &mut Out<W>) -> Result<(), Failure> {
             out!(o, "duration_ms {}", r.duration.as_millis());
             out!(o, "commits     {}", m.commits);
         }
+        Command::Recover => {
+            require_file(cli)?;
+            let store = builder(cli)
+                .open_existing(&cli.file)
+                .map_err(|e| open_failed(cli, &e))?;
+            let repaired = store.repair_time();
+            drop(store);
+            match repaired {
+                Some(took) => out!(o, "recovered    in {:.3} s", took.as_secs_f64()),
+                None => out!(o, "clean        nothing to recover"),
+            }
+        }
         Command::Compact { write } => {
             let before = file_size(&cli.file);
             let mut store = open_for_writing(cli, write)?;
@@ -717,7 +785,7 @@ fn run<W: Write>(cli: &Cli, o: &mut Out<W>) -> Result<(), Failure> {
                 Failure::Said(format!(
                     "{}: {e}. Compaction stopped part-way, which leaves the file needing crash \
                      recovery: the next open for writing makes it (start the service, or run \
-                     `idem sweep` once space is back); read commands answer \"needs crash \
+                     `idem recover` once space is back); read commands answer \"needs crash \
                      recovery\" until then",
                     cli.file.display()
                 ))
@@ -810,7 +878,10 @@ fn pg<W: Write>(db: &PgArgs, o: &mut Out<W>, command: &PgCommand) -> Result<(), 
                 Some(r) => print_record(o, &r, store.now(), *body)?,
             }
         }
-        PgCommand::Purge { id } => {
+        PgCommand::Purge { id, yes } => {
+            if !yes {
+                return Err(purge_unconfirmed(id));
+            }
             let scope = Scope::new(&id.tenant, &id.op);
             if !store.purge(&scope, &id.key).map_err(failed)? {
                 out!(o, "absent");
@@ -843,7 +914,7 @@ fn check<W: Write>(cli: &Cli, o: &mut Out<W>, in_place: bool) -> Result<(), Fail
             .map_err(|e| open_failed(cli, &e))?;
         (store, format!("the file itself ({file})"))
     } else {
-        let (removed, locked) = copy_of_file(cli)?;
+        let (removed, locked) = copy_of_file(cli, "--in-place")?;
         let path = copy.insert(removed).0.clone();
         let note = if locked {
             ""
@@ -1083,7 +1154,8 @@ fn record_json(
     line["state"] = state.into();
     if let Some(r) = response {
         line["status"] = r.status().into();
-        line["body_bytes"] = r.body().len().into();
+        line["body_bytes"] = answer_body_len(r.body()).into();
+        line["stored_bytes"] = r.body().len().into();
         if let Some(res) = r.resource() {
             line["resource"] = serde_json::json!([res.kind, res.id]);
         }
@@ -1100,6 +1172,15 @@ fn record_json(
 }
 
 /// The `http` object of a record whose body is an answer the HTTP layer stored.
+/// The length of the answer's body: for an answer the HTTP layer stored, its HTTP body (not
+/// the envelope around it, with the status and headers to replay); otherwise what is stored.
+fn answer_body_len(stored: &[u8]) -> usize {
+    match HttpEnvelope::decode(stored) {
+        Ok(Some(env)) => env.body().len(),
+        _ => stored.len(),
+    }
+}
+
 fn envelope_json(env: &HttpEnvelope<'_>) -> serde_json::Value {
     let headers: Vec<_> = env
         .headers()
@@ -1148,7 +1229,8 @@ fn print_record<W: Write>(
         }
         State::Completed(resp) | State::Failed(resp) => {
             out!(o, "status       {}", resp.status());
-            out!(o, "body_bytes   {}", resp.body().len());
+            out!(o, "body_bytes   {}", answer_body_len(resp.body()));
+            out!(o, "stored_bytes {}", resp.body().len());
             if let Some(res) = resp.resource() {
                 out!(o, "resource     {} {}", res.kind, res.id);
             }
