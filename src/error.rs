@@ -72,7 +72,7 @@ impl std::fmt::Display for Field {
 /// - the caller's closure asked for a retry (`Aborted`): nothing was written, retry later;
 /// - storage trouble (`Storage`, `OutcomeUnknown`, `FailStopped`, `CorruptRecord`,
 ///   `CorruptStore`, `ExpiryIndexMismatch`, `UnsupportedFormat`, `NeedsRecovery`,
-///   `RepairAborted`, `Config`, `InUse`, `Spawn`): see each variant.
+///   `RepairAborted`, `AlreadyOpen`, `Config`, `InUse`, `Spawn`): see each variant.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -302,6 +302,17 @@ pub enum Error {
         "a store write was called from inside a closure running in the same store's write transaction, which would deadlock: do that work through the Tx handle, or after the closure returns"
     )]
     Reentrant,
+
+    /// The store file is already open: by another `Store` of this process (every clone and
+    /// every `Lease` keeps it open) or by another process. redb admits one open of a file at a
+    /// time, unless every opener uses `StoreBuilder::multi_process(true)`. Nothing was done.
+    #[error(
+        "{what} is already open, by this process or another: a file admits one open store at a time. Drop the other Store (every clone and every Lease keeps it open) or stop the other process; processes that must share the file open it with StoreBuilder::multi_process(true)"
+    )]
+    AlreadyOpen {
+        /// The file's path (or "the storage backend").
+        what: String,
+    },
 
     /// A call that needs something to itself found it in use. Nothing was done.
     /// [`crate::Store::compact`] and [`crate::Store::check_integrity`] need the only handle to

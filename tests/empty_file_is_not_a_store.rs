@@ -28,7 +28,9 @@ const COMMANDS: [&[&str]; 10] = [
     &["outbox", "list"],
     &["check"],
     &["sweep"],
-    &["purge", "--tenant", "t", "--op", "op", "--key", "k"],
+    &[
+        "purge", "--yes", "--tenant", "t", "--op", "op", "--key", "k",
+    ],
     &["compact"],
     &["outbox", "requeue", "0"],
     &["sweep", "--force"],

@@ -419,6 +419,39 @@ fn opening_a_directory_is_an_error_not_a_panic() {
     assert!(Store::open(dir.path()).is_err());
 }
 
+/// A file already open (here by a store of this same process) is a typed error naming the
+/// path and what to do, for every open; the file and the first store are untouched.
+#[test]
+fn opening_a_file_that_is_already_open_is_a_typed_error_naming_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("idem.redb");
+    let first = Store::open(&path).expect("open");
+    let opens: [(&str, Result<(), idem::Error>); 3] = [
+        ("open", Store::open(&path).map(drop)),
+        (
+            "open_existing",
+            Store::builder().open_existing(&path).map(drop),
+        ),
+        (
+            "open_read_only",
+            Store::builder().open_read_only(&path).map(drop),
+        ),
+    ];
+    for (what, r) in opens {
+        match r {
+            Err(e @ idem::Error::AlreadyOpen { .. }) => {
+                let msg = e.to_string();
+                assert!(msg.contains(&path.display().to_string()), "{what}: {msg}");
+                assert!(msg.contains("multi_process"), "{what}: {msg}");
+            }
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+    assert!(path.exists(), "the refused opens left the file alone");
+    drop(first);
+    Store::open(&path).expect("opens once the first store is dropped");
+}
+
 #[test]
 fn purge_frees_a_corrupt_key_so_the_intent_can_run_again() {
     let h = with_corrupt_victim(|_| vec![FORMAT_VERSION, 0xff, 0xff]);

@@ -476,7 +476,7 @@ fn open_failed(cli: &Cli, e: &Error) -> Failure {
         Some(idem::redb::Error::Io(io)) => Some(io.kind()),
         _ => None,
     };
-    if let Some(idem::redb::Error::DatabaseAlreadyOpen) = redb_cause(e) {
+    if let Error::AlreadyOpen { .. } = e {
         format!(
             "{file}: {msg}\n  another process holds this file (redb allows one process per file): \
              stop it, or run both in multi-process mode (--multi-process here, \
@@ -597,7 +597,7 @@ fn copy_of_file(cli: &Cli, bypass: &str) -> Result<(Removed, bool), Failure> {
     let file = cli.file.display();
     let lock = match builder(cli).open_read_only(&cli.file) {
         Ok(store) => Some(store),
-        Err(e) if matches!(redb_cause(&e), Some(idem::redb::Error::DatabaseAlreadyOpen)) => {
+        Err(Error::AlreadyOpen { .. }) => {
             return Err(format!(
                 "{file}: another process (a service?) has this file open: stop it first; if it \
                  runs in multi-process mode, pass --multi-process (and {bypass}) to share it"

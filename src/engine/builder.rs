@@ -410,7 +410,7 @@ impl StoreBuilder {
             Fresh::claim(path)
         };
         let opened = contain_open(|| {
-            let (db, repair_time) = watched(&watch, redb.create(path))?;
+            let (db, repair_time) = watched(&watch, redb.create(path), &path.display())?;
             Store::init(db, self, Create::Yes, repair_time)
         });
         if let Err(e) = &opened {
@@ -439,7 +439,7 @@ impl StoreBuilder {
             if let Ok(db) = self.redb_builder().open_read_only(path) {
                 check_marker(&db.begin_read().map_err(unlatched)?)?;
             }
-            let (db, repair_time) = watched(&watch, redb.open(path))?;
+            let (db, repair_time) = watched(&watch, redb.open(path), &path.display())?;
             Store::init(db, self, Create::No, repair_time)
         });
         watch.resume_caller_panic();
@@ -449,7 +449,7 @@ impl StoreBuilder {
     /// Opens an existing store for reading only: nothing is ever written to the file (no
     /// open-time commit, no recovery), and redb's shared lock is taken instead of the exclusive
     /// one, so several readers may open the file at once — but not while a process has it open
-    /// for writing (that open fails with [`Error::Storage`], "already open"), except in
+    /// for writing (that open fails with [`Error::AlreadyOpen`]), except in
     /// [`multi_process`](Self::multi_process) mode, where the reader shares the file with the
     /// writers and sees their commits.
     ///
@@ -470,7 +470,7 @@ impl StoreBuilder {
             let db = self
                 .redb_builder()
                 .open_read_only(path)
-                .map_err(open_error)?;
+                .map_err(|e| open_error(e, &path.display()))?;
             check_marker(&db.begin_read().map_err(unlatched)?)?;
             Ok(ReadOnlyStore::new(db, self.clock, self.config.limits))
         })
@@ -488,8 +488,11 @@ impl StoreBuilder {
         };
         let (redb, watch) = self.watched_builder(None, shutdown);
         let opened = contain_open(|| {
-            let (db, repair_time) =
-                watched(&watch, redb.create_with_backend(SharedBackend(backend)))?;
+            let (db, repair_time) = watched(
+                &watch,
+                redb.create_with_backend(SharedBackend(backend)),
+                &"the storage backend",
+            )?;
             Store::init(db, self, Create::Yes, repair_time)
         });
         watch.resume_caller_panic();
@@ -566,8 +569,7 @@ impl Fresh {
 
 /// The open failed because another handle holds the file (then it is not this open's to undo).
 fn held_elsewhere(e: &Error) -> bool {
-    matches!(e, Error::Storage { source }
-        if matches!(source.downcast_ref::<redb::Error>(), Some(redb::Error::DatabaseAlreadyOpen)))
+    matches!(e, Error::AlreadyOpen { .. })
 }
 
 /// What a watched open of redb returned: the database and how long its repair took, or the
@@ -575,6 +577,7 @@ fn held_elsewhere(e: &Error) -> bool {
 fn watched(
     watch: &Watch,
     opened: Result<redb::Database, redb::DatabaseError>,
+    what: &dyn std::fmt::Display,
 ) -> Result<(redb::Database, Option<Duration>), Error> {
     let seen = watch.finish();
     match opened {
@@ -585,7 +588,7 @@ fn watched(
             Ok((db, seen.repair_time))
         }
         Err(redb::DatabaseError::RepairAborted) if seen.aborted => Err(Error::RepairAborted),
-        Err(e) => Err(open_error(e)),
+        Err(e) => Err(open_error(e, what)),
     }
 }
 
@@ -599,11 +602,15 @@ fn contain_open<T>(open: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> 
 /// What opening the file failed with. A file that is not a redb database, is shorter than its
 /// own header says, or that redb's recovery found damaged is [`Error::CorruptStore`]: retrying
 /// never helps, and the message says what to do. A read-only open of a file that needs
-/// recovery is [`Error::NeedsRecovery`]. Anything else (permissions, a missing directory, the
-/// file already open, a failing disk) stays [`Error::Storage`].
-fn open_error(e: redb::DatabaseError) -> Error {
+/// recovery is [`Error::NeedsRecovery`]; a file another handle holds is [`Error::AlreadyOpen`],
+/// naming `what` (the path). Anything else (permissions, a missing directory, a failing disk)
+/// stays [`Error::Storage`].
+fn open_error(e: redb::DatabaseError, what: &dyn std::fmt::Display) -> Error {
     use std::io::ErrorKind;
     match e {
+        redb::DatabaseError::DatabaseAlreadyOpen => Error::AlreadyOpen {
+            what: what.to_string(),
+        },
         redb::DatabaseError::Storage(redb::StorageError::Io(io))
             if matches!(io.kind(), ErrorKind::InvalidData | ErrorKind::UnexpectedEof) =>
         {

@@ -662,6 +662,7 @@ pub(crate) fn error_kind(e: &Error) -> &'static str {
         Error::ExpiryIndexMismatch { .. } => "expiry_index_mismatch",
         Error::NeedsRecovery => "needs_recovery",
         Error::RepairAborted => "repair_aborted",
+        Error::AlreadyOpen { .. } => "already_open",
         Error::Config { .. } => "config",
         Error::OutcomeUnknown { .. } => "outcome_unknown",
         Error::Busy { .. } => "busy",
