@@ -180,12 +180,10 @@ impl StoreBuilder {
     }
 
     /// redb's page cache size in bytes. Default [`DEFAULT_CACHE_SIZE`] (64 MiB), not redb's
-    /// 1 GiB, which a busy store fills: after a minute of mixed load the process held 264 MiB
-    /// at 1M records and 1.4 GiB at 10M with 1 GiB, 80 and 100 MiB with 64 MiB. The cost, at
-    /// 1M records (~300 MiB file): the mixed load between 22 % faster and 22 % slower over
-    /// three runs, and one thread's random replays about 40 % slower (misses come from the OS
-    /// page cache); at 10M the small cache was the faster one (BENCHMARKS.md, "The scale curve, memory and recovery"). Size it to the
-    /// store's hot set when the box has the memory: 256 MiB gave the 1M store 1 GiB's rates.
+    /// 1 GiB, which a busy store fills, so the process's memory grows with the file. A cache
+    /// smaller than the store's hot set makes replays of cold keys read from the OS page cache
+    /// instead; size it to the hot set when the machine has the memory (`cargo bench --bench
+    /// scale` measures memory and rates for several cache sizes).
     pub fn cache_size(mut self, bytes: usize) -> Self {
         self.cache_size = bytes;
         self
@@ -194,12 +192,9 @@ impl StoreBuilder {
     /// redb's quick-repair: every commit also saves the allocator state (and commits in two
     /// phases), so reopening a file after a crash loads that state instead of walking the whole
     /// file to rebuild it — seconds to tens of seconds for a multi-GB store, near-instant with
-    /// this. The price is paid per commit, so per *batch* of grouped callers: measured on this
-    /// project's 2-core box (BENCHMARKS.md, "The scale curve, memory and recovery"), a reopen
-    /// after SIGKILL took 1.8 s at 1M records and 25 s at 10M without it, 2–4 ms with it, and
-    /// it cost 10–21 % of the claims/s at 64 callers and about half at one caller. At 64 per
-    /// batch that cost is the allocator-state save, not the second fsync (BENCHMARKS.md, "What
-    /// quick-repair costs a commit"). Default off; the default path shortens the repair instead
+    /// this. The price is paid per commit, so per *batch* of grouped callers, and is largest
+    /// with one caller (`cargo bench --bench scale` and `--bench commit_modes` measure it).
+    /// Default off; the default path shortens the repair instead
     /// ([`prefetch_on_repair`](Self::prefetch_on_repair)).
     /// (In `multi_process` mode every commit saves the state anyway.) With
     /// [`verify_on_open`](Self::verify_on_open) (on by default) every open walks the file
@@ -246,10 +241,9 @@ impl StoreBuilder {
 
     /// Before a repair's walk (see [`on_repair`](Self::on_repair)), read the store file once
     /// front to back, so that the walk's scattered page reads come from the OS page cache
-    /// instead of the disk. Measured on this project's 2-core box with a cold cache
-    /// (BENCHMARKS.md, "Reopen after a crash"): a 2.9 GB file (10M records) reopened in
-    /// 7.2–10.4 s without, 5.3–6.7 s with; a 322 MB file (1M) in 1.24–1.53 s without,
-    /// 0.59–1.16 s with. The read fills the OS page cache, not the process. Skipped for a file
+    /// instead of the disk: with a cold cache the walk then takes a fraction of its time
+    /// (`scripts/reopen-after-crash` measures both). The read fills the OS page cache, not the
+    /// process. Skipped for a file
     /// larger than the memory the OS reports available (Linux), and for
     /// [`open_with_backend`](Self::open_with_backend) (no file). Default on.
     pub fn prefetch_on_repair(mut self, enabled: bool) -> Self {

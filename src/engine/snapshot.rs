@@ -1,11 +1,9 @@
 //! The records table as of the latest commit, shared by the lookups of the lock-free read path
 //! (`Store::read_record`: the first step of `execute`, `execute_send` and `begin`, and `get`).
 //!
-//! A lookup used to begin a redb read transaction, open the records table, look the key up and
-//! drop both: the begin, the open and the drop were about two thirds of its CPU (BENCHMARKS.md,
-//! run `c4bbccf`, with `examples/claim_load.rs` under perf). Lookups now share one open table per
-//! commit: the first lookup after a commit opens it, the later ones reuse it until the next
-//! commit.
+//! Beginning a redb read transaction, opening the records table and dropping both costs a
+//! lookup more than the lookup itself, so lookups share one open table per commit: the first
+//! lookup after a commit opens it, the later ones reuse it until the next commit.
 //!
 //! Invariant (freshness): a lookup that starts after a commit returned sees that commit, as a
 //! fresh read transaction would. Every commit bumps `generation` after redb's commit returned

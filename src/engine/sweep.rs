@@ -117,8 +117,8 @@ impl Store {
             progress(report);
             // The commit queue is first come, first served, so callers that queued while this
             // batch ran commit before the sweep's next batch. The pause also leaves callers that
-            // arrive right after it a window without a sweep batch ahead of them, at a cost of
-            // ~1 ms per batch (benches/retention.rs reports claim latency during a sweep).
+            // arrive right after it a window without a sweep batch ahead of them, at the cost of
+            // the pause per batch (benches/retention.rs reports claim latency during a sweep).
             more = batch.more;
             if more {
                 std::thread::sleep(PAUSE_BETWEEN_BATCHES);
