@@ -3,7 +3,7 @@
 //! engine in turn (engine 0 first) with the same arguments; their answers, mapped to one
 //! comparable shape ([`Answer`]), must be equal, and the common answer must be the model's.
 //! After every step each engine's records (`get`) must equal the model's, and so must its
-//! effect counts; then the engine's own invariants are checked ([`Engine::check_store`]).
+//! effect counts, and the engine's own invariants must hold ([`Engine::observe`]).
 //!
 //! Holder tokens are random per store instance, so they differ between engines: the model
 //! holds engine 0's, and each engine's tokens are mapped to engine 0's token of the same lease
@@ -157,15 +157,19 @@ pub trait Engine {
     /// `execute(request)` whose closure bumps `label`, then the process dies before the
     /// commit is acknowledged (`Answer::Unacknowledged`). The runner then calls `crash`.
     fn crash_in_closure(&mut self, request: Request, label: &str) -> (Answer, u32);
-    /// The stored record of `intent`, as stored.
-    fn get(&self, intent: usize) -> Option<Record>;
-    /// Every effect counter (label, count).
-    fn effects(&self) -> Vec<(String, u64)>;
-    /// The engine's own invariants after a step (indexes, latches); `records`: how many of
-    /// the intents have a record (`get`).
-    fn check_store(&self, records: usize);
+    /// What the engine holds now (every intent's record as `get` returns it, and every
+    /// effect counter), after checking its own invariants (indexes, latches, derived columns).
+    fn observe(&self) -> Observed;
     /// The end of the schedule: every lease dropped, the engine's closing checks.
     fn close(self: Box<Self>);
+}
+
+/// What an engine holds after a step.
+pub struct Observed {
+    /// Per intent (`schedule::INTENTS`), its record.
+    pub records: Vec<Option<Record>>,
+    /// (label, count) of every effect counter.
+    pub effects: Vec<(String, u64)>,
 }
 
 struct Held {
@@ -181,6 +185,12 @@ pub struct Sim {
     tokens: Vec<HashMap<HolderToken, HolderToken>>,
     model: Model,
     clients: Vec<Option<Held>>,
+    /// Per engine, what it held after the last step that called it. A step that calls no
+    /// engine changes nothing they hold (nothing runs in the background), so it is not read
+    /// again then.
+    observed: Vec<Observed>,
+    /// An engine was called since `observed` was read.
+    stale: bool,
     /// The step being run (from 1) and its op, for failure messages.
     step: usize,
     op: Option<Op>,
@@ -196,6 +206,8 @@ impl Sim {
             engines,
             model: Model::new(view),
             clients: (0..CLIENTS).map(|_| None).collect(),
+            observed: Vec::new(),
+            stale: true,
             step: 0,
             op: None,
         }
@@ -222,6 +234,7 @@ impl Sim {
     /// Every engine's answer to one call (made by `call`, engine 0 first), with their holder
     /// tokens mapped to engine 0's; they must all be equal. Returns the common answer.
     fn agree(&mut self, mut call: impl FnMut(&mut dyn Engine) -> (Answer, u32)) -> (Answer, u32) {
+        self.stale = true;
         let mut answers: Vec<(Answer, u32)> =
             self.engines.iter_mut().map(|e| call(e.as_mut())).collect();
         let canonical = match &answers[0].0 {
@@ -484,6 +497,7 @@ impl Sim {
                 "release never fails here: {result:?}"
             );
         } else {
+            self.stale = true;
             for engine in &mut self.engines {
                 engine.drop_lease(client);
             }
@@ -521,6 +535,7 @@ impl Sim {
         for client in 0..CLIENTS {
             self.release(client, false);
         }
+        self.stale = true;
         for engine in &mut self.engines {
             engine.reopen();
         }
@@ -533,6 +548,7 @@ impl Sim {
         for slot in &mut self.clients {
             slot.take();
         }
+        self.stale = true;
         for engine in &mut self.engines {
             engine.crash();
         }
@@ -564,14 +580,15 @@ impl Sim {
     }
 
     /// The invariants that hold after every step, on every engine.
-    fn check(&self) {
+    fn check(&mut self) {
+        if self.stale {
+            self.observed = self.engines.iter().map(|e| e.observe()).collect();
+            self.stale = false;
+        }
         let now = self.now();
-        for (n, engine) in self.engines.iter().enumerate() {
-            let effects = engine.effects();
-            let mut records = 0;
+        for (n, (engine, observed)) in self.engines.iter().zip(&self.observed).enumerate() {
             for (i, model) in self.model.intents.iter().enumerate() {
-                let stored = engine.get(i).map(|r| self.canonical(n, r));
-                records += usize::from(stored.is_some());
+                let stored = observed.records[i].clone().map(|r| self.canonical(n, r));
                 assert_eq!(
                     stored,
                     model.record,
@@ -581,7 +598,8 @@ impl Sim {
                     self.step,
                     self.op
                 );
-                let got = effects
+                let got = observed
+                    .effects
                     .iter()
                     .find(|(l, _)| *l == label(i))
                     .map_or(0, |(_, c)| *c);
@@ -608,7 +626,6 @@ impl Sim {
                     .count();
                 assert!(holders <= 1, "{holders} leases hold {}", label(i));
             }
-            engine.check_store(records);
         }
     }
 }

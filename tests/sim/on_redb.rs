@@ -7,14 +7,14 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use idem::clock::ManualClock;
-use idem::format::Record;
 use idem::{Abort, Error, Lease, Request, Response, Store};
 
 use super::backend::{AloneOnFile, CrashBackend};
 use super::effects::{all_effects, bump};
-use super::lockstep::{Answer, Engine};
+use super::lockstep::{Answer, Engine, Observed};
 use super::schedule::{
-    CLIENTS, End, FORGET_MS, LEASE_MS, RESPONSE_MS, RETRY_AFTER_CAP, SWEEP_BATCH, key, label, scope,
+    CLIENTS, End, FORGET_MS, INTENTS, LEASE_MS, RESPONSE_MS, RETRY_AFTER_CAP, SWEEP_BATCH, key,
+    label, scope,
 };
 
 pub struct RedbEngine {
@@ -224,18 +224,16 @@ impl Engine for RedbEngine {
         }
     }
 
-    fn get(&self, intent: usize) -> Option<Record> {
-        self.store()
-            .get(&scope(intent), key(intent))
-            .unwrap_or_else(|e| panic!("get {}: {e}", label(intent)))
-    }
-
-    fn effects(&self) -> Vec<(String, u64)> {
-        all_effects(self.store())
-    }
-
-    fn check_store(&self, _records: usize) {
+    fn observe(&self) -> Observed {
         let store = self.store();
+        let effects = all_effects(store);
+        let records = (0..INTENTS.len())
+            .map(|i| {
+                store
+                    .get(&scope(i), key(i))
+                    .unwrap_or_else(|e| panic!("get {}: {e}", label(i)))
+            })
+            .collect();
         store
             .check_expiry_index()
             .unwrap_or_else(|e| panic!("expiry index: {e}"));
@@ -244,6 +242,7 @@ impl Engine for RedbEngine {
             "the store latched: {:?}",
             store.failure()
         );
+        Observed { records, effects }
     }
 
     fn close(self: Box<Self>) {
