@@ -140,3 +140,15 @@ fn claim_race_corpus() {
 fn crash_recovery_corpus() {
     replay("crash_recovery", sim::crash_recovery::run);
 }
+
+/// Needs the test server (`IDEM_PG_URL`); without it the test says so and passes, unless
+/// `IDEM_REQUIRE_PG` or `CI` is set (tests/common/pg.rs's convention).
+#[cfg(feature = "postgres")]
+#[test]
+fn engines_agree_corpus() {
+    let Some(db) = sim::engines_agree::database() else {
+        return;
+    };
+    let _drop = sim::engines_agree::DropSchema(db);
+    replay("engines_agree", sim::engines_agree::run);
+}

@@ -131,3 +131,29 @@ fn child_process_entry() {
         m.average_batch()
     );
 }
+
+/// A backend of the caller's own (`open_with_backend`) that has byte-range locks opens in
+/// multi-process mode: idem's wrapper passes every lock call on to it, the query whether
+/// another process holds a range included (without it, redb's open failed: "The storage
+/// backend does not support this operation").
+#[test]
+fn a_backend_with_byte_range_locks_opens_in_multi_process_mode() {
+    let backend = CrashBackend::default();
+    let open = || {
+        Store::builder()
+            .multi_process(true)
+            .open_with_backend(AloneOnFile(backend.clone()))
+            .expect("open in multi_process mode")
+    };
+    let request = || idem::Request::from_canonical_bytes(idem::Scope::new("t", "op"), "k", b"p");
+    let store = open();
+    let first = store
+        .execute(request(), |_| Ok(Response::new(201, "done")))
+        .expect("execute");
+    assert!(matches!(first, Outcome::Executed(_)));
+    drop(store);
+    let again = open()
+        .execute(request(), |_| panic!("a finished intent never runs again"))
+        .expect("replay");
+    assert!(matches!(again, Outcome::Replayed(r) if r.body() == b"done"));
+}

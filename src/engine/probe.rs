@@ -117,6 +117,9 @@ impl<B: StorageBackend> StorageBackend for SharedBackend<B> {
     fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
         self.0.unlock_range(start, end)
     }
+    fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        self.0.query_lock_range(start, end)
+    }
 }
 
 /// The read-only look's handle on the caller's backend: it reads, and nothing else reaches the

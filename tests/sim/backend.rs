@@ -97,6 +97,52 @@ impl idem::redb::StorageBackend for CrashBackend {
     }
 }
 
+/// A [`CrashBackend`] with the byte-range locks redb's multi-process mode takes (it refuses a
+/// backend without them), as the OS gives them to a process that is alone on its file: every
+/// lock is granted at once, and no other process holds any. (POSIX record locks never conflict
+/// with the same process's own; open one store on it at a time.)
+#[derive(Debug)]
+pub struct AloneOnFile(pub CrashBackend);
+
+type Bound = std::ops::Bound<u64>;
+type Locked<T> = Result<T, idem::redb::BackendError>;
+
+impl idem::redb::StorageBackend for AloneOnFile {
+    fn len(&self) -> std::io::Result<u64> {
+        self.0.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        self.0.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.0.set_len(len)
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.0.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.0.write(offset, data)
+    }
+    fn try_lock_range(&self, _: Bound, _: Bound) -> Locked<bool> {
+        Ok(true)
+    }
+    fn try_lock_shared_range(&self, _: Bound, _: Bound) -> Locked<bool> {
+        Ok(true)
+    }
+    fn lock_range(&self, _: Bound, _: Bound) -> Locked<()> {
+        Ok(())
+    }
+    fn lock_shared_range(&self, _: Bound, _: Bound) -> Locked<()> {
+        Ok(())
+    }
+    fn unlock_range(&self, _: Bound, _: Bound) -> Locked<()> {
+        Ok(())
+    }
+    fn query_lock_range(&self, _: Bound, _: Bound) -> Locked<bool> {
+        Ok(false)
+    }
+}
+
 /// A [`CrashBackend`] over a given durable image (the image a crash at some sync left).
 pub fn crash_backend_from_image(image: Vec<u8>) -> CrashBackend {
     CrashBackend {

@@ -1,6 +1,8 @@
 //! The fuzz targets' logic, shared by `fuzz/fuzz_targets/*.rs` (libFuzzer, nightly) and
 //! `tests/fuzz_corpus_replay.rs` (the checked-in corpus as an ordinary `cargo test` on stable).
-//! Each module's `run(data)` decodes its input, drives idem, and panics on a broken invariant.
+//! Each target module's `run(data)` decodes its input, drives idem, and panics on a broken
+//! invariant. `claim_race` and `engines_agree` share the schedule language (`schedule`), its
+//! reference model (`model`), the runner (`lockstep`) and its engines (`on_redb`, `on_postgres`).
 
 #![allow(dead_code)]
 
@@ -8,4 +10,12 @@ pub mod backend;
 pub mod claim_race;
 pub mod crash_recovery;
 pub mod effects;
+#[cfg(feature = "postgres")]
+pub mod engines_agree;
+pub mod lockstep;
+pub mod model;
+#[cfg(feature = "postgres")]
+pub mod on_postgres;
+pub mod on_redb;
 pub mod record_decode;
+pub mod schedule;
