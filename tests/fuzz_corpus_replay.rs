@@ -140,3 +140,10 @@ fn claim_race_corpus() {
 fn crash_recovery_corpus() {
     replay("crash_recovery", sim::crash_recovery::run);
 }
+
+/// Needs the parsers' features (`cargo test --all-features`, as CI runs it).
+#[cfg(all(feature = "http", feature = "webhooks"))]
+#[test]
+fn header_parsers_corpus() {
+    replay("header_parsers", sim::header_parsers::run);
+}

@@ -8,4 +8,8 @@ pub mod backend;
 pub mod claim_race;
 pub mod crash_recovery;
 pub mod effects;
+// The HTTP header parsers and the webhook verifiers: only with the features that build them (the
+// fuzz crate turns both on).
+#[cfg(all(feature = "http", feature = "webhooks"))]
+pub mod header_parsers;
 pub mod record_decode;
