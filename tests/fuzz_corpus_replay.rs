@@ -141,6 +141,11 @@ fn crash_recovery_corpus() {
     replay("crash_recovery", sim::crash_recovery::run);
 }
 
+#[test]
+fn damaged_file_corpus() {
+    replay("damaged_file", sim::damaged_file::run);
+}
+
 /// Needs the parsers' features (`cargo test --all-features`, as CI runs it).
 #[cfg(all(feature = "http", feature = "webhooks"))]
 #[test]

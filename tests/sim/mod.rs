@@ -7,6 +7,7 @@
 pub mod backend;
 pub mod claim_race;
 pub mod crash_recovery;
+pub mod damaged_file;
 pub mod effects;
 // The HTTP header parsers and the webhook verifiers: only with the features that build them (the
 // fuzz crate turns both on).
