@@ -1024,9 +1024,13 @@ fn standard_signed(u: &mut Unstructured) -> arbitrary::Result<()> {
             );
         }
         1 => {
-            let mut id = id.clone().into_bytes();
-            change_byte(u, &mut id)?;
-            let id = String::from_utf8_lossy(&id).into_owned();
+            // One character replaced by another ASCII one (a changed byte of UTF-8 could decode
+            // to the same text).
+            let mut chars: Vec<char> = id.chars().collect();
+            let at = u.choose_index(chars.len())?;
+            let c = char::from(u.int_in_range(0x20..=0x7eu8)?);
+            chars[at] = if chars[at] == c { '\u{7f}' } else { c };
+            let id: String = chars.into_iter().collect();
             refused(
                 check_standard(
                     &v,
