@@ -152,3 +152,15 @@ fn engines_agree_corpus() {
     let _drop = sim::engines_agree::DropSchema(db);
     replay("engines_agree", sim::engines_agree::run);
 }
+
+#[test]
+fn damaged_file_corpus() {
+    replay("damaged_file", sim::damaged_file::run);
+}
+
+/// Needs the parsers' features (`cargo test --all-features`, as CI runs it).
+#[cfg(all(feature = "http", feature = "webhooks"))]
+#[test]
+fn header_parsers_corpus() {
+    replay("header_parsers", sim::header_parsers::run);
+}

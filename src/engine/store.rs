@@ -65,8 +65,25 @@ pub(crate) struct FileModes {
 const WAIT_POLL: Duration = Duration::from_millis(20);
 /// The state every clone of a [`Store`] shares. Its fields are private to this file: the rest of
 /// the crate reaches them through the small accessors on [`Store`].
+/// The store's redb database, closed at the storage boundary. redb's own close commits (it
+/// saves its allocator state and returns the freed pages), and on a file damaged since the open
+/// (or opened without [`StoreBuilder::verify_on_open`]) that commit can panic; [`Inner`]'s drop
+/// takes the database out and drops it inside `catch_unwind`, so dropping a store never
+/// panics. `None` only from then on, when no call can reach it.
+struct Db(Option<redb::Database>);
+
+impl Db {
+    fn get(&self) -> Result<&redb::Database, redb::Error> {
+        self.0.as_ref().ok_or(redb::Error::DatabaseClosed)
+    }
+
+    fn get_mut(&mut self) -> Result<&mut redb::Database, redb::Error> {
+        self.0.as_mut().ok_or(redb::Error::DatabaseClosed)
+    }
+}
+
 pub(crate) struct Inner {
-    db: redb::Database,
+    db: Db,
     config: Config,
     clock: Arc<dyn Clock>,
     /// The first I/O or commit failure; once set, every write is refused (fail-stop).
@@ -111,8 +128,10 @@ impl Drop for Inner {
         self.snapshot.release();
         // Relaxed durability: make every acknowledged commit durable on close. No other handle
         // exists any more, so this is the only writer.
-        if self.unflushed.load(Ordering::Acquire) && self.failure.lock().is_none() {
-            let db = &self.db;
+        if self.unflushed.load(Ordering::Acquire)
+            && self.failure.lock().is_none()
+            && let Ok(db) = self.db.get()
+        {
             // A drop must not panic: redb failing on a damaged file here loses nothing that
             // was acknowledged as durable (this commit only raises durability).
             let flushed = catch_unwind(AssertUnwindSafe(|| -> Result<(), redb::Error> {
@@ -130,6 +149,15 @@ impl Drop for Inner {
                     "closing the store: the last commits could not be made durable (redb panicked: a damaged file?)"
                 ),
             }
+        }
+        // redb's close commits too (see `Db`): a panic there leaves the file as a crash would,
+        // and the next open recovers it.
+        if let Some(db) = self.db.0.take()
+            && catch_unwind(AssertUnwindSafe(|| drop(db))).is_err()
+        {
+            observe::warn!(
+                "closing the store: redb panicked while closing the file (a damaged file?); the next open recovers it"
+            );
         }
     }
 }
@@ -615,7 +643,8 @@ impl Store {
     /// read through it is outside idem's storage boundary: on a damaged page, redb may panic in
     /// your code (idem's own reads return [`Error::CorruptStore`] instead).
     pub fn begin_read(&self) -> Result<redb::ReadTransaction, Error> {
-        self.inner.db.begin_read().map_err(|e| self.storage(e))
+        let db = self.inner.db.get().map_err(|e| self.storage(e))?;
+        db.begin_read().map_err(|e| self.storage(e))
     }
 
     /// Removes the record for `key` in `scope`, whatever its state, and returns whether one
@@ -698,7 +727,7 @@ impl Store {
         modes: FileModes,
     ) -> Store {
         let inner = Inner {
-            db,
+            db: Db(Some(db)),
             config,
             clock,
             failure: Mutex::new(None),
@@ -782,7 +811,7 @@ impl Store {
             Some(inner) => {
                 // redb's compaction refuses to run beside a read transaction.
                 inner.snapshot.release();
-                Ok(&mut inner.db)
+                inner.db.get_mut().map_err(unlatched)
             }
             None => Err(Error::InUse {
                 operation,
@@ -875,7 +904,8 @@ impl Store {
         f: impl FnOnce(&redb::ReadTransaction) -> Result<T, Error>,
     ) -> Result<T, Error> {
         contained(while_, || {
-            let read = self.inner.db.begin_read().map_err(|e| self.storage(e))?;
+            let db = self.inner.db.get().map_err(|e| self.storage(e))?;
+            let read = db.begin_read().map_err(|e| self.storage(e))?;
             f(&read).map_err(|e| self.observe(e))
         })
     }
@@ -887,7 +917,7 @@ impl Store {
             let table = self
                 .inner
                 .snapshot
-                .records(&self.inner.db)
+                .records(self.inner.db.get().map_err(|e| self.storage(e))?)
                 .map_err(|e| self.storage(e))?;
             record_in(&*table, key).map_err(|e| self.observe(e))
         })
@@ -967,7 +997,8 @@ impl Store {
                 source: redb_error(e),
             }
         };
-        let mut txn = self.inner.db.begin_write().map_err(|e| latched(e.into()))?;
+        let db = self.inner.db.get().map_err(latched)?;
+        let mut txn = db.begin_write().map_err(|e| latched(e.into()))?;
         if self.inner.quick_repair {
             txn.set_quick_repair(true);
         }

@@ -21,7 +21,7 @@ pub(super) fn labelled_json(headers: &HeaderMap) -> bool {
 }
 
 /// `value` is a media type (`type "/" subtype *(OWS ";" ...)`) naming JSON.
-fn is_json_media_type(value: &[u8]) -> bool {
+pub(super) fn is_json_media_type(value: &[u8]) -> bool {
     let essence = match value.iter().position(|&b| b == b';') {
         Some(semicolon) => &value[..semicolon],
         None => value,

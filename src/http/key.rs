@@ -6,19 +6,30 @@ use http::header::HeaderName;
 /// The request header that carries the key.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
-/// Why a key field was refused (the problem's `detail` names the header).
+/// Why a key field was refused (the problem's `detail` names the header). Public only through
+/// the white-box hooks (`idem::http::whitebox`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum KeyError {
+pub enum KeyError {
     /// The field appears on this many lines.
     Lines(usize),
     /// No characters (an empty value, or `""`).
     Empty,
     /// Longer than the store's key limit.
-    TooLong { len: usize, max: usize },
+    TooLong {
+        /// The key's length in bytes.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
     /// Starts with a quote but is not exactly one Structured Field string without parameters.
     NotAString(String),
     /// A bare key with a character outside its alphabet, at this byte offset.
-    BadChar { byte: u8, at: usize },
+    BadChar {
+        /// The byte.
+        byte: u8,
+        /// Its offset in the value (after the whitespace around it).
+        at: usize,
+    },
 }
 
 impl KeyError {

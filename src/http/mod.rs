@@ -94,6 +94,7 @@
 //! | `handle.rs` | [`Idempotency`], the handler's handle, and [`Idempotency::complete_with`] |
 //! | `problem.rs`, `answers.rs` | the RFC 9457 problem `type`s ([`problem`]) and the answers the layer makes itself |
 //! | `metrics.rs` | [`LayerMetrics`] and the counters behind it |
+//! | `whitebox.rs` | NOT PUBLIC API (`__internal_whitebox`): the parsers above, for idem's fuzz targets |
 //!
 //! The two stored formats are described in `docs/FORMAT.md` ("HTTP layer formats") and pinned
 //! by `tests/http_formats_are_pinned.rs`.
@@ -113,6 +114,11 @@ pub mod problem;
 mod replay;
 mod service;
 mod tenant;
+/// NOT PUBLIC API (feature `__internal_whitebox`): the header and body parsers, for idem's own
+/// fuzz targets (`tests/sim/header_parsers.rs`).
+#[doc(hidden)]
+#[cfg(feature = "__internal_whitebox")]
+pub mod whitebox;
 
 pub use crate::backend::{Backend, BackendLease};
 pub use answers::{PROBLEM_JSON, error_response, problem_response};

@@ -9,6 +9,7 @@
 pub mod backend;
 pub mod claim_race;
 pub mod crash_recovery;
+pub mod damaged_file;
 pub mod effects;
 #[cfg(feature = "postgres")]
 pub mod engines_agree;
@@ -17,5 +18,9 @@ pub mod model;
 #[cfg(feature = "postgres")]
 pub mod on_postgres;
 pub mod on_redb;
+// The HTTP header parsers and the webhook verifiers: only with the features that build them (the
+// fuzz crate turns both on).
+#[cfg(all(feature = "http", feature = "webhooks"))]
+pub mod header_parsers;
 pub mod record_decode;
 pub mod schedule;
