@@ -140,3 +140,9 @@ fn claim_race_corpus() {
 fn crash_recovery_corpus() {
     replay("crash_recovery", sim::crash_recovery::run);
 }
+
+#[cfg(feature = "http")]
+#[test]
+fn http_layer_corpus() {
+    replay("http_layer", sim::http_layer::run);
+}

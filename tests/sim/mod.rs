@@ -8,4 +8,8 @@ pub mod backend;
 pub mod claim_race;
 pub mod crash_recovery;
 pub mod effects;
+// The HTTP layer's target needs the layer (feature `http`; the fuzz crate turns its own
+// `http` feature on, always).
+#[cfg(feature = "http")]
+pub mod http_layer;
 pub mod record_decode;
