@@ -232,14 +232,20 @@ where
     // A claim whose request waited to be polled again (a busy runtime, a clock step) may hold
     // a lease that has lapsed, so another attempt may have taken the key over, or one that
     // lapses before the first heartbeat can land (a third of the way, at least `MIN_BEAT`):
-    // it is renewed before the handler starts, so a handler never runs under a lease another
-    // attempt can take. Nothing has run yet: a lease lost meanwhile is answered as in flight,
-    // and on a failure the lease is given back, on the blocking pool.
-    let remaining = lease.deadline().saturating_since(config.store.now());
-    if remaining < MIN_BEAT * 3 {
-        let renewed = blocking(move || lease.heartbeat().map(|_| lease)).await;
-        lease = match renewed {
-            Ok(Ok(lease)) => lease,
+    // it is renewed, and checked again right before the handler starts (the renewal is an
+    // await: the request may wait again). Nothing has run yet: a lease lost meanwhile is
+    // answered as in flight, and on a failure the lease is given back, on the blocking pool.
+    let mut margin = MIN_BEAT * 3;
+    while lease.deadline().saturating_since(config.store.now()) < margin {
+        let store = config.store.clone();
+        let renewed = blocking(move || {
+            let deadline = lease.heartbeat()?;
+            Ok::<_, Error>((lease, deadline.saturating_since(store.now())))
+        })
+        .await;
+        (lease, margin) = match renewed {
+            // A lease shorter than the margin never has more left than a renewal grants.
+            Ok(Ok((lease, granted))) => (lease, margin.min(granted)),
             Ok(Err(Error::LeaseLost { .. })) => return Ok(in_flight(Duration::from_secs(1))),
             Ok(Err(e)) => return Ok(error_response(&e)),
             Err(resp) => return Ok(resp),
