@@ -164,3 +164,9 @@ fn damaged_file_corpus() {
 fn header_parsers_corpus() {
     replay("header_parsers", sim::header_parsers::run);
 }
+
+#[cfg(feature = "http")]
+#[test]
+fn http_layer_corpus() {
+    replay("http_layer", sim::http_layer::run);
+}

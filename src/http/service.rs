@@ -210,6 +210,9 @@ where
     run(config, inner, parts, body, lease).await
 }
 
+/// The shortest pause between two heartbeats of a running handler's lease.
+const MIN_BEAT: Duration = Duration::from_millis(10);
+
 /// Runs the handler under `lease` and records its answer.
 async fn run<S, ST, RB>(
     config: Arc<Config<ST>>,
@@ -226,12 +229,33 @@ where
     RB: http_body::Body<Data = Bytes> + Send + 'static,
     RB::Error: Into<crate::error::BoxError>,
 {
+    // A claim whose request waited to be polled again (a busy runtime, a clock step) may hold
+    // a lease that has lapsed, so another attempt may have taken the key over, or one that
+    // lapses before the first heartbeat can land (a third of the way, at least `MIN_BEAT`):
+    // it is renewed, and checked again right before the handler starts (the renewal is an
+    // await: the request may wait again). Nothing has run yet: a lease lost meanwhile is
+    // answered as in flight, and on a failure the lease is given back, on the blocking pool.
+    let mut margin = MIN_BEAT * 3;
+    while lease.deadline().saturating_since(config.store.now()) < margin {
+        let store = config.store.clone();
+        let renewed = blocking(move || {
+            let deadline = lease.heartbeat()?;
+            Ok::<_, Error>((lease, deadline.saturating_since(store.now())))
+        })
+        .await;
+        (lease, margin) = match renewed {
+            // A lease shorter than the margin never has more left than a renewal grants.
+            Ok(Ok((lease, granted))) => (lease, margin.min(granted)),
+            Ok(Err(Error::LeaseLost { .. })) => return Ok(in_flight(Duration::from_secs(1))),
+            Ok(Err(e)) => return Ok(error_response(&e)),
+            Err(resp) => return Ok(resp),
+        };
+    }
     // From here on the handler may cause an effect: the key is never released behind its back.
     // A lease that is dropped unfinished (a cancelled task, a failed recording) lapses at its
     // deadline; only the user's `record_status` policy releases it, explicitly.
     lease.lapse_on_drop(true);
-    let every =
-        (lease.deadline().saturating_since(config.store.now()) / 3).max(Duration::from_millis(10));
+    let every = (lease.deadline().saturating_since(config.store.now()) / 3).max(MIN_BEAT);
     let request = Arc::new(lease.request().clone());
     let downstream = lease.downstream_key();
     let slot = Arc::new(Slot(Mutex::new(Some(lease))));

@@ -22,5 +22,9 @@ pub mod on_redb;
 // fuzz crate turns both on).
 #[cfg(all(feature = "http", feature = "webhooks"))]
 pub mod header_parsers;
+// The HTTP layer's target needs the layer (feature `http`; the fuzz crate turns its own
+// `http` feature on, always).
+#[cfg(feature = "http")]
+pub mod http_layer;
 pub mod record_decode;
 pub mod schedule;
