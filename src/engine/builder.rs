@@ -184,7 +184,8 @@ impl StoreBuilder {
     /// at 1M records and 1.4 GiB at 10M with 1 GiB, 80 and 100 MiB with 64 MiB. The cost, at
     /// 1M records (~300 MiB file): the mixed load between 22 % faster and 22 % slower over
     /// three runs, and one thread's random replays about 40 % slower (misses come from the OS
-    /// page cache); at 10M the small cache was the faster one (BENCHMARKS.md, "The scale curve, memory and recovery"). Size it to the
+    /// page cache); at 10M the small cache was the faster one (benches/results/2026-12-02-0de0621-scale.md,
+    /// and its page-cache runs). Size it to the
     /// store's hot set when the box has the memory: 256 MiB gave the 1M store 1 GiB's rates.
     pub fn cache_size(mut self, bytes: usize) -> Self {
         self.cache_size = bytes;
@@ -195,11 +196,11 @@ impl StoreBuilder {
     /// phases), so reopening a file after a crash loads that state instead of walking the whole
     /// file to rebuild it — seconds to tens of seconds for a multi-GB store, near-instant with
     /// this. The price is paid per commit, so per *batch* of grouped callers: measured on this
-    /// project's 2-core box (BENCHMARKS.md, "The scale curve, memory and recovery"), a reopen
+    /// project's 2-core box (benches/results/2026-12-02-0de0621-scale.md), a reopen
     /// after SIGKILL took 1.8 s at 1M records and 25 s at 10M without it, 2–4 ms with it, and
     /// it cost 10–21 % of the claims/s at 64 callers and about half at one caller. At 64 per
-    /// batch that cost is the allocator-state save, not the second fsync (BENCHMARKS.md, "What
-    /// quick-repair costs a commit"). Default off; the default path shortens the repair instead
+    /// batch that cost is the allocator-state save, not the second fsync (benches/results/
+    /// 2026-12-04-3d10856-commit-modes.md). Default off; the default path shortens the repair instead
     /// ([`prefetch_on_repair`](Self::prefetch_on_repair)).
     /// (In `multi_process` mode every commit saves the state anyway.) With
     /// [`verify_on_open`](Self::verify_on_open) (on by default) every open walks the file
@@ -247,7 +248,7 @@ impl StoreBuilder {
     /// Before a repair's walk (see [`on_repair`](Self::on_repair)), read the store file once
     /// front to back, so that the walk's scattered page reads come from the OS page cache
     /// instead of the disk. Measured on this project's 2-core box with a cold cache
-    /// (BENCHMARKS.md, "Reopen after a crash"): a 2.9 GB file (10M records) reopened in
+    /// (benches/results/2026-12-04-a83961b-reopen-after-crash.md): a 2.9 GB file (10M records) reopened in
     /// 7.2–10.4 s without, 5.3–6.7 s with; a 322 MB file (1M) in 1.24–1.53 s without,
     /// 0.59–1.16 s with. The read fills the OS page cache, not the process. Skipped for a file
     /// larger than the memory the OS reports available (Linux), and for

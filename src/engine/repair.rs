@@ -7,14 +7,15 @@
 //! A process that dies with the store open (a crash, a SIGKILL, a power cut) leaves a file whose
 //! last commit is intact but whose allocator state (which pages are free) was never written:
 //! redb rebuilds it on the next open for writing by walking every page of the file, seconds per
-//! GB (BENCHMARKS.md, "The scale curve, memory and recovery": 25 s at 10M records), unless the
+//! GB (benches/results/2026-12-02-0de0621-scale.md: 25 s at 10M records), unless the
 //! last commit saved that state (`quick_repair`). redb calls a repair callback before each pass
 //! of that walk with an estimate of the progress, and abandons the open if the callback asks.
 //!
 //! Before the walk, the open reads the file once front to back (`prefetch_on_repair`, on by
 //! default): redb's walk follows the trees, whose pages lie scattered over the file, and on a
 //! cold OS page cache those scattered reads cost more than one sequential read of the whole
-//! file followed by a walk from memory (BENCHMARKS.md, "Reopen after a crash": a 2.9 GB file,
+//! file followed by a walk from memory (benches/results/2026-12-04-a83961b-reopen-after-crash.md:
+//! a 2.9 GB file,
 //! 7.2–10.4 s without, 5.3–6.7 s with). The read is a hint: a file larger than the memory the
 //! OS reports available is not read (it would evict itself), and a failed read stops it.
 //!

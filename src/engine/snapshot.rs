@@ -2,8 +2,8 @@
 //! (`Store::read_record`: the first step of `execute`, `execute_send` and `begin`, and `get`).
 //!
 //! A lookup used to begin a redb read transaction, open the records table, look the key up and
-//! drop both: the begin, the open and the drop were about two thirds of its CPU (BENCHMARKS.md,
-//! run `c4bbccf`, with `examples/claim_load.rs` under perf). Lookups now share one open table per
+//! drop both: the begin, the open and the drop were about two thirds of its CPU (benches/results/
+//! 2026-12-02-c4bbccf-read-path-ab.md, with `examples/claim_load.rs` under perf). Lookups now share one open table per
 //! commit: the first lookup after a commit opens it, the later ones reuse it until the next
 //! commit.
 //!

@@ -257,7 +257,7 @@ impl Store {
     /// thread holds the batch's write transaction instead of waking this thread for its turn:
     /// the same contract, answers and failures (a panic of `f` unwinds here), with one thread
     /// hand-off fewer per grouped caller — what most of a busy batch's time beyond its fsync
-    /// is (BENCHMARKS.md). The async face and the HTTP layer's closures are `Send + 'static`.
+    /// is (benches/results/2026-12-03-6753a31-where-execute-time-goes.md). The async face and the HTTP layer's closures are `Send + 'static`.
     /// Use [`Store::execute`] when `f` borrows from the caller's stack or must run on the
     /// caller's thread (thread-locals).
     pub fn execute_send<F>(&self, request: Request, mut f: F) -> Result<Outcome, Error>

@@ -110,8 +110,8 @@ impl PgStoreBuilder {
 
     /// How many transactions of grouped callers may run at once, each on its own connection
     /// (the server runs them in parallel, and while one waits for its round trip or its commit
-    /// the others work; more writers also mean smaller groups). Default 4 (BENCHMARKS.md,
-    /// "PostgreSQL engine", measures 1, 2 and 4).
+    /// the others work; more writers also mean smaller groups). Default 4 (benches/results/
+    /// 2026-12-01-c70832c-pg-throughput.md measures 1, 2 and 4).
     pub fn writers(mut self, writers: usize) -> Self {
         self.writers = writers;
         self.group.lanes = writers;
