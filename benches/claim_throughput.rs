@@ -12,8 +12,10 @@
 //! Optional: `IDEM_BENCH_DIR` (parent of the temp dir; default the system temp dir),
 //! `IDEM_BENCH_PREFILL` (records in the pre-filled store), `IDEM_BENCH_RUNS`,
 //! `IDEM_BENCH_RUN_SECS` (target seconds per run), `IDEM_BENCH_FILTER` (comma-separated pieces
-//! of workload names, e.g. `naive,mutex`: only those rows run). BENCHMARKS.md explains every
-//! workload and column. A custom harness (std threads, count-bounded runs) because criterion
+//! of workload names, e.g. `naive,mutex`: only those rows run), `IDEM_BENCH_CSV` (where the
+//! summary's CSV copy goes; default `target/bench-results/claim_throughput.csv`, which
+//! `scripts/claims-chart` turns into the chart of BENCHMARKS.md). BENCHMARKS.md and
+//! benches/README.md explain every workload and column. A custom harness (std threads, count-bounded runs) because criterion
 //! measures one caller at a time.
 
 use std::collections::HashMap;
@@ -119,7 +121,7 @@ fn now_ms() -> u64 {
 /// The page cache of every idem store here: redb's default (1 GiB), the cache the naive redb
 /// baselines open with and the size SQLite gets, so the rows compare commit paths, not cache
 /// sizes. idem's own default is 64 MiB (`idem::store::DEFAULT_CACHE_SIZE`); what that costs is
-/// measured by `benches/scale.rs` (BENCHMARKS.md, "Page cache sizes").
+/// measured by `benches/scale.rs` (benches/results/2026-12-02-0bd18d7-scale-page-cache-sizes.md).
 const CACHE: usize = 1 << 30;
 
 fn open_idem(path: &Path) -> Store {
@@ -271,7 +273,7 @@ struct Deferred {
 
 /// Naive redb with the expiry-index entries held in memory and written by the first claim
 /// after each [`DEFERRED_FLUSH`], all in that claim's transaction: the ceiling of a deferred
-/// index (issue 14, target 4). It is not crash-safe as an index: a crash loses the entries of
+/// index (issue 14's single-caller goal: 1 caller ≥ 0.95× naive redb). It is not crash-safe as an index: a crash loses the entries of
 /// up to the last 100 ms of commits, and their records would never be swept unless an open
 /// after a crash scanned every record to find them.
 fn naive_deferred_claim(db: &redb::Database, deferred: &Mutex<Deferred>, key: &str) {
@@ -323,7 +325,7 @@ const COLOCATED_EXPIRY: u8 = 0xFF;
 
 /// Naive redb with the expiry-index entry kept in the records tree (`0xFF ‖ u64be(due) ‖ kind ‖
 /// record key` → the state tag) instead of a table of its own: the layout experiment of issue
-/// 14's target 4 (one B-tree and one table root touched per claim instead of two).
+/// 14's single-caller goal (one B-tree and one table root touched per claim instead of two).
 fn naive_colocated_claim(db: &redb::Database, key: &str) {
     let record_key = record_key(key);
     let now = now_ms();
@@ -542,7 +544,7 @@ fn sqlite_conn(path: &Path) -> Connection {
     conn
 }
 
-/// The common SQL flow (BENCHMARKS.md, "SQLite new keys"), one transaction per claim: claim
+/// The common SQL flow (benches/README.md, "Baselines"), one transaction per claim: claim
 /// the key (pending) unless present, load the row, check it, do the business write, store the
 /// result, commit (one WAL fsync).
 fn sqlite_claim(conn: &mut Connection, key: &str) {
@@ -942,6 +944,30 @@ impl Row {
     }
 }
 
+impl Row {
+    /// The row's stable name in the CSV file (`scripts/claims-chart` reads it).
+    fn id(&self) -> &'static str {
+        match (self.system, self.work) {
+            (System::Idem, Work::NewKeys) => "idem_execute",
+            (System::IdemSend, _) => "idem_execute_send",
+            (System::Idem, Work::Replay) => "idem_replays",
+            (System::Idem, Work::Mixed) => "idem_mixed",
+            (System::Idem, Work::FlowB) => "idem_flow_b",
+            (System::Naive, _) => "naive_redb",
+            (System::NaiveGroup, _) => "naive_group_commit_writer",
+            (System::NaiveIndexed, _) => "naive_redb_expiry_index",
+            (System::NaiveColocated, _) => "naive_redb_expiry_in_records_tree",
+            (System::NaiveDeferred, _) => "naive_redb_deferred_expiry",
+            (System::Sqlite, Work::Replay) => "sqlite_replays",
+            (System::Sqlite, _) => "sqlite",
+            (System::SqliteSerial, _) => "sqlite_mutex",
+            (System::Memory, _) => "mutex_hashmap",
+            (System::Disk, _) => "disk_fsync",
+            _ => "?",
+        }
+    }
+}
+
 enum Kind {
     Idem(Store),
     IdemSend(Store),
@@ -1036,6 +1062,8 @@ struct Bench {
     order: Vec<Row>,
     counts: HashMap<(System, Work, usize), usize>,
     total_rows: usize,
+    /// The run's header lines, which head the CSV file as `# ` comments.
+    csv_header: Vec<String>,
 }
 
 fn sync_file(path: &Path) {
@@ -1560,14 +1588,24 @@ fn main() {
             ""
         }
     );
-    println!("date        {}", utc_now());
-    println!(
+    // The header lines that also head the CSV file (as `# ` comments), so a chart made from it
+    // can say which run it shows.
+    let mut csv_header = vec![format!(
+        "idem claim_throughput — {} mode",
+        if cfg.quick { "quick" } else { "full" }
+    )];
+    let mut head = |line: String| {
+        println!("{line}");
+        csv_header.push(line);
+    };
+    head(format!("date        {}", utc_now()));
+    head(format!(
         "machine     nproc {}, {}, {:.1} GiB RAM",
         thread::available_parallelism().map_or(0, |n| n.get()),
         cpu_model().unwrap_or_else(|| "cpu unknown".into()),
         mem_total_gib().unwrap_or(f64::NAN)
-    );
-    println!("kernel      {} (uname -r)", kernel());
+    ));
+    head(format!("kernel      {} (uname -r)", kernel()));
     println!(
         "load        {} (1/5/15-min load average at start)",
         loadavg()
@@ -1579,7 +1617,7 @@ fn main() {
         ),
         None => println!("temp dir    {} — filesystem unknown", root.path().display()),
     }
-    println!(
+    head(format!(
         "versions    idem {}, redb {}, SQLite {} (rusqlite {}, bundled){}",
         env!("CARGO_PKG_VERSION"),
         locked_version("redb"),
@@ -1590,7 +1628,7 @@ fn main() {
         } else {
             ""
         }
-    );
+    ));
     println!(
         "page cache  {} MiB for every redb store, idem's included (redb's default; idem's own default is {} MiB: benches/scale.rs); SQLite 1 GiB",
         CACHE >> 20,
@@ -1602,7 +1640,7 @@ fn main() {
         record_key(&sample_key).len(),
         record_value(&sample_key, now_ms()).len()
     );
-    println!(
+    head(format!(
         "settings    {} runs per workload, ~{:.1} s per run (count-bounded); pre-filled store {} records; \
          'empty' replays and mixed read a {}-record store{}",
         cfg.runs,
@@ -1614,7 +1652,7 @@ fn main() {
         } else {
             format!("; IDEM_BENCH_FILTER={}", cfg.filter.join(","))
         }
-    );
+    ));
     println!("written     {}", counter.describe());
     println!();
 
@@ -1749,6 +1787,7 @@ fn main() {
         results: HashMap::new(),
         order: Vec::new(),
         counts: HashMap::new(),
+        csv_header,
     };
     for g in &groups {
         bench.group(g);
@@ -1763,7 +1802,23 @@ fn main() {
     let _ = bench.root.close();
 }
 
-/// Prints the summary, rows in `display` order (those that ran), then the targets.
+/// Where the CSV copy of the summary goes: `IDEM_BENCH_CSV`, or
+/// `<target dir>/bench-results/claim_throughput.csv` (the bench binary is
+/// `<target dir>/<profile>/deps/claim_throughput-<hash>`).
+fn csv_path() -> PathBuf {
+    if let Some(path) = std::env::var_os("IDEM_BENCH_CSV") {
+        return PathBuf::from(path);
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.ancestors().nth(3).map(Path::to_path_buf))
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/target")))
+        .join("bench-results")
+        .join("claim_throughput.csv")
+}
+
+/// Prints the summary, rows in `display` order (those that ran), then the targets; writes the
+/// summary's rows as CSV too (`csv_path`).
 fn report(b: &Bench, display: &[Row]) {
     let disk = median(
         &b.results[&Row {
@@ -1811,6 +1866,12 @@ fn report(b: &Bench, display: &[Row]) {
     );
     println!("{header}");
     println!("{}", "-".repeat(header.chars().count()));
+    // The same rows, machine-readable: `scripts/claims-chart` draws claims/s against callers
+    // from it. Latencies in µs, written in bytes per call; an empty field was not measured.
+    let mut csv: String = b.csv_header.iter().map(|l| format!("# {l}\n")).collect();
+    csv.push_str(
+        "store,system,workload,callers,ops_per_s,ops_min,ops_max,p50_us,p99_us,max_us,written_bytes_per_op,batch\n",
+    );
     let mut last_fill = None;
     let mut reruns = 0;
     let mut busy = 0;
@@ -1870,6 +1931,25 @@ fn report(b: &Bench, display: &[Row]) {
             System::Memory => "in memory".to_owned(),
             _ => fill_name(r.fill, b.cfg.prefill),
         };
+        let us = |ns: u64| ns as f64 / 1000.0;
+        csv.push_str(&format!(
+            "{store},{},\"{}\",{},{med:.1},{:.1},{:.1},{:.1},{:.1},{:.1},{},{}\n",
+            r.id(),
+            r.label(),
+            r.callers,
+            sorted[0],
+            sorted[sorted.len() - 1],
+            us(percentile(&lat_sorted, 0.50)),
+            us(percentile(&lat_sorted, 0.99)),
+            us(lat_sorted.last().copied().unwrap_or(0)),
+            res.written
+                .map(|w| format!("{:.0}", w as f64 / res.ops as f64))
+                .unwrap_or_default(),
+            match res.commits {
+                Some(c) if c.commits > 0 => format!("{:.1}", c.requests as f64 / c.commits as f64),
+                _ => String::new(),
+            },
+        ));
         println!(
             "{:<10} {:<40} {:>7} {:>9.0} {:>21} {:>8} {:>8} {:>8} {:>8} {:>6} {:>8} {:>8} {:>8} {:>10} {:>8}",
             store,
@@ -1895,8 +1975,21 @@ fn report(b: &Bench, display: &[Row]) {
          idem batch re-runs during the runs: {reruns}; Error::Busy: {busy}.",
         with_commas(SMALL as u64)
     );
+    let path = csv_path();
+    let written = path
+        .parent()
+        .map_or(Ok(()), std::fs::create_dir_all)
+        .and_then(|()| std::fs::write(&path, &csv));
+    match written {
+        Ok(()) => println!(
+            "csv         {} (the chart: scripts/claims-chart {})",
+            path.display(),
+            path.display()
+        ),
+        Err(e) => println!("csv         not written to {} ({e})", path.display()),
+    }
 
-    // The throughput and latency targets (BENCHMARKS.md, "Targets"), on the pre-filled store.
+    // The throughput and latency goals (benches/README.md, "Goals"), on the pre-filled store.
     let fill = Fill::Prefilled;
     let at = |system, work, callers| Row {
         system,

@@ -1,4 +1,4 @@
-//! What redb's commit modes cost a group-commit batch (issue 14, target 8): one writer thread
+//! What redb's commit modes cost a group-commit batch (issue 14's reopen goal: ≤ 5 % of the claims/s): one writer thread
 //! committing batches of 1, 8 and 64 claims (each a record insert and an expiry-index insert,
 //! the bytes and tables of an idem store) into a store pre-filled through idem, with
 //!

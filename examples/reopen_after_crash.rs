@@ -2,7 +2,7 @@
 //! claiming on it, and times the reopen (redb's repair of a file that was not closed cleanly),
 //! with or without idem's read-through of the file before the repair
 //! (`StoreBuilder::prefetch_on_repair`). `scripts/reopen-after-crash` drives it with a cold OS
-//! page cache; BENCHMARKS.md, "Reopen after a crash", has its figures.
+//! page cache; benches/results/2026-12-04-a83961b-reopen-after-crash.md has its figures.
 //!
 //! ```text
 //! cargo run --release --example reopen_after_crash -- build FILE RECORDS  # RECORDS claims, 8 threads

@@ -115,9 +115,14 @@
 //! - [`docs::http`]: the HTTP contract of the `Idempotency-Key` layer;
 //! - [`docs::postgres`]: the PostgreSQL engine: its tables, the fleet's clock, group commit,
 //!   failures and crash safety, what it does not guarantee;
-//! - [`docs::reliability`]: the fault model, which test checks which invariant, the figures.
+//! - [`docs::reliability`]: every guarantee (and non-guarantee) with the tests that hold it, the
+//!   fault model, which test checks which invariant, the figures;
+//! - [`docs::guide`]: the caller's API beyond the two flows (closure results, flow B's lease
+//!   calls, every answer and error, inbox, outbox, webhooks, async callers);
+//! - [`docs::configuration`], [`docs::observability`], [`docs::operations`] (deployment, crash
+//!   recovery, damaged files, backups) and [`docs::cli`] (the `idem` binary).
 //!
-//! The repository's `README.md` states the guarantees (and non-guarantees) in one page.
+//! The repository's `README.md` lists the guarantees in one page, each linking to its tests.
 //!
 
 // Links to items behind a feature: to the item when the feature is on (docs.rs builds with every
@@ -264,7 +269,7 @@ pub use messaging::webhook;
 pub mod http;
 
 // The documents of docs/ as rustdoc pages (no items): idem::docs::{design, format, http,
-// postgres, reliability}.
+// postgres, reliability, guide, configuration, observability, operations, cli}.
 pub mod docs;
 
 /// README.md's code blocks compile and run as doctests.

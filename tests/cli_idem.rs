@@ -61,21 +61,23 @@ fn json_fields(v: &Value) -> BTreeSet<String> {
     names
 }
 
-/// README.md's section on the CLI.
-fn readme_cli_section() -> String {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
-    let start = readme.find("## The `idem` CLI").expect("the CLI section");
-    let rest = &readme[start + 3..];
+/// docs/CLI.md's section on the JSON output, where every field is documented.
+fn cli_doc_json_section() -> String {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/CLI.md"))
+        .expect("docs/CLI.md");
+    let start = doc
+        .find("## JSON output")
+        .expect("docs/CLI.md has the JSON output section");
+    let rest = &doc[start + 3..];
     rest[..rest.find("\n## ").unwrap_or(rest.len())].to_owned()
 }
 
-fn assert_readme_documents(fields: &BTreeSet<String>) {
-    let readme = readme_cli_section();
+fn assert_cli_doc_documents(fields: &BTreeSet<String>) {
+    let section = cli_doc_json_section();
     for f in fields {
         assert!(
-            readme.contains(&format!("`{f}`")),
-            "README.md's CLI section does not document the JSON field `{f}`"
+            section.contains(&format!("`{f}`")),
+            "docs/CLI.md's JSON output section does not document the JSON field `{f}`"
         );
     }
 }
@@ -235,7 +237,7 @@ fn jiff_like_rfc3339(s: &str) -> bool {
 }
 
 #[test]
-fn stats_json_is_one_object_with_the_fields_its_help_and_the_readme_document() {
+fn stats_json_is_one_object_with_the_fields_its_help_and_docs_cli_document() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("idem.redb");
     {
@@ -267,7 +269,7 @@ fn stats_json_is_one_object_with_the_fields_its_help_and_the_readme_document() {
         documented,
         "stats --help lists every field"
     );
-    assert_readme_documents(&documented);
+    assert_cli_doc_documents(&documented);
     // Without --json, the text lines as before.
     let out = stdout(&idem(&file, &["stats"]));
     assert_eq!(line(&out, "records"), "3");
@@ -317,7 +319,7 @@ fn get_json_is_the_export_object_and_an_absent_key_prints_null_and_exits_1() {
     let documented = documented_fields(&file, "get");
     assert_eq!(documented, documented_fields(&file, "export"));
     assert!(json_fields(&v).is_subset(&documented), "{v}");
-    assert_readme_documents(&documented);
+    assert_cli_doc_documents(&documented);
 
     let o = get(&file, "k", &["--json", "--body"]);
     let v = json(&o);

@@ -1,5 +1,5 @@
 //! The example service built with idem's `metrics` feature serves `GET /metrics` in the
-//! Prometheus text format: after the README's first two requests (a payment, then the same
+//! Prometheus text format: after the first two requests of docs/HTTP.md's curl session (a payment, then the same
 //! request again, replayed), it shows `idem_outcomes_total` with the executed finish and the
 //! replayed claim of `POST /v1/payments`, and the group-commit histograms. Its stderr is
 //! unchanged by the logging it now has: the listening line first, and on SIGTERM exactly the two
@@ -13,7 +13,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
 use std::time::Duration;
 
-/// The README's first request: `curl -si -X POST localhost:8080/v1/payments ...`.
+/// The first request of docs/HTTP.md's curl session: `curl -si -X POST localhost:8080/v1/payments ...`.
 const PAYMENT: &str = r#"{"account":"acc_1","amount":4200,"currency":"EUR"}"#;
 
 /// Sends one request (`Connection: close`) and returns the status line, the headers and the

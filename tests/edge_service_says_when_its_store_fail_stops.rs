@@ -1,7 +1,8 @@
 //! The example service on a disk that fills up under load: its store fail-stops at the first
-//! failed write, the service says so once on stderr (built as the README builds it, without the
-//! `tracing` feature), `GET /v1/health` answers 503 problem+json naming the failure, and no
-//! acknowledged payment is lost — a restart once space is back serves every one of them.
+//! failed write, the service says so once on stderr (built as the README and docs/HTTP.md build
+//! it, without the `tracing` feature), `GET /v1/health` answers 503 problem+json naming the
+//! failure, and no acknowledged payment is lost — a restart once space is back serves every one
+//! of them.
 //!
 //! The full disk is a small tmpfs (tests/tmpfs: needs root; `IDEM_REQUIRE_MOUNT=1` fails
 //! instead of skipping where it cannot be mounted).

@@ -2,7 +2,7 @@
 //! reopen loads the allocator state the last commit saved instead of walking the whole file to
 //! rebuild it (redb calls its repair callback only for the rebuild); without quick-repair the
 //! same crash makes the reopen rebuild it — which is what makes a large store slow to come back
-//! (BENCHMARKS.md, "The scale curve, memory and recovery"). Every acknowledged claim is there either way.
+//! (benches/results/2026-12-02-0de0621-scale.md). Every acknowledged claim is there either way.
 #![cfg(unix)]
 
 use std::io::{BufRead, BufReader};

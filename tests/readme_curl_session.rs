@@ -1,12 +1,12 @@
-//! The README's curl session (section "HTTP: the Idempotency-Key layer and the edge service")
-//! is what the example service really answers: each `$ curl ...` command of that block is
-//! parsed from README.md, sent the way curl sends it to `examples/edge_service.rs` running in a
+//! The documented curl session (docs/HTTP.md, section "The example service"; the README points
+//! to it) is what the example service really answers: each `$ curl ...` command of that block is
+//! parsed from docs/HTTP.md, sent the way curl sends it to `examples/edge_service.rs` running in a
 //! child process on a fresh data directory, and rendered the way curl prints it (`-i`: status
 //! line, headers, a blank line, the body; otherwise the body alone). `$ kill -TERM $PID` sends
 //! SIGTERM and renders what the service prints on stderr. The rendered block must equal the
-//! README's, byte for byte, except for the response headers in [`HEADERS_LEFT_OUT`] (the README
-//! says it leaves them out). On a mismatch the test prints the block the service produced, to
-//! paste into the README.
+//! document's, byte for byte, except for the response headers in [`HEADERS_LEFT_OUT`] (the
+//! document says it leaves them out). On a mismatch the test prints the block the service
+//! produced, to paste into docs/HTTP.md.
 #![cfg(all(feature = "http", unix))]
 
 mod edge_example;
@@ -16,27 +16,27 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// Response headers the README's transcript does not show: `date` changes on every run, and
+/// Response headers the documented transcript does not show: `date` changes on every run, and
 /// `content-length` is noise next to the body it counts. Every other header is shown, in the
 /// order the service sends it.
 const HEADERS_LEFT_OUT: &[&str] = &["date", "content-length"];
 
 /// The address every command of the block names: the example's default `--listen`.
-const README_ADDR: &str = "localhost:8080";
+const DOC_ADDR: &str = "localhost:8080";
 
-/// How long a `GET` may take to show what the README shows (the outbox dispatcher publishes
+/// How long a `GET` may take to show what the document shows (the outbox dispatcher publishes
 /// asynchronously, so "already published" may need a moment after the POST).
 const SETTLE: Duration = Duration::from_secs(10);
 
-/// The README's curl block: the first ```text fence after the HTTP section's heading whose
-/// first line is a curl command.
-fn readme_block() -> String {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
-    let readme = std::fs::read_to_string(path).expect("README.md is readable");
-    let section = readme
-        .find("## HTTP: the Idempotency-Key layer and the edge service")
-        .expect("README.md has the HTTP section");
-    let mut rest = &readme[section..];
+/// The documented curl block: the first ```text fence after the heading of docs/HTTP.md's
+/// section on the example service whose first line is a curl command.
+fn documented_block() -> String {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/HTTP.md");
+    let doc = std::fs::read_to_string(path).expect("docs/HTTP.md is readable");
+    let section = doc
+        .find("## The example service")
+        .expect("docs/HTTP.md has the section on the example service");
+    let mut rest = &doc[section..];
     loop {
         let start = rest
             .find("```text\n")
@@ -92,7 +92,7 @@ fn steps(block: &str) -> Vec<Step> {
 }
 
 /// The words of a shell command line as sh splits them: single and double quotes, and a `#`
-/// starting a word begins a comment. (Enough for the README; no variables, no escapes.)
+/// starting a word begins a comment. (Enough for the document; no variables, no escapes.)
 fn shell_words(line: &str) -> Vec<String> {
     let mut words = Vec::new();
     let mut word: Option<String> = None;
@@ -122,7 +122,7 @@ fn shell_words(line: &str) -> Vec<String> {
     words
 }
 
-/// A curl command line of the README: what it sends and how it prints.
+/// A curl command line of the document: what it sends and how it prints.
 struct Curl {
     method: String,
     path: String,
@@ -166,8 +166,8 @@ fn parse_curl(words: &[String]) -> Curl {
     }
     let url = url.expect("a URL");
     let path = url
-        .strip_prefix(README_ADDR)
-        .unwrap_or_else(|| panic!("{url}: the README's commands talk to {README_ADDR}"));
+        .strip_prefix(DOC_ADDR)
+        .unwrap_or_else(|| panic!("{url}: the documented commands talk to {DOC_ADDR}"));
     let method = method.unwrap_or_else(|| if data.is_some() { "POST" } else { "GET" }.into());
     Curl {
         method,
@@ -183,7 +183,7 @@ fn parse_curl(words: &[String]) -> Curl {
 /// is given) and returns what curl prints, minus the [`HEADERS_LEFT_OUT`].
 fn run_curl(addr: SocketAddr, curl: &Curl) -> String {
     let mut headers: Vec<(String, String)> = vec![
-        ("Host".into(), README_ADDR.into()),
+        ("Host".into(), DOC_ADDR.into()),
         ("User-Agent".into(), "curl/8.5.0".into()),
         ("Accept".into(), "*/*".into()),
     ];
@@ -255,15 +255,15 @@ fn run_curl(addr: SocketAddr, curl: &Curl) -> String {
 }
 
 #[test]
-fn the_readme_curl_session_is_what_the_example_service_answers() {
-    let block = readme_block();
+fn the_documented_curl_session_is_what_the_example_service_answers() {
+    let block = documented_block();
     let steps = steps(&block);
     let curls = steps
         .iter()
         .filter(|s| s.words.first().is_some_and(|w| w == "curl"));
     assert!(
         curls.count() >= 5,
-        "the README's session has its curl commands"
+        "the documented session has its curl commands"
     );
 
     let dir = tempfile::tempdir().unwrap();
@@ -298,7 +298,7 @@ fn the_readme_curl_session_is_what_the_example_service_answers() {
                 assert!(exit.success(), "the service stops cleanly: {exit:?}");
                 lines.join("\n")
             }
-            Some(other) => panic!("the README's session runs `{other}`: teach this test"),
+            Some(other) => panic!("the documented session runs `{other}`: teach this test"),
         };
         for line in &step.command {
             produced.push_str(line);
@@ -310,12 +310,12 @@ fn the_readme_curl_session_is_what_the_example_service_answers() {
         }
         if output != step.shown {
             mismatches.push(format!(
-                "{}\n--- the README shows:\n{}\n--- the service printed:\n{output}",
+                "{}\n--- docs/HTTP.md shows:\n{}\n--- the service printed:\n{output}",
                 step.command.join("\n"),
                 step.shown
             ));
         }
-        // Steps with output are set apart by a blank line, as in the README.
+        // Steps with output are set apart by a blank line, as in the document.
         if !step.shown.is_empty() || !output.is_empty() {
             produced.push('\n');
         }
@@ -325,11 +325,11 @@ fn the_readme_curl_session_is_what_the_example_service_answers() {
     println!("{produced}");
     assert!(
         mismatches.is_empty(),
-        "README.md's curl session differs from what the service answers:\n\n{}\n\nThe whole \
+        "docs/HTTP.md's curl session differs from what the service answers:\n\n{}\n\nThe whole \
          block as the service answers it:\n```text\n{produced}```",
         mismatches.join("\n\n")
     );
-    // The rendering above is the README's block itself (commands, outputs, blank lines), so a
+    // The rendering above is the document's block itself (commands, outputs, blank lines), so a
     // block pasted from a failure message passes.
     assert_eq!(produced.trim_end(), block.trim_end());
 }

@@ -35,7 +35,7 @@
 //! Times are printed as RFC 3339 in UTC with milliseconds, and how far they are from now
 //! (`2026-11-30T14:45:00.123Z (in 23h59m)`), with jiff. `--json` (`stats`, `get`) prints one
 //! JSON object instead of the text lines; its fields are listed in each command's `--help`
-//! ([`STATS_JSON_FIELDS`], [`RECORD_JSON_FIELDS`]) and in README.md.
+//! ([`STATS_JSON_FIELDS`], [`RECORD_JSON_FIELDS`]) and in docs/CLI.md.
 
 use std::fmt;
 use std::io::{self, Write};
@@ -243,7 +243,7 @@ enum OutboxCommand {
     },
 }
 
-/// The fields of `stats --json`, for its `--help` (README.md lists the same).
+/// The fields of `stats --json`, for its `--help` (docs/CLI.md lists the same).
 const STATS_JSON_FIELDS: &str = "\
 JSON (--json): one object on stdout, with these fields. Their names and meanings are stable; \
 fields may be added.
@@ -259,7 +259,7 @@ fields may be added.
   dead_letters    outbox events whose publishing failed its last allowed attempt";
 
 /// The fields of `get --json` and of each line of `export --jsonl`, for their `--help`
-/// (README.md lists the same).
+/// (docs/CLI.md lists the same).
 const RECORD_JSON_FIELDS: &str = "\
 JSON (get --json, each line of export --jsonl): one object per record, with these fields. \
 Their names and meanings are stable; fields may be added. Times are milliseconds since the \

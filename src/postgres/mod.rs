@@ -3,7 +3,7 @@
 //! mark and event bytes, docs/FORMAT.md) and applies the model's rules (decide, instants,
 //! sweep, inbox, versions) exactly as the redb engine does; only the storage differs. Tested
 //! against PostgreSQL 15 (`scripts/pg-test-cluster`); docs/POSTGRES.md says what else may work.
-//! (README.md's PostgreSQL section shows this example.)
+//! (docs/POSTGRES.md, "Quick start", shows this example.)
 //!
 //! ```no_run
 //! use idem::postgres::PgStore;
