@@ -17,7 +17,7 @@
 //!    a store can abort the process at a commit on a damaged file, as documented.
 //! 3. A `Store` opened with the default builder (every page checked): every read, the white-box
 //!    expiry-index check, then `execute` of the existing keys (replay) and of a new one, `begin`
-//!    + `complete`, `process` of a delivered and a new message, `purge`, `sweep` after the clock
+//!    then `complete`, `process` of a delivered and a new message, `purge`, `sweep` after the clock
 //!    moved; closed, and reopened.
 //! 4. A copy opened the same way: `check_integrity`, then `compact`, closed and reopened.
 //!
@@ -78,13 +78,16 @@ struct Probe {
     record: Option<Record>,
 }
 
+/// Every record a walk of the records table read, by key (or why the walk failed).
+type AllRecords = BTreeMap<Vec<u8>, Result<Record, String>>;
+
 /// What a store answered: the subject of the comparisons between opens.
 #[derive(Debug, Clone, Default)]
 struct View {
     records: Vec<Option<Result<Option<Record>, String>>>,
     marks: Vec<Option<Result<Option<Mark>, String>>>,
     versions: Vec<Option<Result<Option<u64>, String>>>,
-    all_records: Option<Result<BTreeMap<Vec<u8>, Result<Record, String>>, String>>,
+    all_records: Option<Result<AllRecords, String>>,
     stats: Option<Result<Stats, String>>,
     outbox: Option<Result<OutboxStats, String>>,
     pending: Option<Result<Vec<OutboxEvent>, String>>,

@@ -606,7 +606,7 @@ fn base64(bytes: &[u8]) -> String {
 /// zero (the inverse of [`base64`]).
 fn unbase64(text: &str) -> Option<Vec<u8>> {
     let t = text.as_bytes();
-    if t.len() % 4 != 0 {
+    if !t.len().is_multiple_of(4) {
         return None;
     }
     let pad = t.iter().rev().take_while(|&&c| c == b'=').count();
