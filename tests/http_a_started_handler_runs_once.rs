@@ -293,3 +293,43 @@ async fn a_terminal_abort_from_complete_with_is_a_first_answer_fitted_into_the_c
     let read = store.begin_read().unwrap();
     assert_eq!(read.open_table(ROWS).unwrap().len().unwrap(), 2);
 }
+
+/// A lease that has lapsed again after every renewal before its handler could start (here one
+/// shorter than the store's millisecond clock: it lapses when granted) is answered 503 with
+/// nothing run and the key given back, instead of renewing forever or starting the handler
+/// under a lease a retry could take over.
+#[tokio::test]
+async fn a_lease_that_lapses_before_its_handler_starts_is_a_503_and_nothing_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = idem::Store::builder()
+        .lease_duration(std::time::Duration::from_micros(1))
+        .open(dir.path().join("idem.redb"))
+        .unwrap();
+    let layer = IdempotencyLayer::tenant_header(store.clone(), "x-tenant-id");
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = Arc::clone(&calls);
+    let app = Router::new()
+        .route(
+            "/payments",
+            post(move || {
+                c.fetch_add(1, Ordering::SeqCst);
+                async { StatusCode::CREATED }
+            }),
+        )
+        .route_layer(layer);
+
+    for _ in 0..3 {
+        let (s, h, body) = send(&app, post_req("/payments", Some("k"), "{}")).await;
+        assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(h.contains_key("retry-after"));
+        let p = problem(&body);
+        assert!(
+            p["detail"].as_str().unwrap().contains("lease_duration"),
+            "{p}"
+        );
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    // Given back: no record of a claim is left behind.
+    let scope = idem::Scope::new("t1", "POST /payments");
+    assert!(store.get(&scope, b"k").unwrap().is_none());
+}

@@ -72,7 +72,7 @@ pub(super) fn in_flight(retry_after: Duration) -> http::Response<Body> {
     resp
 }
 
-fn retry_later(detail: &str) -> http::Response<Body> {
+pub(super) fn retry_later(detail: &str) -> http::Response<Body> {
     let mut resp = problem_response(
         StatusCode::SERVICE_UNAVAILABLE,
         problem::RETRY,

@@ -21,7 +21,7 @@ use tower::Service;
 use super::admit::{default_operation, key_of, read_body, tenant_of};
 use super::answers::{
     error_response, handler_failed, in_flight, invalid_key, invalid_operation, misconfigured,
-    overloaded, plain_response, problem_response,
+    overloaded, plain_response, problem_response, retry_later,
 };
 use super::envelope::fit_response;
 use super::fingerprint::{body_part, fingerprint_tagged};
@@ -213,6 +213,11 @@ where
 /// The shortest pause between two heartbeats of a running handler's lease.
 const MIN_BEAT: Duration = Duration::from_millis(10);
 
+/// Renewals of a claim before its handler starts; a lease that lapses again after each of them
+/// is shorter than a hop to the blocking pool, and the request is answered 503 instead of
+/// renewing forever.
+const MAX_RENEWALS: u32 = 4;
+
 /// Runs the handler under `lease` and records its answer.
 async fn run<S, ST, RB>(
     config: Arc<Config<ST>>,
@@ -236,7 +241,23 @@ where
     // await: the request may wait again). Nothing has run yet: a lease lost meanwhile is
     // answered as in flight, and on a failure the lease is given back, on the blocking pool.
     let mut margin = MIN_BEAT * 3;
-    while lease.deadline().saturating_since(config.store.now()) < margin {
+    let mut renewals = 0;
+    loop {
+        // A lease with no time left has lapsed, whatever the margin.
+        let left = lease.deadline().saturating_since(config.store.now());
+        if !left.is_zero() && left >= margin {
+            break;
+        }
+        if renewals == MAX_RENEWALS {
+            // Nothing ran: the lease is given back, on the blocking pool.
+            let _ = blocking(move || lease.release()).await;
+            return Ok(retry_later(
+                "the lease lapsed before the handler could start, after every renewal; \
+                 nothing ran: retry with the same key (is the store's lease_duration shorter \
+                 than this service's scheduling delays?)",
+            ));
+        }
+        renewals += 1;
         let store = config.store.clone();
         let renewed = blocking(move || {
             let deadline = lease.heartbeat()?;
