@@ -256,7 +256,8 @@ impl StoreBuilder {
     /// and a page damaged at rest (a bad sector, a stray write, a bit flip) can make it panic —
     /// contained by idem as [`Error::CorruptStore`] — or, where redb panics again while
     /// unwinding from the first panic (freeing pages at a commit), **abort the process**, which
-    /// no library can contain. With the check, such a file is [`Error::CorruptStore`] at the
+    /// no library can contain. That includes the commit redb makes when the last handle to the
+    /// store is dropped (it saves its allocator state), even after reads only. With the check, such a file is [`Error::CorruptStore`] at the
     /// open, before any of it is used; a new file, and an open that finds nothing to check, cost
     /// nothing.
     ///

@@ -63,13 +63,13 @@ pub(crate) struct FileModes {
 
 /// Granularity of `begin_wait`'s polling (it is also woken at once by local completions).
 const WAIT_POLL: Duration = Duration::from_millis(20);
-/// The state every clone of a [`Store`] shares. Its fields are private to this file: the rest of
-/// the crate reaches them through the small accessors on [`Store`].
 /// The store's redb database, closed at the storage boundary. redb's own close commits (it
 /// saves its allocator state and returns the freed pages), and on a file damaged since the open
 /// (or opened without [`StoreBuilder::verify_on_open`]) that commit can panic; [`Inner`]'s drop
-/// takes the database out and drops it inside `catch_unwind`, so dropping a store never
-/// panics. `None` only from then on, when no call can reach it.
+/// takes the database out and drops it inside `catch_unwind`, so a panic there does not leave
+/// the drop. (A second panic while redb unwinds from the first aborts the process, which nothing
+/// can catch: [`StoreBuilder::verify_on_open`] keeps such files from being opened.)
+/// `None` only from then on, when no call can reach it.
 struct Db(Option<redb::Database>);
 
 impl Db {
@@ -82,6 +82,8 @@ impl Db {
     }
 }
 
+/// The state every clone of a [`Store`] shares. Its fields are private to this file: the rest of
+/// the crate reaches them through the small accessors on [`Store`].
 pub(crate) struct Inner {
     db: Db,
     config: Config,

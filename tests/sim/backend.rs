@@ -11,6 +11,8 @@
 pub struct CrashBackend {
     images: std::sync::Arc<std::sync::Mutex<Images>>,
     pub failing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Set: reads fail too, as on a disk that went away.
+    pub gone: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 #[derive(Debug, Default)]
@@ -26,7 +28,9 @@ impl CrashBackend {
     }
 
     fn check(&self) -> std::io::Result<()> {
-        if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+        if self.failing.load(std::sync::atomic::Ordering::SeqCst)
+            || self.gone.load(std::sync::atomic::Ordering::SeqCst)
+        {
             return Err(std::io::Error::other("injected I/O failure"));
         }
         Ok(())
@@ -51,6 +55,7 @@ impl CrashBackend {
                 durable,
             })),
             failing: Default::default(),
+            gone: Default::default(),
         }
     }
 }
@@ -60,6 +65,11 @@ impl idem::redb::StorageBackend for CrashBackend {
         Ok(self.images().live.len() as u64)
     }
     fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        if self.gone.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(std::io::Error::other(
+                "injected I/O failure: the disk went away",
+            ));
+        }
         let images = self.images();
         let start = usize::try_from(offset).map_err(std::io::Error::other)?;
         let end = start + out.len();
@@ -151,6 +161,7 @@ pub fn crash_backend_from_image(image: Vec<u8>) -> CrashBackend {
             durable: image,
         })),
         failing: Default::default(),
+        gone: Default::default(),
     }
 }
 
