@@ -421,6 +421,49 @@ fn opening_a_directory_is_an_error_not_a_panic() {
 
 /// A file already open (here by a store of this same process) is a typed error naming the
 /// path and what to do, for every open; the file and the first store are untouched.
+/// An open that fails on the file system (a missing directory, a missing file for the opens
+/// that never create one) is a storage error of that I/O kind whose message names the path
+/// and what to check.
+#[test]
+fn an_open_that_fails_on_the_file_system_names_the_path() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let in_missing_dir = dir.path().join("no-such-dir").join("idem.redb");
+    let missing = dir.path().join("missing.redb");
+    let opens: [(&str, &std::path::Path, Result<(), Error>); 3] = [
+        (
+            "open",
+            &in_missing_dir,
+            Store::open(&in_missing_dir).map(drop),
+        ),
+        (
+            "open_existing",
+            &missing,
+            Store::builder().open_existing(&missing).map(drop),
+        ),
+        (
+            "open_read_only",
+            &missing,
+            Store::builder().open_read_only(&missing).map(drop),
+        ),
+    ];
+    for (what, path, r) in opens {
+        let e = r.expect_err(what);
+        let msg = e.to_string();
+        assert!(matches!(e, Error::Storage { .. }), "{what}: {e:?}");
+        assert!(msg.contains(&path.display().to_string()), "{what}: {msg}");
+        assert!(msg.contains("directory exists"), "{what}: {msg}");
+        let Error::Storage { source } = &e else {
+            unreachable!()
+        };
+        let kind = match source.downcast_ref::<idem::redb::Error>() {
+            Some(idem::redb::Error::Io(io)) => io.kind(),
+            other => panic!("{what}: {other:?}"),
+        };
+        assert_eq!(kind, std::io::ErrorKind::NotFound, "{what}");
+    }
+    assert!(!missing.exists() && !in_missing_dir.exists());
+}
+
 #[test]
 fn opening_a_file_that_is_already_open_is_a_typed_error_naming_it() {
     let dir = tempfile::tempdir().expect("tempdir");

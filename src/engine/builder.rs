@@ -599,7 +599,7 @@ fn contain_open<T>(open: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> 
 /// never helps, and the message says what to do. A read-only open of a file that needs
 /// recovery is [`Error::NeedsRecovery`]; a file another handle holds is [`Error::AlreadyOpen`],
 /// naming `what` (the path). Anything else (permissions, a missing directory, a failing disk)
-/// stays [`Error::Storage`].
+/// stays [`Error::Storage`], an I/O failure of its kind whose message names `what`.
 fn open_error(e: redb::DatabaseError, what: &dyn std::fmt::Display) -> Error {
     use std::io::ErrorKind;
     match e {
@@ -612,6 +612,20 @@ fn open_error(e: redb::DatabaseError, what: &dyn std::fmt::Display) -> Error {
             Error::CorruptStore {
                 reason: format!("the file is not a readable redb database: {io}"),
             }
+        }
+        // Any other I/O failure keeps its kind and names the file, with what to check.
+        redb::DatabaseError::Storage(redb::StorageError::Io(io)) => {
+            let hint = match io.kind() {
+                ErrorKind::NotFound => " (check that the file's directory exists)",
+                ErrorKind::PermissionDenied => {
+                    " (check the permissions of the file and of its directory)"
+                }
+                _ => "",
+            };
+            unlatched(redb::StorageError::Io(std::io::Error::new(
+                io.kind(),
+                format!("opening {what}: {io}{hint}"),
+            )))
         }
         redb::DatabaseError::Storage(redb::StorageError::Corrupted(what)) => Error::CorruptStore {
             reason: format!("redb found the file damaged: {what}"),
