@@ -456,6 +456,10 @@ impl StoreBuilder {
     ///   which writes; open it for writing once (the service, [`StoreBuilder::open`]) or check a
     ///   copy (`idem check`).
     ///
+    /// No page checksum is verified (redb's check writes): on a file damaged at rest a read may
+    /// return an older version of a page without an error. `idem check` (on a copy), or an open
+    /// for writing with [`verify_on_open`](Self::verify_on_open), finds such damage.
+    ///
     /// Settings that only concern writes (retention, leases, durability, sweeps, group commit)
     /// are ignored; the clock, the limits and the cache size apply.
     pub fn open_read_only(self, path: impl AsRef<Path>) -> Result<ReadOnlyStore, Error> {

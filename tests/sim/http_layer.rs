@@ -986,12 +986,16 @@ fn header_lines(map: &HeaderMap) -> Vec<(String, Vec<u8>)> {
     lines
 }
 
+/// What [`answer_of`] reads as the body of an answer whose body failed mid-stream: only a
+/// handler's own answer that the layer passes through unrecorded (a `503` whose body fails).
+const BODY_FAILED: &[u8] = b"\0sim: the answer's body failed while the client read it\0";
+
 async fn answer_of(resp: http::Response<Body>) -> Answer {
     let (parts, body) = resp.into_parts();
-    let body = axum::body::to_bytes(body, usize::MAX)
-        .await
-        .unwrap_or_else(|e| panic!("an answer's body failed to be read: {e}"))
-        .to_vec();
+    let body = match axum::body::to_bytes(body, usize::MAX).await {
+        Ok(body) => body.to_vec(),
+        Err(_) => BODY_FAILED.to_vec(),
+    };
     // axum's routing adds `Content-Length` to any answer of known size (framing, not the
     // handler's or the layer's): kept only when it is not the body's length.
     let length = body.len().to_string().into_bytes();
@@ -1841,7 +1845,8 @@ impl Sim {
         let status = spec.status;
         let returned = || answer.as_ref().expect("the handler returned an answer");
         let recorded = match spec.mode {
-            Mode::Plain | Mode::Cw(CwEnd::Ok) if status == 503 => None,
+            // A 503 releases the key whatever its body does (docs/HTTP.md): nothing recorded.
+            Mode::Plain | Mode::Cw(CwEnd::Ok) | Mode::BodyError if status == 503 => None,
             Mode::Plain | Mode::Cw(CwEnd::Ok | CwEnd::Terminal) => Some(stored_of(returned())),
             Mode::Panic | Mode::BodyError => Some(Stored::HandlerFailed),
             Mode::Cw(CwEnd::Retryable) => None,
@@ -2179,6 +2184,11 @@ impl Sim {
         );
         let returned = req.returned.clone().expect("the handler ended");
         match (req.spec.mode, returned) {
+            // Released, and passed through as the handler answered: its body fails.
+            (Mode::BodyError, _) if req.spec.status == 503 => {
+                assert_eq!(got.status, 503, "{what}: {got:?}");
+                assert_eq!(got.body, BODY_FAILED, "{what}: {got:?}");
+            }
             (Mode::Panic | Mode::BodyError, _) => {
                 check_problem(got, 500, problem::HANDLER_FAILED, what);
                 let k = req.key.clone().expect("a key");
