@@ -129,7 +129,8 @@ impl Sql {
 pub(crate) fn migrate(client: &mut postgres::Client, sql: &Sql) -> Result<(), Error> {
     use crate::postgres::conn::{Failure, classify, storage};
     // Concurrent `CREATE ... IF NOT EXISTS` of a fleet opening at once may still collide in the
-    // catalog (a unique violation): the loser runs it again and finds the objects.
+    // catalog (a unique violation, or the table's row type created twice: duplicate_object):
+    // the loser runs it again and finds the objects.
     let mut attempt = 0;
     loop {
         attempt += 1;
@@ -137,9 +138,8 @@ pub(crate) fn migrate(client: &mut postgres::Client, sql: &Sql) -> Result<(), Er
             Ok(()) => return Ok(()),
             Err(Migration::Db(e)) => {
                 let retry = matches!(classify(&e), Failure::Retry)
-                    || e.code().is_some_and(|c| {
-                        c.code() == "23505" || c.code() == "42P07" || c.code() == "42P06"
-                    });
+                    || e.code()
+                        .is_some_and(|c| matches!(c.code(), "23505" | "42P07" | "42P06" | "42710"));
                 let _ = client.batch_execute("ROLLBACK");
                 if retry && attempt < 5 {
                     continue;
