@@ -200,3 +200,64 @@ fn a_refused_open_existing_leaves_a_plain_redb_file_byte_identical() {
         "the refused file was written (multi-process)"
     );
 }
+
+/// idem's three tables are created in one transaction, so a file that has some of them lost the
+/// others to damage (a damaged table tree): every open refuses it, with or without the page
+/// check, and none recreates the missing table (a write into a damaged table tree can abort the
+/// process in redb).
+#[test]
+fn a_store_missing_one_of_its_tables_is_damaged_and_never_rebuilt() {
+    use idem::redb::{ReadableDatabase, TableHandle};
+    for (table, named) in [
+        ("idem.records.v1", "records table"),
+        ("idem.expiry.v1", "expiry table"),
+        ("idem.meta.v1", "meta table"),
+    ] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("partial.redb");
+        {
+            let store = Store::open(&path).expect("a new store");
+            let scope = Scope::new("t", "op");
+            let first = store
+                .execute(
+                    idem::Request::new(scope, "k", b"p").expect("a request"),
+                    |_| Ok(idem::Response::new(200, "ok")),
+                )
+                .expect("execute");
+            assert!(first.response().is_some() && !first.is_replay());
+        }
+        {
+            let db = idem::redb::Database::open(&path).expect("the store as a redb file");
+            let txn = db.begin_write().expect("write");
+            let handle = txn
+                .list_tables()
+                .expect("list")
+                .find(|h| h.name() == table)
+                .expect("the store has the table");
+            assert!(txn.delete_table(handle).expect("delete"), "{table}");
+            txn.commit().expect("commit");
+        }
+        for verify in [true, false] {
+            let r = Store::builder()
+                .verify_on_open(verify)
+                .open(&path)
+                .map(|_| ());
+            assert!(
+                matches!(&r, Err(Error::CorruptStore { reason }) if reason.contains(named)),
+                "{table} deleted, verify_on_open({verify}): {r:?}"
+            );
+        }
+        let db = idem::redb::Database::open(&path).expect("still a redb file");
+        let names: Vec<String> = db
+            .begin_read()
+            .expect("read")
+            .list_tables()
+            .expect("list")
+            .map(|h| h.name().to_string())
+            .collect();
+        assert!(
+            !names.iter().any(|n| n == table),
+            "an open recreated {table}: {names:?}"
+        );
+    }
+}

@@ -662,26 +662,54 @@ pub(crate) fn check_marker(read: &redb::ReadTransaction) -> Result<(), Error> {
     }
 }
 
-/// Whether the file already holds idem's tables and a format marker this build reads (a marker
-/// of another version is an error).
-fn initialised(read: &redb::ReadTransaction) -> Result<bool, Error> {
+/// Which of idem's tables a file holds.
+enum Present {
+    /// All three, with a format marker this build reads (a marker of another version is an
+    /// error).
+    All,
+    /// None: a new store (or a redb file idem has not used yet).
+    None,
+    /// Some, not all: `missing` names one that is not there (or the marker).
+    Some { missing: &'static str },
+}
+
+/// Which of idem's tables `read` sees. Reads only.
+fn tables_present(read: &redb::ReadTransaction) -> Result<Present, Error> {
     let exists = |r: Result<(), redb::TableError>| match r {
         Ok(()) => Ok(true),
         Err(redb::TableError::TableDoesNotExist(_)) => Ok(false),
         Err(e) => Err(unlatched(e)),
     };
-    if !exists(read.open_table(RECORDS).map(drop))? || !exists(read.open_table(EXPIRY).map(drop))? {
-        return Ok(false);
-    }
+    let records = exists(read.open_table(RECORDS).map(drop))?;
+    let expiry = exists(read.open_table(EXPIRY).map(drop))?;
     let meta = match read.open_table(META) {
-        Ok(meta) => meta,
-        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(false),
+        Ok(meta) => Some(meta),
+        Err(redb::TableError::TableDoesNotExist(_)) => None,
         Err(e) => return Err(unlatched(e)),
     };
-    match meta.get(META_FORMAT).map_err(unlatched)? {
-        Some(marker) => format_marker(marker.value()).map(|()| true),
-        None => Ok(false),
-    }
+    let marker = match &meta {
+        Some(meta) => match meta.get(META_FORMAT).map_err(unlatched)? {
+            Some(marker) => format_marker(marker.value()).map(|()| true)?,
+            None => false,
+        },
+        None => false,
+    };
+    Ok(match (records, expiry, meta.is_some(), marker) {
+        (true, true, true, true) => Present::All,
+        (false, false, false, _) => Present::None,
+        (false, ..) => Present::Some {
+            missing: "records table",
+        },
+        (_, false, ..) => Present::Some {
+            missing: "expiry table",
+        },
+        (_, _, false, _) => Present::Some {
+            missing: "meta table",
+        },
+        (_, _, true, false) => Present::Some {
+            missing: "format marker",
+        },
+    })
 }
 
 /// The stored format marker must be this build's format version.
@@ -725,12 +753,25 @@ impl Store {
         }
         // A store that has its tables and marker is opened without a write: an open writes
         // only what a new store lacks.
-        if initialised(&db.begin_read().map_err(unlatched)?)? {
-            return Self::started(db, b, instance, repair_time);
+        match tables_present(&db.begin_read().map_err(unlatched)?)? {
+            Present::All => return Self::started(db, b, instance, repair_time),
+            Present::None => {}
+            // The three are created in one transaction: a file with some of them lost the others
+            // to damage (a damaged table tree), which no write may touch.
+            Present::Some { missing } => {
+                return Err(Error::CorruptStore {
+                    reason: format!(
+                        "idem's {missing} is missing while its other tables exist: the table tree is damaged"
+                    ),
+                });
+            }
         }
         // Create the tables and check (or write) the format marker. Nothing was acknowledged
         // yet and no store exists to latch: a failure here is a plain storage error (open
         // again).
+        // One table handle at a time: redb poisons a transaction's table registry when it panics
+        // on a damaged page, and a handle dropped while that panic unwinds panics again, which
+        // aborts the process (no `catch_unwind` contains a second panic).
         let txn = db.begin_write().map_err(unlatched)?;
         {
             let mut meta = txn.open_table(META).map_err(unlatched)?;
@@ -745,9 +786,9 @@ impl Store {
                 }
                 Some(marker) => format_marker(marker)?,
             }
-            txn.open_table(RECORDS).map_err(unlatched)?;
-            txn.open_table(EXPIRY).map_err(unlatched)?;
         }
+        drop(txn.open_table(RECORDS).map_err(unlatched)?);
+        drop(txn.open_table(EXPIRY).map_err(unlatched)?);
         txn.commit().map_err(unlatched)?;
         Self::started(db, b, instance, repair_time)
     }
