@@ -247,7 +247,7 @@ impl Store {
             .observe(|_| self.begin_wait_observed(request, max_wait))
     }
 
-    /// [`Store::begin_wait`], inside its observed call (`runtime/observe.rs`).
+    /// [`Store::begin_wait`], inside its observed call (`runtime/observe/`).
     fn begin_wait_observed(&self, request: Request, max_wait: Duration) -> Result<Begin, Error> {
         if self.in_closure() {
             return Err(Error::Reentrant);

@@ -92,7 +92,7 @@ impl Store {
             .observe(|call| self.execute_observed(request, &mut f, call))
     }
 
-    /// [`Store::execute`], inside its observed `call` (`runtime/observe.rs`).
+    /// [`Store::execute`], inside its observed `call` (`runtime/observe/`).
     fn execute_observed<F>(&self, request: Request, mut f: F, call: &Call) -> Result<Outcome, Error>
     where
         F: FnMut(&Tx<'_>) -> Result<Response, Abort>,
