@@ -36,7 +36,6 @@
 //! (`2026-11-30T14:45:00.123Z (in 23h59m)`), with jiff. `--json` (`stats`, `get`) prints one
 //! JSON object instead of the text lines; its fields are listed in each command's `--help`
 //! ([`args::STATS_JSON_FIELDS`], [`args::RECORD_JSON_FIELDS`]) and in docs/CLI.md.
-
 //!
 //! | file | owns |
 //! |---|---|
