@@ -1,7 +1,7 @@
 //! What idem tells `tracing` (feature `tracing`) and the `metrics` facade (feature `metrics`),
 //! for both engines. Call sites stay one line each, and without the features every item here is
-//! empty or constant, so nothing of `tracing` or `metrics` is compiled and the calls compile to
-//! nothing:
+//! empty or constant (a [`Call`] keeps one flag, never set), so nothing of `tracing` or
+//! `metrics` is compiled and the calls compile to nothing:
 //!
 //! - [`Call::observe`]: one span per `execute`, `begin`, lease finish, `process` and `receive`
 //!   (`engine`, `tenant`, `operation`, then `decision` and, on an error, `error`: the error's
