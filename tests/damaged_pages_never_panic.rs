@@ -5,7 +5,7 @@
 //!
 //! redb 4.6 verifies page checksums only when it repairs a file, so on a cleanly closed file it
 //! trusts the damaged lengths and offsets and, for some of these seeds, indexes out of bounds or
-//! unwraps a decoding error. idem contains those panics at its storage boundary (src/engine/store.rs)
+//! unwraps a decoding error. idem contains those panics at its storage boundary (src/engine/boundary.rs)
 //! and reports `Error::CorruptStore` (fail-stop once it happened inside a write). Before that
 //! boundary (e693a17), 21 of these 60 seeds panicked at their first call on the damaged data:
 //! `Store::open` 1, `get` 1, `stats` 4, `execute` 1, and a walk over every record (then done

@@ -104,7 +104,7 @@ impl Store {
     }
 }
 
-/// redb's steps of the driver: every storage-level failure latches (store.rs).
+/// redb's steps of the driver: every storage-level failure latches (engine/store/txn.rs).
 impl BatchEngine for Store {
     const ENGINE: observe::Engine = ENGINE;
     type Txn = WriteTransaction;

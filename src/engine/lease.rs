@@ -236,7 +236,7 @@ impl Lease {
             .observe(|_| self.finish_observed(&mut f))
     }
 
-    /// [`Lease::finish_held`], inside its observed call (`runtime/observe.rs`).
+    /// [`Lease::finish_held`], inside its observed call (`runtime/observe/`).
     fn finish_observed<F>(&mut self, mut f: F) -> Result<Response, Error>
     where
         F: FnMut(&Tx<'_>) -> Result<Response, Abort>,

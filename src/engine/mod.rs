@@ -7,7 +7,7 @@
 //!
 //! | file | owns |
 //! |---|---|
-//! | `store.rs` | the [`Store`](store::Store) and its shared state (private fields, small accessors); flow A (`execute`), the claim half of flow B (`begin`, `begin_wait`), `get`, `for_each_record`, `purge`; the read path (`Store::read`), the record's load/put/remove, the fail-stop latch (`storage`, `observe`, `latch`), the closure boundary (`run_closure`, reentrancy) |
+//! | `store/` | the [`Store`](store::Store) and its shared state; flow A (`execute`), the claim half of flow B (`begin`, `begin_wait`), record I/O (`get`, `for_each_record`, `purge`, the read path, the record's load/put/remove), the fail-stop latch, a batch's write transaction, the closure boundary: one file each (`store/mod.rs` has its table) |
 //! | `builder.rs` | the settings and their documented defaults ([`StoreBuilder`](builder::StoreBuilder)), [`Durability`](builder::Durability), the three ways to open a file and the checks an open makes |
 //! | `boundary.rs` | the storage boundary: redb's panics on damaged data become `CorruptStore`, a caller's panic stays the caller's; `unlatched` for the places with nothing to latch |
 //! | `commit.rs` | group commit on redb: one write transaction and one fsync shared by concurrent writers (`Store::write`); redb's side (`BatchEngine`) of the driver of `runtime/driver.rs` |

@@ -116,7 +116,7 @@ fn check_name(name: &str) -> Result<(), Error> {
 // observes it (latching fail-stop for an I/O failure). There is deliberately no
 // `From<redb::…> for Error`: inside idem every redb error goes through the latch
 // (`Store::storage`, `Store::observe`, `Store::read`) or, where nothing can be latched, through
-// `unlatched` (engine/store.rs).
+// `unlatched` (engine/boundary.rs).
 macro_rules! redb_into_abort {
     ($($t:ty),*) => {$(
         impl From<$t> for Abort {

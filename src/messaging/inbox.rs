@@ -240,7 +240,7 @@ impl Store {
             .observe(|_| self.consume_observed(ns, subscriber, id, &mut f))
     }
 
-    /// [`Store::consume`], inside its observed call (`runtime/observe.rs`).
+    /// [`Store::consume`], inside its observed call (`runtime/observe/`).
     fn consume_observed<T, F>(
         &self,
         ns: u8,

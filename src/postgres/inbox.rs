@@ -189,7 +189,7 @@ impl PgStore {
             .observe(|_| self.consume_observed(ns, subscriber, id, &mut f))
     }
 
-    /// [`PgStore::consume`], inside its observed call (`runtime/observe.rs`).
+    /// [`PgStore::consume`], inside its observed call (`runtime/observe/`).
     fn consume_observed<T, F>(
         &self,
         ns: u8,

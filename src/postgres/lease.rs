@@ -199,7 +199,7 @@ impl PgLease {
             .observe(|_| self.finish_observed(&mut f))
     }
 
-    /// [`PgLease::finish_held`], inside its observed call (`runtime/observe.rs`).
+    /// [`PgLease::finish_held`], inside its observed call (`runtime/observe/`).
     fn finish_observed<F>(&mut self, mut f: F) -> Result<Response, Error>
     where
         F: for<'t> FnMut(&'t mut PgTx<'t>) -> Result<Response, Abort>,

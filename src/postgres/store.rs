@@ -170,7 +170,7 @@ impl PgStore {
             .observe(|call| self.execute_observed(request, &mut f, call))
     }
 
-    /// [`PgStore::execute`], inside its observed `call` (`runtime/observe.rs`).
+    /// [`PgStore::execute`], inside its observed `call` (`runtime/observe/`).
     fn execute_observed<F>(&self, request: Request, mut f: F, call: &Call) -> Result<Outcome, Error>
     where
         F: for<'t> FnMut(&'t mut PgTx<'t>) -> Result<Response, Abort>,
@@ -405,7 +405,7 @@ impl PgStore {
             .observe(|_| self.begin_wait_observed(request, max_wait))
     }
 
-    /// [`PgStore::begin_wait`], inside its observed call (`runtime/observe.rs`).
+    /// [`PgStore::begin_wait`], inside its observed call (`runtime/observe/`).
     fn begin_wait_observed(
         &self,
         request: Request,

@@ -8,6 +8,7 @@
 //! | `publish.rs` | what every dispatcher does between reading and recording its rows: publish in commit order holding failed keys back, retry decisions with jitter, counters, the thread's loop of rounds |
 //! | `signal.rs` | the work-announced signal background workers wait on |
 //! | `worker.rs` | the handle of a background worker (the outbox dispatcher): stop, wake, join |
+//! | `observe/` | what idem reports to `tracing` and `metrics` (features of those names): one face for every call site, one file per feature (`observe/mod.rs` has its table) |
 //!
 //! It sits between the engines and the model: engines import it, it imports only the model
 //! and `error.rs` (tests/layers_import_one_way.rs).
