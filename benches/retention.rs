@@ -271,9 +271,7 @@ fn main() {
 
     // 6. Space after the sweep, and after compacting again.
     let left = store.stats().expect("stats").records;
-    // A white-box check (the internal feature, on in this repository through the package's
-    // dev-dependency on itself).
-    #[cfg(feature = "__internal_whitebox")]
+    // A white-box check (benches/Cargo.toml turns on idem's internal feature).
     store.check_expiry_index().expect("index matches");
     let swept = file_size(&path);
     store.compact().expect("compact");

@@ -1545,7 +1545,7 @@ fn kernel() -> String {
 
 /// The redb version idem links, from the Cargo.lock this bench was built with.
 fn locked_version(name: &str) -> String {
-    let lock = include_str!("../Cargo.lock");
+    let lock = include_str!("../../Cargo.lock");
     let needle = format!("name = \"{name}\"\nversion = \"");
     lock.find(&needle)
         .and_then(|i| lock[i + needle.len()..].split('"').next())

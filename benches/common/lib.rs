@@ -1,0 +1,1 @@
+//! What more than one of idem's benches uses.
