@@ -46,8 +46,8 @@ pub enum Kind {
 
 /// What one run works on. Fields drop in order: the store closes before its directory goes.
 pub struct Target {
-    pub kind: Kind,
-    pub _dir: Option<tempfile::TempDir>,
+    kind: Kind,
+    _dir: Option<tempfile::TempDir>,
 }
 
 /// A row's runs, summed.

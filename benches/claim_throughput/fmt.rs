@@ -1,5 +1,6 @@
 //! How the summary prints numbers.
 
+/// A latency in ns with a unit that keeps it short (`850ns`, `420µs`, `6.55ms`, `1.20s`).
 pub fn fmt_ns(ns: u64) -> String {
     let us = ns as f64 / 1000.0;
     if us < 1.0 {
@@ -15,6 +16,7 @@ pub fn fmt_ns(ns: u64) -> String {
     }
 }
 
+/// Bytes: whole below 10,000, else KiB with one decimal (`12.3K`).
 pub fn fmt_bytes(b: f64) -> String {
     if b < 10_000.0 {
         format!("{b:.0}")
@@ -23,6 +25,7 @@ pub fn fmt_bytes(b: f64) -> String {
     }
 }
 
+/// A ratio as `1.23×`, or `-` when there is none.
 pub fn fmt_ratio(r: Option<f64>) -> String {
     match r {
         Some(r) if r.is_finite() => format!("{r:.2}×"),
@@ -30,6 +33,7 @@ pub fn fmt_ratio(r: Option<f64>) -> String {
     }
 }
 
+/// `1000000` as `1,000,000`.
 pub fn with_commas(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();

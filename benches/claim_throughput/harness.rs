@@ -29,6 +29,7 @@ pub struct Commits {
 }
 
 impl Commits {
+    /// The counters' growth from snapshot `a` to snapshot `b`.
     pub fn between(a: &Metrics, b: &Metrics) -> Self {
         Commits {
             commits: b.commits.saturating_sub(a.commits),
@@ -38,6 +39,7 @@ impl Commits {
         }
     }
 
+    /// Both differences together.
     pub fn add(self, o: Commits) -> Self {
         Commits {
             commits: self.commits + o.commits,
@@ -118,9 +120,11 @@ where
 pub struct Rng(u64);
 
 impl Rng {
+    /// The picker of caller `caller` in run `tag`.
     pub fn new(tag: usize, caller: usize) -> Self {
         Rng(((tag as u64) << 32) ^ (caller as u64) ^ 0x9e37_79b9_7f4a_7c15)
     }
+    /// The next index in `0..n`.
     pub fn below(&mut self, n: usize) -> usize {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;

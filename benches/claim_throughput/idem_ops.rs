@@ -17,6 +17,7 @@ use crate::data::{EFFECTS, PREFILL_THREADS, existing_key};
 /// measured by `benches/scale.rs` (benches/results/2026-12-02-0bd18d7-scale-page-cache-sizes.md).
 pub const CACHE: usize = 1 << 30;
 
+/// An idem store at `path` with the baselines' page cache (`CACHE`), otherwise idem's defaults.
 pub fn open_idem(path: &Path) -> Store {
     Store::builder()
         .cache_size(CACHE)
@@ -24,6 +25,7 @@ pub fn open_idem(path: &Path) -> Store {
         .expect("open idem store")
 }
 
+/// Flow A on a new key: `execute` whose closure writes the caller's row; must be `Executed`.
 pub fn idem_claim(store: &Store, key: &str) {
     let outcome = store
         .execute(request(key), |tx| {
@@ -55,6 +57,7 @@ pub fn idem_claim_send(store: &Store, key: &str) {
     );
 }
 
+/// `execute` on an existing key: must be a replay, the closure never runs.
 pub fn idem_replay(store: &Store, key: &str) {
     let outcome = store
         .execute(request(key), |_| {
@@ -64,6 +67,7 @@ pub fn idem_replay(store: &Store, key: &str) {
     assert!(outcome.is_replay(), "idem replay {key}: {outcome:?}");
 }
 
+/// Flow B on a new key: `begin` must acquire a lease, which `complete` then records (two commits).
 pub fn idem_lease(store: &Store, key: &str) {
     match store.begin(request(key)) {
         Ok(Begin::Acquired(lease)) => {

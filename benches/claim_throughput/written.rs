@@ -20,6 +20,7 @@ pub enum WriteCounter {
 }
 
 impl WriteCounter {
+    /// The block device under `dir` if its counter reads, else this process's, else none.
     pub fn detect(dir: &Path) -> Self {
         if let Some((dev, _, _)) = filesystem_of(dir) {
             let dev = Path::new(&dev)
@@ -43,6 +44,7 @@ impl WriteCounter {
         }
     }
 
+    /// The counter now, in bytes.
     pub fn read(&self) -> Option<u64> {
         match self {
             WriteCounter::Device { stat, .. } => {
@@ -60,6 +62,7 @@ impl WriteCounter {
         }
     }
 
+    /// What the header says the "written" column counts.
     pub fn describe(&self) -> String {
         match self {
             WriteCounter::Device { name, stat } => format!(
