@@ -12,8 +12,8 @@
 //! modes run on one file, interleaved rep by rep (the disk's drift hits all three); medians.
 //!
 //! ```text
-//! cargo bench --bench commit_modes                              # 100k and 1M records, 3 s, 3 reps
-//! IDEM_BENCH_RECORDS=100000 IDEM_BENCH_SECS=1 cargo bench --bench commit_modes
+//! cargo bench -p idem-benches --bench commit_modes              # 100k and 1M records, 3 s, 3 reps
+//! IDEM_BENCH_RECORDS=100000 IDEM_BENCH_SECS=1 cargo bench -p idem-benches --bench commit_modes
 //! ```
 //!
 //! `IDEM_BENCH_DIR` chooses the filesystem (default the system temp dir).
@@ -21,8 +21,10 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use bench_common::workload::{request, response};
+use bench_common::{bench_parent, env_parse, git_commit, median};
 use idem::redb::{self, ReadableDatabase, TableDefinition};
-use idem::{Durability, Outcome, Request, Response, Scope, Store};
+use idem::{Durability, Outcome, Store};
 
 const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idem.records.v1");
 const EXPIRY: TableDefinition<&[u8], u8> = TableDefinition::new("idem.expiry.v1");
@@ -38,10 +40,6 @@ impl Mode {
     const ALL: [Mode; 3] = [Mode::Default, Mode::TwoPhase, Mode::QuickRepair];
 }
 
-fn env_parse<T: std::str::FromStr>(name: &str) -> Option<T> {
-    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
-}
-
 /// Fills a new store at `path` with `n` claims through idem (bulk: `Durability::Periodic`, 8
 /// threads), then closes it.
 fn build(path: &Path, n: u64) {
@@ -55,15 +53,8 @@ fn build(path: &Path, n: u64) {
             s.spawn(move || {
                 for i in (t..n).step_by(8) {
                     let key = format!("k{i:012}");
-                    let request = Request::from_canonical_bytes(
-                        Scope::new("tenant-0042", "create_order"),
-                        &key,
-                        format!("sku=sku-1&qty=2&ref={key}").as_bytes(),
-                    );
                     let outcome = store
-                        .execute(request, |_| {
-                            Ok(Response::new(201, r#"{"ok":true}"#).with_resource("order", "o1"))
-                        })
+                        .execute(request(&key), |_| Ok(response()))
                         .expect("fill");
                     assert!(matches!(outcome, Outcome::Executed(_)), "{key}: a new key");
                 }
@@ -109,11 +100,6 @@ fn run(db: &redb::Database, mode: Mode, batch: usize, secs: f64, tag: &str) -> (
     (n as f64 / started.elapsed().as_secs_f64(), median)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
 fn main() {
     // `cargo bench` passes `--bench`; nothing else is read from the command line.
     let sizes: Vec<u64> = std::env::var("IDEM_BENCH_RECORDS")
@@ -121,16 +107,8 @@ fn main() {
         .unwrap_or_else(|_| vec![100_000, 1_000_000]);
     let secs: f64 = env_parse("IDEM_BENCH_SECS").unwrap_or(3.0);
     let reps: usize = env_parse("IDEM_BENCH_REPS").unwrap_or(3);
-    let parent = std::env::var_os("IDEM_BENCH_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir);
-    let dir = tempfile::tempdir_in(parent).expect("bench dir");
-    let commit = std::process::Command::new("git")
-        .args(["rev-parse", "--short", "HEAD"])
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_default();
+    let dir = tempfile::tempdir_in(bench_parent()).expect("bench dir");
+    let commit = git_commit();
     println!(
         "commit_modes: commit {commit}, {} cores, {secs} s per cell, medians of {reps}, dir {:?}",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
@@ -159,8 +137,8 @@ fn main() {
                     times[j].push(commit.as_secs_f64() * 1e3);
                 }
             }
-            let [d, t, q] = rates.map(median);
-            let [dt, tt, qt] = times.map(median);
+            let [d, t, q] = rates.map(|v| median(&v));
+            let [dt, tt, qt] = times.map(|v| median(&v));
             println!(
                 "| {n} | {batch} | {d:.0} ({dt:.2} ms) | {t:.0} ({tt:.2} ms) | {q:.0} ({qt:.2} ms) | {:.2}× | {:.2}× |",
                 t / d,

@@ -1,7 +1,7 @@
 //! Single-caller costs of the core operations on a real file with durable (fsync) commits.
 //!
 //! ```text
-//! cargo bench --bench core_ops            # IDEM_BENCH_N=5000 for more claims
+//! cargo bench -p idem-benches --bench core_ops            # IDEM_BENCH_N=5000 for more claims
 //! ```
 //!
 //! Prints, per workload, the median over 5 runs with min–max: flow-A claims of new keys (one
@@ -11,6 +11,7 @@
 
 use std::time::{Duration, Instant};
 
+use bench_common::env_parse;
 use idem::redb::TableDefinition;
 use idem::{Begin, Outcome, Request, Response, Scope, Store};
 
@@ -48,10 +49,7 @@ fn rate(n: usize, elapsed: Duration) -> f64 {
 }
 
 fn main() {
-    let n: usize = std::env::var("IDEM_BENCH_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000);
+    let n: usize = env_parse("IDEM_BENCH_N").unwrap_or(2000);
     let replays = 100_000;
     let mut claims = Vec::new();
     let mut reads = Vec::new();

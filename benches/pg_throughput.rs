@@ -5,8 +5,8 @@
 //!
 //! ```text
 //! eval "$(scripts/pg-test-cluster start)"                        # a private server; sets IDEM_PG_URL
-//! cargo bench --features postgres --bench pg_throughput           # full: 5 runs of ~3 s per row
-//! IDEM_BENCH_QUICK=1 cargo bench --features postgres --bench pg_throughput   # 2 runs of ~1 s
+//! cargo bench -p idem-benches --features postgres --bench pg_throughput           # full: 5 runs of ~3 s per row
+//! IDEM_BENCH_QUICK=1 cargo bench -p idem-benches --features postgres --bench pg_throughput   # 2 runs of ~1 s
 //! ```
 //!
 //! A claim is one new intent: `execute` with a closure that writes one effect row (an upsert)
@@ -25,15 +25,10 @@ use std::sync::Barrier;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use bench_common::workload::{OPERATION, TENANT, payload, request, response};
+use bench_common::{env_parse, git_commit, percentile, quick};
 use idem::postgres::PgStore;
-use idem::{Outcome, Request, Response, Scope};
-
-const TENANT: &str = "tenant-0042";
-const OPERATION: &str = "create_order";
-
-fn env_parse<T: std::str::FromStr>(name: &str) -> Option<T> {
-    std::env::var(name).ok().and_then(|v| v.parse().ok())
-}
+use idem::{Outcome, Response};
 
 #[derive(Clone, Copy)]
 struct Settings {
@@ -42,19 +37,11 @@ struct Settings {
 }
 
 fn settings() -> Settings {
-    let quick = std::env::var("IDEM_BENCH_QUICK").is_ok_and(|v| v != "0");
+    let quick = quick();
     Settings {
         runs: env_parse("IDEM_BENCH_RUNS").unwrap_or(if quick { 2 } else { 5 }),
         run_secs: env_parse("IDEM_BENCH_RUN_SECS").unwrap_or(if quick { 1.0 } else { 3.0 }),
     }
-}
-
-fn request(key: &str) -> Request {
-    Request::from_canonical_bytes(
-        Scope::new(TENANT, OPERATION),
-        key,
-        format!("sku=sku-1&qty=2&ref={key}").as_bytes(),
-    )
 }
 
 fn client(url: &str) -> postgres::Client {
@@ -94,14 +81,6 @@ impl Sample {
     fn per_sec(&self) -> f64 {
         self.claims as f64 / self.elapsed.as_secs_f64()
     }
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
 }
 
 /// Runs `callers` threads, each making `claim(caller, i)` calls until `secs` passed, and
@@ -181,7 +160,7 @@ fn idem_run(url: &str, callers: usize, secs: f64, tag: &str) -> Sample {
                 .execute(request(&key), |tx| {
                     let s = tx.prepare(&upsert)?;
                     tx.execute(&s, &[&key])?;
-                    Ok(Response::new(201, r#"{"ok":true}"#).with_resource("order", "o1"))
+                    Ok(response())
                 })
                 .expect("claim");
             assert!(matches!(outcome, Outcome::Executed(_)));
@@ -223,9 +202,7 @@ fn baseline_run(url: &str, callers: usize, secs: f64, tag: &str) -> Sample {
             .expect("prepare");
         move |i| {
             let key = format!("new-{tag}-{pid}-{c:02}-{i:08}");
-            let hash = blake3::hash(format!("sku=sku-1&qty=2&ref={key}").as_bytes())
-                .to_hex()
-                .to_string();
+            let hash = blake3::hash(&payload(&key)).to_hex().to_string();
             let mut tx = db.transaction().expect("begin");
             tx.execute(&insert, &[&TENANT, &OPERATION, &key, &hash])
                 .expect("insert");
@@ -460,14 +437,4 @@ fn main() {
         c.per_sec(),
         fmt_ms(percentile(&c.latencies, 0.5))
     );
-}
-
-fn git_commit() -> String {
-    Command::new("git")
-        .args(["rev-parse", "--short", "HEAD"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_else(|| "unknown".into())
 }

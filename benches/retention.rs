@@ -2,8 +2,8 @@
 //! concurrent claims, and how many bytes on disk a record costs before and after compaction.
 //!
 //! ```text
-//! cargo bench --bench retention                              # 100,000 records
-//! IDEM_BENCH_RECORDS=20000 cargo bench --bench retention     # a quicker run
+//! cargo bench -p idem-benches --bench retention                              # 100,000 records
+//! IDEM_BENCH_RECORDS=20000 cargo bench -p idem-benches --bench retention     # a quicker run
 //! ```
 //!
 //! Optional: `IDEM_BENCH_DIR` (parent of the temp dir; default the system temp dir),
@@ -29,12 +29,13 @@
 //! harness (std threads) because criterion measures one caller at a time. One run on whatever
 //! machine runs it: other load on the machine shows up in the tails.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use bench_common::{bench_parent, env_parse, percentile};
 use idem::clock::ManualClock;
 use idem::redb::{ReadableTableMetadata, TableDefinition, TableStats};
 use idem::{Durability, Outcome, Request, Response, Scope, Store, Timestamp};
@@ -146,7 +147,7 @@ fn claim_until(store: &Store, tag: &str, stop: &AtomicBool) -> Vec<(Instant, Dur
 fn summary(name: &str, mut lat: Vec<Duration>) {
     assert!(!lat.is_empty(), "{name}: no claims");
     lat.sort();
-    let at = |q: f64| lat[((lat.len() - 1) as f64 * q).round() as usize];
+    let at = |q: f64| percentile(&lat, q);
     println!(
         "{name:<40} {:>7} claims  median {:>8.2?}  p99 {:>8.2?}  max {:>8.2?}",
         lat.len(),
@@ -157,16 +158,10 @@ fn summary(name: &str, mut lat: Vec<Duration>) {
 }
 
 fn main() {
-    let n: usize = std::env::var("IDEM_BENCH_RECORDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100_000);
-    let parent: PathBuf = std::env::var_os("IDEM_BENCH_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir);
+    let n: usize = env_parse("IDEM_BENCH_RECORDS").unwrap_or(100_000);
     let dir = tempfile::Builder::new()
         .prefix("idem-retention-bench-")
-        .tempdir_in(parent)
+        .tempdir_in(bench_parent())
         .expect("tempdir");
     let path = dir.path().join("retention.redb");
     let clock = ManualClock::new(Timestamp(1_767_225_600_000));
@@ -271,9 +266,7 @@ fn main() {
 
     // 6. Space after the sweep, and after compacting again.
     let left = store.stats().expect("stats").records;
-    // A white-box check (the internal feature, on in this repository through the package's
-    // dev-dependency on itself).
-    #[cfg(feature = "__internal_whitebox")]
+    // A white-box check (benches/Cargo.toml turns on idem's internal feature).
     store.check_expiry_index().expect("index matches");
     let swept = file_size(&path);
     store.compact().expect("compact");

@@ -9,11 +9,11 @@
 //! callers.
 //!
 //! ```text
-//! cargo bench --bench scale                       # 100k and 1M records
-//! IDEM_SCALE_10M=1 cargo bench --bench scale      # and 10M (tens of minutes, ~5 GB of disk)
-//! IDEM_BENCH_QUICK=1 cargo bench --bench scale    # 100k only, short runs
-//! IDEM_SCALE_SIZES=1000000 IDEM_SCALE_CACHES=16,64,128,256,1024 cargo bench --bench scale
-//!                                                 # only 1M, and a table of page cache sizes
+//! cargo bench -p idem-benches --bench scale                       # 100k and 1M records
+//! IDEM_SCALE_10M=1 cargo bench -p idem-benches --bench scale      # and 10M (tens of minutes, ~5 GB of disk)
+//! IDEM_BENCH_QUICK=1 cargo bench -p idem-benches --bench scale    # 100k only, short runs
+//! IDEM_SCALE_SIZES=1000000 IDEM_SCALE_CACHES=16,64,128,256,1024 cargo bench -p idem-benches --bench scale
+//!                                                                 # only 1M, and a table of page cache sizes
 //! ```
 //!
 //! Each measurement that needs a fresh process (RSS, a reopen after SIGKILL) re-executes this
@@ -26,29 +26,15 @@ use std::sync::Barrier;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use idem::{Durability, Outcome, Request, Response, Scope, Store, StoreBuilder};
-
-fn env_parse<T: std::str::FromStr>(name: &str) -> Option<T> {
-    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
-}
-
-fn quick() -> bool {
-    std::env::var("IDEM_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0")
-}
-
-fn request(key: &str) -> Request {
-    Request::from_canonical_bytes(
-        Scope::new("tenant-0042", "create_order"),
-        key,
-        format!("sku=sku-1&qty=2&ref={key}").as_bytes(),
-    )
-}
+use bench_common::workload::{request, response};
+use bench_common::{
+    bench_parent, copy_synced, env_parse, git_commit, median, percentile, quick, rss_mib,
+};
+use idem::{Durability, Outcome, Store, StoreBuilder};
 
 fn claim(store: &Store, key: &str) {
     let outcome = store
-        .execute(request(key), |_| {
-            Ok(Response::new(201, r#"{"ok":true}"#).with_resource("order", "o1"))
-        })
+        .execute(request(key), |_| Ok(response()))
         .expect("claim");
     assert!(matches!(outcome, Outcome::Executed(_)), "{key}");
 }
@@ -124,31 +110,8 @@ fn rate(callers: usize, secs: f64, op: impl Fn(usize, u64) + Sync) -> (f64, Dura
         (n, elapsed, lat)
     });
     lat.sort_unstable();
-    let p99 = lat
-        .get(((lat.len() as f64 * 0.99) as usize).min(lat.len().saturating_sub(1)))
-        .copied()
-        .unwrap_or_default();
+    let p99 = percentile(&lat, 0.99);
     (n as f64 / elapsed.as_secs_f64(), p99)
-}
-
-/// This process's resident set size, in MiB (Linux `/proc/self/status`).
-fn rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<f64>().ok())
-        })
-        .map_or(0.0, |kb| kb / 1024.0)
-}
-
-fn copy(from: &Path, to: &Path) {
-    std::fs::copy(from, to).expect("copy the store");
-    std::fs::File::open(to)
-        .and_then(|f| f.sync_all())
-        .expect("sync the copy");
 }
 
 /// Drops the OS page cache (root only); reopen times are then cold. Returns whether it could.
@@ -251,7 +214,7 @@ fn output(mut c: std::process::Child) -> Vec<String> {
 
 /// A SIGKILL while claiming, then a reopen in a fresh process: (reopen ms, RSS MiB).
 fn crash_and_reopen(store: &Path, work: &Path, quick_repair: bool) -> (f64, f64) {
-    copy(store, work);
+    copy_synced(store, work);
     let mut c = child(
         "crash",
         work,
@@ -317,16 +280,8 @@ fn main() {
     let secs = if quick { 1.0 } else { 3.0 };
     let mixed_secs: f64 =
         env_parse("IDEM_SCALE_MIXED_SECS").unwrap_or(if quick { 10.0 } else { 60.0 });
-    let parent = std::env::var_os("IDEM_BENCH_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir);
-    let dir = tempfile::tempdir_in(parent).expect("bench dir");
-    let commit = Command::new("git")
-        .args(["rev-parse", "--short", "HEAD"])
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_default();
+    let dir = tempfile::tempdir_in(bench_parent()).expect("bench dir");
+    let commit = git_commit();
     println!(
         "file store at scale (commit {commit}; runs of ~{secs:.0} s; mixed load {mixed_secs:.0} s)\n"
     );
@@ -342,7 +297,7 @@ fn main() {
         let built = build(&master, n);
         let bytes = std::fs::metadata(&master).map_or(0, |m| m.len());
         let work = dir.path().join("work.redb");
-        copy(&master, &work);
+        copy_synced(&master, &work);
         let store = Store::open(&work).expect("open the copy");
         let (c1, p1) = rate(1, secs, |c, i| claim(&store, &format!("n1-{c}-{i:010}")));
         let (c64, p64) = rate(64, secs, |c, i| claim(&store, &format!("n64-{c}-{i:010}")));
@@ -354,7 +309,7 @@ fn main() {
         let mut rss = Vec::new();
         let mut mixed = Vec::new();
         for cache in [None, Some(1usize << 30)] {
-            copy(&master, &work);
+            copy_synced(&master, &work);
             let mut extra = vec![
                 ("IDEM_SCALE_N", n.to_string()),
                 ("IDEM_SCALE_SECS", mixed_secs.to_string()),
@@ -367,7 +322,7 @@ fn main() {
             mixed.push(field(&out, "ops").unwrap_or(f64::NAN));
         }
         for &mib in &caches {
-            copy(&master, &work);
+            copy_synced(&master, &work);
             let out = output(child(
                 "mixed",
                 &work,
@@ -390,8 +345,8 @@ fn main() {
         // Quick-repair's cost on this store: two copies open side by side, the default and
         // quick-repair runs interleaved rep by rep (the machine's drift hits both), medians.
         let twin = dir.path().join("twin.redb");
-        copy(&master, &work);
-        copy(&master, &twin);
+        copy_synced(&master, &work);
+        copy_synced(&master, &twin);
         {
             let plain = Store::open(&work).expect("open the copy");
             let repaired = Store::builder()
@@ -413,7 +368,7 @@ fn main() {
                     }
                 }
             }
-            qr_rows.push((n, cells.map(|pair| pair.map(median))));
+            qr_rows.push((n, cells.map(|pair| pair.map(|v| median(&v)))));
         }
         let _ = std::fs::remove_file(&twin);
         println!(
@@ -508,13 +463,7 @@ fn main() {
         }
     }
     for ((name, _), cells) in stores.iter().zip(rates) {
-        let [one, eight, many] = cells.map(median);
+        let [one, eight, many] = cells.map(|v| median(&v));
         println!("| {name} | {one:.0} | {eight:.0} | {many:.0} |");
     }
-}
-
-/// The median of some rates (NaN for none).
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }

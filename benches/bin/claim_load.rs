@@ -1,15 +1,15 @@
 //! A load generator for profiling idem's claim path: `callers` threads claim new keys through
 //! `Store::execute_send` (or `Store::execute`) on one store file for a number of seconds, each
 //! claim writing one row to the caller's own table, and the rate is printed at the end.
-//! `benches/claim_throughput.rs` is the benchmark (baselines, ratios, targets); this is the
+//! `benches/claim_throughput/` is the benchmark (baselines, ratios, targets); this is the
 //! smallest process to put under a profiler:
 //!
 //! ```sh
-//! cargo build --release --example claim_load
-//! target/release/examples/claim_load /tmp/load.redb 64 25 send     # fill: ~300k records
+//! cargo build --release -p idem-benches --bin claim_load
+//! target/release/claim_load /tmp/load.redb 64 25 send     # fill: ~300k records
 //! cp /tmp/load.redb /tmp/run.redb
 //! perf record -F 2000 -g --call-graph dwarf,16384 \
-//!     target/release/examples/claim_load /tmp/run.redb 64 6 send
+//!     target/release/claim_load /tmp/run.redb 64 6 send
 //! perf report --children --sort symbol
 //! ```
 //!

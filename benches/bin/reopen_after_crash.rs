@@ -5,9 +5,9 @@
 //! page cache; benches/results/2026-12-04-a83961b-reopen-after-crash.md has its figures.
 //!
 //! ```text
-//! cargo run --release --example reopen_after_crash -- build FILE RECORDS  # RECORDS claims, 8 threads
-//! cargo run --release --example reopen_after_crash -- crash FILE [--quick-repair]  # claims on 8 threads, aborts after 0.7 s
-//! cargo run --release --example reopen_after_crash -- reopen FILE [--no-prefetch] [--no-verify]
+//! cargo run --release -p idem-benches --bin reopen_after_crash -- build FILE RECORDS  # RECORDS claims, 8 threads
+//! cargo run --release -p idem-benches --bin reopen_after_crash -- crash FILE [--quick-repair]  # claims on 8 threads, aborts after 0.7 s
+//! cargo run --release -p idem-benches --bin reopen_after_crash -- reopen FILE [--no-prefetch] [--no-verify]
 //! ```
 //!
 //! `build` commits with `Durability::Periodic(200 ms)` (a bulk load; the store is closed cleanly
@@ -20,19 +20,8 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use idem::{Durability, Request, Response, Scope, Store};
-
-fn request(key: &str) -> Request {
-    Request::from_canonical_bytes(
-        Scope::new("tenant-0042", "create_order"),
-        key,
-        format!("sku=sku-1&qty=2&ref={key}").as_bytes(),
-    )
-}
-
-fn answer() -> Response {
-    Response::new(201, r#"{"ok":true}"#).with_resource("order", "o1")
-}
+use bench_common::workload::{request, response as answer};
+use idem::{Durability, Store};
 
 const USAGE: &str = "usage: reopen_after_crash build FILE RECORDS | crash FILE [--quick-repair] | reopen FILE [--no-prefetch] [--no-verify]";
 
