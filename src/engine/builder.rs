@@ -182,8 +182,8 @@ impl StoreBuilder {
     /// redb's page cache size in bytes. Default [`DEFAULT_CACHE_SIZE`] (64 MiB), not redb's
     /// 1 GiB, which a busy store fills, so the process's memory grows with the file. A cache
     /// smaller than the store's hot set makes replays of cold keys read from the OS page cache
-    /// instead; size it to the hot set when the machine has the memory (`cargo bench --bench
-    /// scale` measures memory and rates for several cache sizes).
+    /// instead; size it to the hot set when the machine has the memory (`cargo bench -p
+    /// idem-benches --bench scale` measures memory and rates for several cache sizes).
     pub fn cache_size(mut self, bytes: usize) -> Self {
         self.cache_size = bytes;
         self
@@ -193,7 +193,8 @@ impl StoreBuilder {
     /// phases), so reopening a file after a crash loads that state instead of walking the whole
     /// file to rebuild it — seconds to tens of seconds for a multi-GB store, near-instant with
     /// this. The price is paid per commit, so per *batch* of grouped callers, and is largest
-    /// with one caller (`cargo bench --bench scale` and `--bench commit_modes` measure it).
+    /// with one caller (`cargo bench -p idem-benches --bench scale` and `--bench commit_modes`
+    /// measure it).
     /// Default off; the default path shortens the repair instead
     /// ([`prefetch_on_repair`](Self::prefetch_on_repair)).
     /// (In `multi_process` mode every commit saves the state anyway.) With

@@ -111,7 +111,8 @@ impl PgStoreBuilder {
     /// How many transactions of grouped callers may run at once, each on its own connection
     /// (the server runs them in parallel, and while one waits for its round trip or its commit
     /// the others work; more writers also mean smaller groups). Default 4
-    /// (`cargo bench --features postgres --bench pg_throughput` measures 1, 2 and 4).
+    /// (`cargo bench -p idem-benches --features postgres --bench pg_throughput` measures 1, 2
+    /// and 4).
     pub fn writers(mut self, writers: usize) -> Self {
         self.writers = writers;
         self.group.lanes = writers;
