@@ -261,3 +261,79 @@ fn a_store_missing_one_of_its_tables_is_damaged_and_never_rebuilt() {
         );
     }
 }
+
+/// With `verify_on_open(false)` an open never makes an existing file a new store: a redb file
+/// without idem's tables may be a store whose table tree is damaged (every table hidden), and
+/// creating the tables would forget every key. With the page check (the default) it does.
+#[test]
+fn an_unchecked_open_never_makes_an_existing_file_a_new_store() {
+    use idem::redb::{ReadableDatabase, TableDefinition, TableHandle};
+    const THEIRS: TableDefinition<&str, u64> = TableDefinition::new("theirs");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tables = |path: &std::path::Path| -> Vec<String> {
+        let db = idem::redb::Database::open(path).expect("a redb file");
+        let read = db.begin_read().expect("read");
+        let names = read.list_tables().expect("list");
+        names.map(|h| h.name().to_string()).collect()
+    };
+    // A store whose three tables are all gone, and a redb file that never was a store.
+    let gone = dir.path().join("gone.redb");
+    drop(Store::open(&gone).expect("a new store"));
+    {
+        let db = idem::redb::Database::open(&gone).expect("the store as a redb file");
+        let txn = db.begin_write().expect("write");
+        let handles: Vec<_> = txn.list_tables().expect("list").collect();
+        for h in handles {
+            txn.delete_table(h).expect("delete");
+        }
+        txn.commit().expect("commit");
+    }
+    let theirs = dir.path().join("theirs.redb");
+    {
+        let db = idem::redb::Database::create(&theirs).expect("a plain redb file");
+        let txn = db.begin_write().expect("write");
+        txn.open_table(THEIRS)
+            .expect("table")
+            .insert("k", 1)
+            .expect("insert");
+        txn.commit().expect("commit");
+    }
+    for path in [&gone, &theirs] {
+        let before = tables(path);
+        let bytes = std::fs::read(path).expect("read");
+        let r = Store::builder()
+            .verify_on_open(false)
+            .open(path)
+            .map(|_| ());
+        // Refused from a read-only look, before an open for writing (whose handle, dropped,
+        // would commit): not a byte changed.
+        assert!(
+            std::fs::read(path).expect("read") == bytes,
+            "{}: written",
+            path.display()
+        );
+        assert!(
+            matches!(&r, Err(Error::CorruptStore { reason }) if reason.contains("verify_on_open")),
+            "{}: {r:?}",
+            path.display()
+        );
+        assert_eq!(
+            tables(path),
+            before,
+            "{}: tables were created",
+            path.display()
+        );
+        // The checked open makes it a store.
+        drop(Store::open(path).expect("the checked open"));
+        assert!(tables(path).iter().any(|t| t == "idem.records.v1"));
+        // A new file is a new store without the check too.
+        let new = dir.path().join("new.redb");
+        drop(
+            Store::builder()
+                .verify_on_open(false)
+                .open(&new)
+                .expect("a new store"),
+        );
+        std::fs::remove_file(&new).expect("remove");
+    }
+}

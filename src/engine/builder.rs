@@ -10,7 +10,7 @@ use redb::{ReadableDatabase, ReadableTable, StorageBackend};
 
 use crate::engine::boundary::{catch_storage_panic, unlatched};
 use crate::engine::commit::GroupConfig;
-use crate::engine::probe::{self, SharedBackend, Shutdown};
+use crate::engine::probe::{self, ReadOnlyLook, SharedBackend, Shutdown};
 use crate::engine::read_only::ReadOnlyStore;
 use crate::engine::repair::{Mode, RepairHook, RepairProgress, Watch};
 use crate::engine::store::{FileModes, Store};
@@ -273,7 +273,10 @@ impl StoreBuilder {
     /// reopen after a crash walk the file even with [`quick_repair`](Self::quick_repair). Not done in
     /// [`multi_process`](Self::multi_process) mode, where other processes may be using the
     /// file: check a copy with `idem check` instead. Read-only opens never check (a check
-    /// writes), and contain redb's panics on the pages they read. Default on.
+    /// writes), and contain redb's panics on the pages they read. With the check off, an open
+    /// never makes an existing file a new store: a file without idem's tables is
+    /// [`Error::CorruptStore`] (a damaged table tree can hide every table of a store). Default
+    /// on.
     pub fn verify_on_open(mut self, enabled: bool) -> Self {
         self.verify_on_open = enabled;
         self
@@ -405,9 +408,13 @@ impl StoreBuilder {
         } else {
             Fresh::claim(path)
         };
+        let create = self.create(std::fs::metadata(path).map_or(true, |m| m.len() == 0));
         let opened = contain_open(|| {
+            if create == Create::Unchecked {
+                refuse_unchecked(self.redb_builder().open_read_only(path))?;
+            }
             let (db, repair_time) = watched(&watch, redb.create(path), &path.display())?;
-            Store::init(db, self, Create::Yes, repair_time)
+            Store::init(db, self, create, repair_time)
         });
         if let Err(e) = &opened {
             fresh.undo(path, e);
@@ -487,13 +494,18 @@ impl StoreBuilder {
             Shutdown::Unknown
         };
         let (redb, watch) = self.watched_builder(None, shutdown);
+        let create = self.create(backend.len().is_ok_and(|len| len == 0));
         let opened = contain_open(|| {
+            if create == Create::Unchecked {
+                let look = ReadOnlyLook(backend.clone());
+                refuse_unchecked(self.redb_builder().open_read_only_with_backend(look))?;
+            }
             let (db, repair_time) = watched(
                 &watch,
                 redb.create_with_backend(SharedBackend(backend)),
                 &"the storage backend",
             )?;
-            Store::init(db, self, Create::Yes, repair_time)
+            Store::init(db, self, create, repair_time)
         });
         watch.resume_caller_panic();
         opened
@@ -502,8 +514,26 @@ impl StoreBuilder {
 /// Whether opening may write idem's tables and format marker into a redb file without them.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Create {
+    /// Yes: the file is new, or this open checked its pages (or is in `multi_process` mode,
+    /// where processes starting together may all find a new file).
     Yes,
+    /// No: the caller opens an existing store.
     No,
+    /// Not into an existing file this open did not check (`verify_on_open(false)`): a damaged
+    /// table tree can hide every table of a store, and creating them would start an empty
+    /// store, forgetting every key, or commit onto damaged pages.
+    Unchecked,
+}
+
+impl StoreBuilder {
+    /// Whether this open may create idem's tables, for a file that is `new` (missing or empty).
+    fn create(&self, new: bool) -> Create {
+        if new || self.verify_on_open || self.multi_process {
+            Create::Yes
+        } else {
+            Create::Unchecked
+        }
+    }
 }
 
 /// An empty file is not a store (for the opens that never create one). redb would say so too,
@@ -713,6 +743,36 @@ fn tables_present(read: &redb::ReadTransaction) -> Result<Present, Error> {
     })
 }
 
+/// idem's three tables are created in one transaction: a file with some of them lost the others
+/// to damage (a damaged table tree), which no write may touch.
+fn partial(missing: &str) -> Error {
+    Error::CorruptStore {
+        reason: format!(
+            "idem's {missing} is missing while its other tables exist: the table tree is damaged"
+        ),
+    }
+}
+
+/// An open that did not check the file's pages found none of idem's tables in an existing file.
+fn unchecked_new() -> Error {
+    Error::CorruptStore {
+        reason: "the file holds none of idem's tables, and this open did not check its pages (verify_on_open(false)), so it may be a store whose table tree is damaged: open it once with verify_on_open on to check it and make it a store".into(),
+    }
+}
+
+/// For an open that does not check pages, the tables of the file's read-only view, before the
+/// open for writing: that open's handle, dropped on a refusal, commits (redb saves its allocator
+/// state at close), and a commit on damaged pages can abort the process. A file that does not
+/// open read-only (one a crash left) is left to the open for writing.
+fn refuse_unchecked(db: Result<redb::ReadOnlyDatabase, redb::DatabaseError>) -> Result<(), Error> {
+    let Ok(db) = db else { return Ok(()) };
+    match tables_present(&db.begin_read().map_err(unlatched)?)? {
+        Present::All => Ok(()),
+        Present::None => Err(unchecked_new()),
+        Present::Some { missing } => Err(partial(missing)),
+    }
+}
+
 /// The stored format marker must be this build's format version.
 fn format_marker(marker: &[u8]) -> Result<(), Error> {
     match marker {
@@ -756,16 +816,9 @@ impl Store {
         // only what a new store lacks.
         match tables_present(&db.begin_read().map_err(unlatched)?)? {
             Present::All => return Self::started(db, b, instance, repair_time),
+            Present::None if create == Create::Unchecked => return Err(unchecked_new()),
             Present::None => {}
-            // The three are created in one transaction: a file with some of them lost the others
-            // to damage (a damaged table tree), which no write may touch.
-            Present::Some { missing } => {
-                return Err(Error::CorruptStore {
-                    reason: format!(
-                        "idem's {missing} is missing while its other tables exist: the table tree is damaged"
-                    ),
-                });
-            }
+            Present::Some { missing } => return Err(partial(missing)),
         }
         // Create the tables and check (or write) the format marker. Nothing was acknowledged
         // yet and no store exists to latch: a failure here is a plain storage error (open

@@ -125,7 +125,7 @@ impl<B: StorageBackend> StorageBackend for SharedBackend<B> {
 /// The read-only look's handle on the caller's backend: it reads, and nothing else reaches the
 /// backend — no lock (the open for writing takes its own right after), no close (the open for
 /// writing owns the backend), no write (a read-only open makes none).
-struct ReadOnlyLook<B>(Arc<B>);
+pub(crate) struct ReadOnlyLook<B>(pub(crate) Arc<B>);
 
 impl<B: StorageBackend> fmt::Debug for ReadOnlyLook<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
