@@ -12,7 +12,8 @@
 
 use crate::damage;
 use crate::idem_cli;
-use crate::sim_backend;
+// tests/sim/backend.rs, through `common` (which re-exports it).
+use crate::common as sim_backend;
 
 use std::path::Path;
 use std::process::Output;

@@ -4,23 +4,15 @@
 //! One module per behaviour, named by the sentence it proves (`cargo test --test cli -- <module>::`
 //! runs one); the shared helpers are modules of this binary too.
 
-#[allow(dead_code)]
 #[path = "../common/mod.rs"]
 mod common;
 
-#[allow(dead_code)]
 #[path = "../damage/mod.rs"]
 mod damage;
 
 #[cfg(feature = "cli")]
-#[allow(dead_code)]
 #[path = "../idem_cli/mod.rs"]
 mod idem_cli;
-
-#[cfg(feature = "cli")]
-#[allow(dead_code)]
-#[path = "../sim/backend.rs"]
-mod sim_backend;
 
 mod cli_damaged_file_never_panics;
 mod cli_get_body_decodes_http_answers;

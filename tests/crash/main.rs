@@ -4,11 +4,9 @@
 //! One module per behaviour, named by the sentence it proves (`cargo test --test crash -- <module>::`
 //! runs one); the shared helpers are modules of this binary too.
 
-#[allow(dead_code)]
 #[path = "../common/mod.rs"]
 mod common;
 
-#[allow(dead_code)]
 #[path = "../damage/mod.rs"]
 mod damage;
 

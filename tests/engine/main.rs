@@ -4,7 +4,6 @@
 //! One module per behaviour, named by the sentence it proves (`cargo test --test engine -- <module>::`
 //! runs one); the shared helpers are modules of this binary too.
 
-#[allow(dead_code)]
 #[path = "../common/mod.rs"]
 mod common;
 

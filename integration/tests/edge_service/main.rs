@@ -6,22 +6,18 @@
 //! One module per behaviour, named by the sentence it proves (`cargo test --test edge_service -- <module>::`
 //! runs one); the shared helpers are modules of this binary too.
 
-#[allow(dead_code)]
 #[path = "../../../tests/common/mod.rs"]
 mod common;
 
 #[cfg(unix)]
-#[allow(dead_code)]
 #[path = "../edge_example/mod.rs"]
 mod edge_example;
 
 #[cfg(feature = "http")]
-#[allow(dead_code)]
 #[path = "../http_fixtures/mod.rs"]
 mod http_fixtures;
 
 #[cfg(target_os = "linux")]
-#[allow(dead_code)]
 #[path = "../tmpfs/mod.rs"]
 mod tmpfs;
 

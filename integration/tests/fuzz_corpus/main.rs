@@ -5,7 +5,6 @@
 //! runs one); the shared helpers are modules of this binary too.
 
 #[cfg(feature = "__internal_whitebox")]
-#[allow(dead_code)]
 #[path = "../../../tests/sim/mod.rs"]
 mod sim;
 

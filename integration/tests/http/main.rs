@@ -5,12 +5,10 @@
 //! One module per behaviour, named by the sentence it proves (`cargo test --test http -- <module>::`
 //! runs one); the shared helpers are modules of this binary too.
 
-#[allow(dead_code)]
 #[path = "../../../tests/common/mod.rs"]
 mod common;
 
 #[cfg(feature = "http")]
-#[allow(dead_code)]
 #[path = "../http_fixtures/mod.rs"]
 mod http_fixtures;
 

@@ -6,12 +6,10 @@
 //! One module per behaviour, named by the sentence it proves (`cargo test --test pg -- <module>::`
 //! runs one); the shared helpers are modules of this binary too.
 
-#[allow(dead_code)]
 #[path = "../../../tests/common/mod.rs"]
 mod common;
 
 #[cfg(feature = "postgres")]
-#[allow(dead_code)]
 #[path = "../pg_fleet/mod.rs"]
 mod pg_fleet;
 
