@@ -10,7 +10,7 @@
 //! | `worker.rs` | the handle of a background worker (the outbox dispatcher): stop, wake, join |
 //!
 //! It sits between the engines and the model: engines import it, it imports only the model
-//! and `error.rs` (tests/layers_import_one_way.rs).
+//! and `error.rs` (tests/format/layers_import_one_way.rs).
 
 pub(crate) mod driver;
 pub(crate) mod group;

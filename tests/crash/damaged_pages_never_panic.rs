@@ -26,7 +26,7 @@ use idem::clock::ManualClock;
 use idem::{Durability, Error, Request, Response, Scope, Store, Timestamp};
 
 /// Records in the store: enough for several levels of redb's B-trees, few enough for a quick
-/// test in a debug build (the CLI test, tests/cli_damaged_file_never_panics.rs, uses 3,000).
+/// test in a debug build (the CLI test, tests/cli/cli_damaged_file_never_panics.rs, uses 3,000).
 const RECORDS_N: usize = 800;
 const SEEDS: u64 = 60;
 /// Inbox messages (each with an outbox event and a version mark) in the messaging store.

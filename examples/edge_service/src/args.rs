@@ -13,7 +13,8 @@ use crate::*;
 /// Exit status: 0 stopped cleanly; 1 could not start; 2 bad command line; 3 the shutdown grace
 /// period ran out and requests in flight were cut off.
 #[derive(Parser, Debug)]
-#[command(name = "edge_service")]
+// The usage names the service as its log lines do, whatever the executable is called.
+#[command(name = "edge_service", bin_name = "edge_service")]
 pub struct Args {
     /// Directory of the store file DIR/idem.redb (created if missing).
     #[arg(long, value_name = "DIR", default_value = "data")]

@@ -1,4 +1,4 @@
-//! End to end: the example payments service (`examples/edge_service.rs`) served on a loopback
+//! End to end: the example payments service (`examples/edge_service/`) served on a loopback
 //! port, driven over real TCP connections with HTTP/1.1.
 #![cfg(feature = "http")]
 

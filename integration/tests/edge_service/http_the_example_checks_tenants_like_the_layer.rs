@@ -1,4 +1,4 @@
-//! The example service (`examples/edge_service.rs`) checks the tenant of its read routes with
+//! The example service (`examples/edge_service/`) checks the tenant of its read routes with
 //! the layer's own rule (`idem::http::tenant_from_header`): a tenant the layer refuses on
 //! `POST` (a comma, over the store's tenant limit) is refused on `GET` too, and one it accepts
 //! is accepted by both. Driven in-process with tower's `oneshot`.

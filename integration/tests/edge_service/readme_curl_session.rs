@@ -1,6 +1,6 @@
 //! The documented curl session (docs/HTTP.md, section "The example service"; the README points
 //! to it) is what the example service really answers: each `$ curl ...` command of that block is
-//! parsed from docs/HTTP.md, sent the way curl sends it to `examples/edge_service.rs` running in a
+//! parsed from docs/HTTP.md, sent the way curl sends it to `examples/edge_service/` running in a
 //! child process on a fresh data directory, and rendered the way curl prints it (`-i`: status
 //! line, headers, a blank line, the body; otherwise the body alone). `$ kill -TERM $PID` sends
 //! SIGTERM and renders what the service prints on stderr. The rendered block must equal the

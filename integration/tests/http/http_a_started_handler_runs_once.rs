@@ -3,8 +3,8 @@
 //! replayed headers, `Location`) and replayed with `Idempotent-Body-Omitted: true`; a handler
 //! that panics, whose response body fails, or whose inner service returns `Err`, is recorded as
 //! a terminal 500 failure and replayed. (Only 503, or a status the user excludes with
-//! `record_status`, releases the key: `tests/http_layer.rs`,
-//! `tests/http_a_server_error_is_recorded_unless_503.rs`.)
+//! `record_status`, releases the key: `integration/tests/http/http_layer.rs`,
+//! `integration/tests/http/http_a_server_error_is_recorded_unless_503.rs`.)
 #![cfg(feature = "http")]
 
 use std::sync::Arc;

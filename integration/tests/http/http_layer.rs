@@ -89,7 +89,7 @@ async fn a_503_is_retryable_client_errors_are_replayed() {
     let app = counting(store(&dir), Arc::clone(&status), Arc::clone(&calls));
 
     // 503 (the default's only unrecorded status): nothing stored, the retry runs the handler
-    // again. (Other 5xx are recorded: tests/http_a_server_error_is_recorded_unless_503.rs.)
+    // again. (Other 5xx are recorded: integration/tests/http/http_a_server_error_is_recorded_unless_503.rs.)
     let (s, h, _) = body_of(
         app.clone()
             .oneshot(post_req("/things/1", Some("a"), "p"))

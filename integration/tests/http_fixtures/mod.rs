@@ -1,4 +1,4 @@
-//! Shared fixtures of the `Idempotency-Key` layer's tests (`tests/http_layer.rs` and the
+//! Shared fixtures of the `Idempotency-Key` layer's tests (`integration/tests/http/http_layer.rs` and the
 //! behaviour files `tests/http_*.rs`): requests, bodies and answers, driven with tower's
 //! `oneshot` (no sockets).
 

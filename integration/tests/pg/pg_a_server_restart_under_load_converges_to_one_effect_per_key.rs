@@ -209,7 +209,7 @@ fn a_server_restart_under_load_converges_to_one_effect_per_key() {
     if std::env::var(RESTART_ENV).as_deref() != Ok("1") {
         eprintln!(
             "skipped: this test restarts the PostgreSQL server, cutting every other test's sessions; \
-             set {RESTART_ENV}=1 and run this test binary alone to run it"
+             set {RESTART_ENV}=1 and run this test alone to run it"
         );
         return;
     }
