@@ -1,5 +1,5 @@
 //! The edge service's built binary (`CARGO_BIN_EXE_edge-service-under-test`), shared by the tests
-//! that run it in a child process (`edge_service_process`, `http_edge_service_sigkill`, ...).
+//! that run it in a child process (`the_edge_service_books_each_payment_once_and_stops_cleanly`, `readme_curl_session`, ...).
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Lines};

@@ -23,10 +23,8 @@ mod tmpfs;
 
 mod a_failed_first_start_leaves_no_file;
 mod edge_service_metrics;
-mod edge_service_process;
 mod edge_service_says_when_its_store_fail_stops;
-mod http_edge_service;
-mod http_edge_service_sigkill;
 mod http_the_example_checks_tenants_like_the_layer;
 mod pg_two_edge_services_share_one_database;
 mod readme_curl_session;
+mod the_edge_service_books_each_payment_once_and_stops_cleanly;

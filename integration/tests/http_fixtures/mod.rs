@@ -1,5 +1,5 @@
 //! Shared fixtures of the `Idempotency-Key` layer's tests (`integration/tests/http/http_layer.rs` and the
-//! behaviour files `tests/http_*.rs`): requests, bodies and answers, driven with tower's
+//! behaviour modules `integration/tests/http/http_*.rs`): requests, bodies and answers, driven with tower's
 //! `oneshot` (no sockets).
 
 #![allow(dead_code)]

@@ -1,4 +1,4 @@
-//! What the fleet tests (`tests/pg_*` of the scale-out issue) share on top of
+//! What the fleet tests (`integration/tests/pg/pg_*.rs`) share on top of
 //! `tests/common/pg.rs`: a schema of the test's own for stores on the server's clock (the
 //! harness's `PgHarness` injects a manual clock), the test's effect table, answers written as
 //! comparable text, child processes that re-run the test binary, the server's clock, the
