@@ -2,7 +2,8 @@
 //! (`--postgres URL`) on a PostgreSQL database shared by several replicas.
 //!
 //! ```text
-//! cargo run --release --example edge_service --features http [-- --help]
+//! cargo run --release -p edge-service [-- --help]
+//! cargo run --release -p edge-service --features metrics,tracing,postgres
 //! ```
 //!
 //! Flags (`--help` lists them): `--data DIR` (default `./data`, the store is `DIR/idem.redb`),
@@ -35,7 +36,8 @@
 //! before the handler runs; a handler that wrote in a transaction of its own would leave a gap
 //! where a crash after its write and before the layer recorded the answer lets a retry book the
 //! payment twice. So both POST handlers write the payment row and its ledger entry *inside*
-//! the transaction that records the answer ([`Idempotency::complete_with`]), together with an
+//! the transaction that records the answer
+//! ([`Idempotency::complete_with`](idem::http::Idempotency::complete_with)), together with an
 //! outbox event (topic `payments`, ordering key = the payment id, payload = the payment JSON,
 //! headers `type` = `payment.captured` / `payment.refunded` and `tenant`): a kill -9 at any
 //! moment either leaves the effect, its event and the answer, or none of them (the lease lapses

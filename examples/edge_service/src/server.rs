@@ -240,8 +240,8 @@ pub(crate) async fn run(args: Args, telemetry: Telemetry) -> Result<Stopped, Str
         }
         #[cfg(not(feature = "postgres"))]
         Some(_) => Err(
-            "this build has no PostgreSQL engine: build the example with \
-             --features http,postgres"
+            "this build has no PostgreSQL engine: build the service with \
+             --features postgres (cargo run -p edge-service --features postgres)"
                 .into(),
         ),
     }

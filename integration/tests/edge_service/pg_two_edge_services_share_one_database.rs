@@ -4,7 +4,7 @@
 //! either node, a different payload is 422 from either node, and each node's dispatcher
 //! publishes the events of the other's bookings too (the outbox is shared).
 //!
-//! Runs the example's binary, which `cargo test --features http,postgres` builds with the tests.
+//! Runs the service's binary (`edge_example::example_binary`), which Cargo builds with the tests.
 #![cfg(all(feature = "http", feature = "postgres", unix))]
 
 use crate::common;
