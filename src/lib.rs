@@ -165,7 +165,7 @@
 )]
 
 // The layers (docs/design.md, "Map"). Imports point one way: faces → messaging → engine →
-// model; `error` is shared (tests/layers_import_one_way.rs checks the direction).
+// model; `error` is shared (tests/format/layers_import_one_way.rs checks the direction).
 #[cfg(feature = "tokio")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 pub mod asynchronous;

@@ -11,7 +11,7 @@ use super::json::{canonical, labelled_json};
 use super::layer::BodyFingerprint;
 use crate::model::keys::Fingerprint;
 
-/// The tag when the body part is the body as sent. Pinned: tests/http_formats_are_pinned.rs.
+/// The tag when the body part is the body as sent. Pinned: integration/tests/http/http_formats_are_pinned.rs.
 pub(super) const TAG_RAW: &[u8] = b"idem-http-v1";
 /// The tag when the body part is the body's RFC 8785 canonical JSON ([`canonical`]).
 pub(super) const TAG_CANONICAL_JSON: &[u8] = b"idem-http-v1+jcs";

@@ -63,7 +63,7 @@
 //! effect per intent, across crashes) records its answer itself, in the same redb write
 //! transaction as its writes, through the [`Idempotency`] handle the layer puts in the request
 //! extensions ([`Idempotency::complete_with`]); the layer then passes that answer through.
-//! `examples/edge_service.rs` does this for payments.
+//! `examples/edge_service/` does this for payments.
 //!
 //! No runtime thread is blocked on disk: every store call runs on
 //! [`tokio::task::spawn_blocking`]. Once the handler started, it runs to the end in its own task
@@ -97,7 +97,7 @@
 //! | `whitebox.rs` | NOT PUBLIC API (`__internal_whitebox`): the parsers above, for idem's fuzz targets |
 //!
 //! The two stored formats are described in `docs/FORMAT.md` ("HTTP layer formats") and pinned
-//! by `tests/http_formats_are_pinned.rs`.
+//! by `integration/tests/http/http_formats_are_pinned.rs`.
 
 mod admit;
 mod answers;

@@ -47,7 +47,7 @@ pub enum InvalidTenant {
 ///
 /// For a service's own tenant extractor on the routes the layer does not cover (reads), so
 /// that every route takes the same tenants; pass the store's
-/// [`crate::store::Limits::max_tenant_len`] (`examples/edge_service.rs` does this).
+/// [`crate::store::Limits::max_tenant_len`] (`examples/edge_service/` does this).
 pub fn tenant_from_header(
     headers: &HeaderMap,
     name: &HeaderName,

@@ -540,7 +540,7 @@ mod tests {
     }
 
     /// Event ids are what consumers deduplicate on: a derivation never changes silently
-    /// (docs/FORMAT.md, "Outbox event ids"; tests/record_format.rs derives them independently).
+    /// (docs/FORMAT.md, "Outbox event ids"; tests/format/record_format.rs derives them independently).
     #[test]
     fn event_id_derivation_is_pinned() {
         assert_eq!(

@@ -11,7 +11,7 @@
 //! | `observe/` | what idem reports to `tracing` and `metrics` (features of those names): one face for every call site, one file per feature (`observe/mod.rs` has its table) |
 //!
 //! It sits between the engines and the model: engines import it, it imports only the model
-//! and `error.rs` (tests/layers_import_one_way.rs).
+//! and `error.rs` (tests/format/layers_import_one_way.rs).
 
 pub(crate) mod driver;
 pub(crate) mod group;

@@ -13,6 +13,16 @@ use idem::{
 };
 use tempfile::TempDir;
 
+/// The full name of the test function `name` of the module whose `module_path!()` is
+/// `module_path`, as the test harness knows it (for `--exact` when a test re-runs its own binary
+/// as a child process): the module's path without the crate's name, then `name`.
+pub fn test_name(module_path: &str, name: &str) -> String {
+    match module_path.split_once("::") {
+        Some((_, module)) => format!("{module}::{name}"),
+        None => name.to_owned(),
+    }
+}
+
 /// A fixed, realistic start time for every manual clock (2023-11-14).
 pub const T0: Timestamp = Timestamp(1_700_000_000_000);
 

@@ -1,12 +1,11 @@
 //! The conformance suite: one set of cases, written once against the [`Engine`] trait, run
-//! against every engine (`tests/conformance_redb.rs`, `tests/conformance_postgres.rs`).
+//! against every engine (`conformance_redb`, `conformance_postgres`: modules of this binary).
 //!
 //! The trait states the operations at the level the cases need; what a closure does is a
 //! [`Behavior`] (write one effect row, push outbox events, then answer, abort, fail a statement
 //! or panic), which each engine turns into a closure over its own transaction handle (`&Tx` on
 //! redb, `&mut PgTx` on PostgreSQL). Each engine's implementation lives next to this file
-//! (`redb_engine.rs`, `pg_engine.rs`) and is declared by its own test file, so neither test
-//! crate compiles the other's engine. [`conformance_tests!`] expands into one `#[test]` per
+//! (`redb_engine.rs`, `pg_engine.rs`; the PostgreSQL one only with the `postgres` feature). [`conformance_tests!`] expands into one `#[test]` per
 //! case; every case runs on a fresh store with a manual clock at `common::T0` and the settings
 //! below.
 

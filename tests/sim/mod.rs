@@ -1,5 +1,5 @@
 //! The fuzz targets' logic, shared by `fuzz/fuzz_targets/*.rs` (libFuzzer, nightly) and
-//! `tests/fuzz_corpus_replay.rs` (the checked-in corpus as an ordinary `cargo test` on stable).
+//! `integration/tests/fuzz_corpus/fuzz_corpus_replay.rs` (the checked-in corpus as an ordinary `cargo test` on stable).
 //! Each target module's `run(data)` decodes its input, drives idem, and panics on a broken
 //! invariant. `claim_race` and `engines_agree` share the schedule language (`schedule`), its
 //! reference model (`model`), the runner (`lockstep`) and its engines (`on_redb`, `on_postgres`).

@@ -1,0 +1,517 @@
+//! Crash-point enumeration: for each operation, count the `sync_data` calls
+//! S it makes, then for every k in 0..=S take the durable image as it was right after sync k
+//! (k = 0: before the operation), open a store on it and check the invariants:
+//!
+//! - the file opens;
+//! - effects per key ≤ 1 (and a retry after the crash brings every key to exactly 1);
+//! - a caller row exists iff its record (or inbox mark, or outbox event) exists: nothing is
+//!   half-applied;
+//! - an operation acknowledged by sync k is present in image k;
+//! - `Store::check_expiry_index` is Ok.
+//!
+//! Besides the sync images, every write the operation makes is a torn-commit crash point: the
+//! image where every write so far reached the disk (in order) but the next sync never ran. The
+//! same invariants hold there, with "acknowledged" meaning acknowledged by the syncs done.
+//!
+//! The outbox delivery mark (the dispatcher's commit after `Publisher::publish` returned Ok)
+//! is enumerated the same way: each event is either still pending (it will be published again,
+//! with the same id: at-least-once) or gone because the whole round's mark committed.
+//!
+//! Each test prints its figure (`crash points: <op>: S=…`); run with `--nocapture` to see them.
+
+// White-box hooks (`Store::check_expiry_index`): compiled only with the internal feature, which
+// this repository's own tests always have (Cargo.toml's dev-dependency on the package itself).
+#![cfg(feature = "__internal_whitebox")]
+
+use crate::common;
+
+use std::sync::mpsc;
+use std::thread;
+use std::time::Duration;
+
+use common::*;
+use idem::clock::ManualClock;
+use idem::error::BoxError;
+use idem::format::State;
+use idem::inbox::Processed;
+use idem::outbox::{DispatcherOptions, Event, EventId, OutboxEvent};
+use idem::{Begin, Outcome, Response, Scope, Store};
+
+fn open(backend: impl idem::redb::StorageBackend, clock: &ManualClock) -> Store {
+    Store::builder()
+        .clock(clock.clone())
+        .sweep_batch(2)
+        .open_with_backend(backend)
+        .expect("the crash image opens")
+}
+
+fn scope() -> Scope {
+    Scope::new("t", "op")
+}
+
+fn claim(store: &Store, key: &str) -> Result<Outcome, idem::Error> {
+    store.execute(req("t", "op", key, b"p"), |tx| {
+        bump(tx, key)?;
+        Ok(Response::new(201, key.to_owned()))
+    })
+}
+
+fn has_record(store: &Store, key: &str) -> bool {
+    store.get(&scope(), key).expect("get").is_some()
+}
+
+/// Runs `setup`, then `op` while counting syncs, then checks every crash image with the
+/// common invariants and `check(store, k, S, &ack)`. Returns S.
+fn enumerate<P, A>(
+    name: &str,
+    setup: impl FnOnce(&Store, &ManualClock) -> P,
+    op: impl FnOnce(&Store, &CountingBackend, P) -> A,
+    check: impl Fn(&Store, usize, usize, bool, &A),
+) -> usize {
+    enumerate_with_clock(name, setup, op, |store, _, k, s, torn, ack| {
+        check(store, k, s, torn, ack)
+    })
+}
+
+/// [`enumerate`], with the (shared, manual) clock passed to `check` too.
+fn enumerate_with_clock<P, A>(
+    name: &str,
+    setup: impl FnOnce(&Store, &ManualClock) -> P,
+    op: impl FnOnce(&Store, &CountingBackend, P) -> A,
+    check: impl Fn(&Store, &ManualClock, usize, usize, bool, &A),
+) -> usize {
+    let backend = CountingBackend::default();
+    let clock = ManualClock::new(T0);
+    let store = open(backend.clone(), &clock);
+    let prepared = setup(&store, &clock);
+    backend.mark();
+    let ack = op(&store, &backend, prepared);
+    let s = backend.syncs();
+    let images: Vec<(usize, Vec<u8>)> = (0..=s).map(|k| (k, backend.image_at_sync(k))).collect();
+    let torn = backend.torn_images();
+    assert!(s >= 1, "{name}: the operation never synced");
+    let n_torn = torn.len();
+    for (torn_image, (k, image)) in images
+        .into_iter()
+        .map(|i| (false, i))
+        .chain(torn.into_iter().map(|i| (true, i)))
+    {
+        let kind = if torn_image {
+            "torn commit after sync"
+        } else {
+            "crash after sync"
+        };
+        let ctx = format!("{name}, {kind} {k}/{s}");
+        let reopened = open(crash_backend_from_image(image), &clock);
+        for (label, n) in all_effects(&reopened) {
+            assert!(n <= 1, "{ctx}: {label} has {n} effects");
+        }
+        reopened
+            .check_expiry_index()
+            .unwrap_or_else(|e| panic!("{ctx}: expiry index: {e}"));
+        check(&reopened, &clock, k, s, torn_image, &ack);
+        assert!(reopened.failure().is_none(), "{ctx}");
+    }
+    eprintln!(
+        "crash points: {name}: S={s} syncs, {} sync images + {n_torn} torn-write images checked",
+        s + 1
+    );
+    drop(ack);
+    drop(store);
+    s
+}
+
+#[test]
+fn flow_a_claim() {
+    enumerate(
+        "flow-A claim",
+        |_, _| (),
+        |store, _, ()| {
+            assert!(matches!(claim(store, "a"), Ok(Outcome::Executed(_))));
+        },
+        |store, k, s, _, _| {
+            let rec = has_record(store, "a");
+            assert_eq!(rec, effects(store, "a") == 1, "k={k}: half-applied");
+            if k == s {
+                assert!(rec, "the acknowledged claim was lost");
+            }
+            // The retry after the crash: exactly one effect, whichever side of the crash.
+            let again = claim(store, "a").expect("retry");
+            assert_eq!(again.is_replay(), rec, "k={k}");
+            assert_eq!(effects(store, "a"), 1);
+        },
+    );
+}
+
+#[test]
+fn lease_begin() {
+    enumerate(
+        "lease begin",
+        |_, _| (),
+        |store, _, ()| acquired(store.begin(req("t", "op", "L", b"p"))),
+        |store, k, s, _, _| {
+            let rec = store.get(&scope(), "L").expect("get");
+            match &rec {
+                None => assert!(k < s, "the acknowledged lease was lost"),
+                Some(r) => assert!(matches!(r.state, State::Pending { .. }), "{r:?}"),
+            }
+            // A lease that landed was granted by the crashed store: the reopened store takes
+            // it over at once (attempt 2); one that did not land is claimed afresh.
+            match store.begin(req("t", "op", "L", b"p")) {
+                Ok(Begin::Acquired(lease)) => assert_eq!(
+                    lease.takeover_of(),
+                    rec.as_ref().map(|_| 1),
+                    "k={k}: {rec:?}"
+                ),
+                other => panic!("k={k}: {other:?}"),
+            }
+        },
+    );
+}
+
+#[test]
+fn lease_complete() {
+    enumerate(
+        "lease complete",
+        |store, _| acquired(store.begin(req("t", "op", "L", b"p"))),
+        |_, _, lease| {
+            lease
+                .complete(Response::new(201, "charged"))
+                .expect("complete")
+        },
+        |store, k, s, _, _| {
+            let rec = store
+                .get(&scope(), "L")
+                .expect("get")
+                .expect("the lease record was durable before the completion");
+            match &rec.state {
+                State::Pending { .. } => assert!(k < s, "the acknowledged completion was lost"),
+                State::Completed(r) => assert_eq!(r.body(), b"charged"),
+                other => panic!("k={k}: unexpected state {other:?}"),
+            }
+        },
+    );
+}
+
+#[test]
+fn inbox_process() {
+    enumerate(
+        "inbox process",
+        |_, _| (),
+        |store, _, ()| {
+            let r = store.process("sub", "m1", |tx| {
+                bump(tx, "m1")?;
+                Ok(())
+            });
+            assert!(matches!(r, Ok(Processed::Processed(()))), "{r:?}");
+        },
+        |store, k, s, _, _| {
+            let marked = store.inbox_mark("sub", "m1").expect("mark").is_some();
+            assert_eq!(marked, effects(store, "m1") == 1, "k={k}: half-applied");
+            if k == s {
+                assert!(marked, "the acknowledged message was lost");
+            }
+            let again = store
+                .process("sub", "m1", |tx| {
+                    bump(tx, "m1")?;
+                    Ok(())
+                })
+                .expect("redelivery");
+            assert_eq!(
+                matches!(again, Processed::Duplicate { .. }),
+                marked,
+                "k={k}"
+            );
+            assert_eq!(effects(store, "m1"), 1);
+        },
+    );
+}
+
+#[test]
+fn execute_with_outbox_event() {
+    enumerate(
+        "execute + outbox push",
+        |_, _| (),
+        |store, _, ()| {
+            let r = store.execute(req("t", "op", "o", b"p"), |tx| {
+                bump(tx, "o")?;
+                tx.outbox().push(Event::new("topic", b"x".to_vec()))?;
+                Ok(Response::new(201, "o"))
+            });
+            assert!(matches!(r, Ok(Outcome::Executed(_))), "{r:?}");
+        },
+        |store, k, s, _, _| {
+            let rec = has_record(store, "o");
+            let pending = store.outbox_stats().expect("stats").pending;
+            assert!(pending <= 1, "k={k}: {pending} events");
+            assert_eq!(rec, effects(store, "o") == 1, "k={k}: record vs caller row");
+            assert_eq!(rec, pending == 1, "k={k}: record vs outbox event");
+            if k == s {
+                assert!(rec, "the acknowledged execute was lost");
+            }
+        },
+    );
+}
+
+#[test]
+fn sweep_of_expired_records() {
+    const N: usize = 5;
+    let s = enumerate(
+        "sweep (5 expired records, batches of 2)",
+        |store, clock| {
+            for i in 0..N {
+                assert!(matches!(
+                    claim(store, &format!("s{i}")),
+                    Ok(Outcome::Executed(_))
+                ));
+            }
+            // Past the response window and the tombstone horizon: every record is forgotten.
+            clock.advance(Duration::from_secs(30 * 24 * 3600));
+        },
+        |store, _, ()| {
+            let report = store.sweep().expect("sweep");
+            assert_eq!(report.deleted, N as u64, "{report:?}");
+            assert_eq!(report.batches, 3, "{report:?}");
+        },
+        |store, k, s, torn, _| {
+            let rows = record_rows(store);
+            // Batches of 2 are all-or-nothing. A torn image may already hold a commit whose
+            // sync had not returned (its header write reached the disk): not acknowledged, so
+            // allowed; a sync image before the first sync holds none.
+            assert!(
+                [5, 3, 1, 0].contains(&rows),
+                "k={k}: {rows} rows: a torn batch"
+            );
+            if k == 0 && !torn {
+                assert_eq!(rows, N as u64, "nothing was swept before the first sync");
+            }
+            if k == s {
+                assert_eq!(rows, 0, "the acknowledged sweep was lost");
+            }
+            // Each record is either whole or gone; the caller's rows are never touched.
+            for i in 0..N {
+                let key = format!("s{i}");
+                if let Some(r) = store.get(&scope(), &key).expect("get") {
+                    assert!(matches!(r.state, State::Completed(_)), "{r:?}");
+                }
+                assert_eq!(effects(store, &key), 1);
+            }
+        },
+    );
+    assert!(s >= 3, "one sync per batch at least, got {s}");
+}
+
+#[test]
+fn group_commit_batch() {
+    const N: usize = 6;
+    enumerate(
+        "group-commit batch (gate + 6 threads)",
+        |_, _| (),
+        |store, backend, ()| {
+            let (held_tx, held_rx) = mpsc::channel::<()>();
+            let (release_tx, release_rx) = mpsc::channel::<()>();
+            let (done_tx, done_rx) = mpsc::channel();
+            let commits_before = store.metrics().commits;
+            thread::scope(|sc| {
+                let gate_done = done_tx.clone();
+                sc.spawn(move || {
+                    let r = store.execute(req("t", "op", "gate", b"p"), |tx| {
+                        bump(tx, "gate")?;
+                        held_tx.send(()).expect("test alive");
+                        release_rx.recv().expect("released");
+                        Ok(Response::new(200, "gate"))
+                    });
+                    assert!(matches!(r, Ok(Outcome::Executed(_))), "{r:?}");
+                    gate_done
+                        .send(("gate".to_owned(), backend.syncs()))
+                        .expect("test alive");
+                });
+                held_rx.recv().expect("gate holds the writer");
+                for i in 0..N {
+                    let done = done_tx.clone();
+                    sc.spawn(move || {
+                        let key = format!("g{i}");
+                        let r = claim(store, &key);
+                        assert!(matches!(r, Ok(Outcome::Executed(_))), "{r:?}");
+                        // Read after the answer: an upper bound on the sync that made it durable.
+                        done.send((key, backend.syncs())).expect("test alive");
+                    });
+                    wait_for_queue(store, i + 1);
+                }
+                release_tx.send(()).expect("gate alive");
+            });
+            let acks: Vec<(String, usize)> = done_rx.try_iter().collect();
+            assert_eq!(acks.len(), N + 1);
+            let commits = store.metrics().commits - commits_before;
+            assert!(
+                commits < (N + 1) as u64,
+                "the queued callers were not batched ({commits} commits)"
+            );
+            acks
+        },
+        |store, k, _, _, acks| {
+            for (key, acked_by) in acks {
+                let rec = has_record(store, key);
+                assert_eq!(rec, effects(store, key) == 1, "k={k}, {key}: half-applied");
+                if *acked_by <= k {
+                    assert!(
+                        rec,
+                        "k={k}: {key}, acknowledged by sync {acked_by}, was lost"
+                    );
+                }
+            }
+        },
+    );
+}
+
+/// Waits (bounded, real time) for a background dispatcher's progress.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// The pending outbox events as (payload, id, failed attempts), in commit order.
+fn pending(store: &Store) -> Vec<(String, EventId, u32)> {
+    store
+        .pending_events(100)
+        .expect("pending events")
+        .into_iter()
+        .map(|e| {
+            (
+                String::from_utf8_lossy(&e.payload).into_owned(),
+                e.id,
+                e.failed_attempts,
+            )
+        })
+        .collect()
+}
+
+/// Four committed events (a1, a2 with ordering key "a", b1 with key "b", c1 with no key),
+/// each pushed by a flow-A claim that also bumps its caller row. The dispatcher's first round
+/// publishes all four: a1, a2 and b1 succeed, c1 fails once. The round's delivery marks (three
+/// deletions) and c1's failure record (attempts 1, a retry time) commit in one write
+/// transaction. Every crash image holds all four events untouched (the mark was lost: all four
+/// are published again) or only c1 with one failed attempt (the mark committed) — never a
+/// subset of the deletions, nor the deletions without the failure record or the reverse. The
+/// business rows and records are never touched; a dispatcher on the reopened store publishes
+/// exactly the events still pending, with their original ids, a1 before a2.
+#[test]
+fn outbox_delivered_mark() {
+    const EVENTS: [(&str, Option<&str>); 4] = [
+        ("a1", Some("a")),
+        ("a2", Some("a")),
+        ("b1", Some("b")),
+        ("c1", None),
+    ];
+    enumerate_with_clock(
+        "outbox delivered mark (dispatcher round: 3 delivered, 1 failed)",
+        |store, _| {
+            for (name, key) in EVENTS {
+                let r = store.execute(req("t", "op", name, b"p"), |tx| {
+                    bump(tx, name)?;
+                    let mut event = Event::new("topic", name.as_bytes().to_vec());
+                    if let Some(key) = key {
+                        event = event.ordering_key(key);
+                    }
+                    tx.outbox().push(event)?;
+                    Ok(Response::new(201, name.to_owned()))
+                });
+                assert!(matches!(r, Ok(Outcome::Executed(_))), "{r:?}");
+            }
+            let before = pending(store);
+            assert_eq!(before.len(), EVENTS.len());
+            assert!(before.iter().all(|(_, _, failed)| *failed == 0));
+            before
+        },
+        |store, backend, before| {
+            let (tx, calls) = mpsc::channel::<(String, EventId)>();
+            let handle = store
+                .start_dispatcher(
+                    move |e: &OutboxEvent| -> Result<(), BoxError> {
+                        let name = String::from_utf8_lossy(&e.payload).into_owned();
+                        let _ = tx.send((name.clone(), e.id));
+                        if name == "c1" {
+                            Err("broker refused c1".into())
+                        } else {
+                            Ok(())
+                        }
+                    },
+                    // The failed event's retry is a minute away on the manual clock, which
+                    // does not move: the round's mark is the only commit.
+                    DispatcherOptions::new()
+                        .backoff(Duration::from_secs(60), Duration::from_secs(120))
+                        .idle_recheck(Duration::from_secs(3600)),
+                )
+                .expect("start dispatcher");
+            wait_until("the round's delivery mark", || {
+                let m = store.outbox_metrics();
+                m.delivered == 3 && m.publish_failures == 1
+            });
+            handle.shutdown().expect("shutdown");
+            let published: Vec<(String, EventId)> = calls.try_iter().collect();
+            let names: Vec<&str> = published.iter().map(|(n, _)| n.as_str()).collect();
+            assert_eq!(names, ["a1", "a2", "b1", "c1"], "one round, commit order");
+            let after = pending(store);
+            assert_eq!(after.len(), 1, "{after:?}");
+            assert_eq!((after[0].0.as_str(), after[0].2), ("c1", 1));
+            // Only the mark committed since the mark() in enumerate.
+            assert_eq!(backend.syncs(), 1, "the delivery mark is one commit");
+            before
+        },
+        |store, clock, k, s, torn, before| {
+            let now = pending(store);
+            let untouched = now == *before;
+            let marked =
+                now.len() == 1 && now[0].0 == "c1" && now[0].1 == before[3].1 && now[0].2 == 1;
+            assert!(
+                untouched || marked,
+                "k={k}/{s} torn={torn}: half-applied delivery mark: {now:?}"
+            );
+            if k == 0 && !torn {
+                assert!(untouched, "marked before its commit");
+            }
+            if k == s && !torn {
+                assert!(marked, "the acknowledged delivery mark was lost");
+            }
+            assert_eq!(store.outbox_stats().expect("stats").dead, 0);
+            // Business rows and records untouched.
+            for (name, _) in EVENTS {
+                assert_eq!(effects(store, name), 1, "k={k}: {name}");
+                let rec = store.get(&scope(), name).expect("get").expect("record");
+                assert!(matches!(rec.state, State::Completed(_)), "{rec:?}");
+            }
+            // At-least-once: a dispatcher on the reopened store publishes exactly what is
+            // still pending, with the original ids, in per-key commit order. The failed
+            // event's retry (at most two minutes away) is made due by moving the clock.
+            let (tx, calls) = mpsc::channel::<(String, EventId)>();
+            let handle = store
+                .start_dispatcher(
+                    move |e: &OutboxEvent| -> Result<(), BoxError> {
+                        let _ = tx.send((String::from_utf8_lossy(&e.payload).into_owned(), e.id));
+                        Ok(())
+                    },
+                    DispatcherOptions::new().idle_recheck(Duration::from_millis(20)),
+                )
+                .expect("start dispatcher");
+            if marked {
+                // Records keep a day: three minutes per image changes no answer.
+                clock.advance(Duration::from_secs(180));
+                handle.wake();
+            }
+            wait_until("redelivery", || {
+                store.outbox_stats().expect("stats").pending == 0
+            });
+            handle.shutdown().expect("shutdown");
+            let redelivered: Vec<(String, EventId)> = calls.try_iter().collect();
+            let expected: Vec<(String, EventId)> =
+                now.iter().map(|(n, id, _)| (n.clone(), *id)).collect();
+            assert_eq!(redelivered, expected, "k={k}: redelivery");
+        },
+    );
+}

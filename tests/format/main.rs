@@ -1,0 +1,13 @@
+//! What is pinned: the record format (docs/FORMAT.md), idem's reserved tables, files that are
+//! not stores, and the layering of `src/` (each layer imports only the ones below it).
+//!
+//! One module per behaviour, named by the sentence it proves (`cargo test --test format -- <module>::`
+//! runs one); the shared helpers are modules of this binary too.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod empty_file_is_not_a_store;
+mod layers_import_one_way;
+mod record_format;
+mod reserved_tables;
