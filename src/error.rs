@@ -63,16 +63,37 @@ impl std::fmt::Display for Field {
     }
 }
 
-/// Everything that can go wrong in `idem`.
+/// Everything that can go wrong in `idem`, by what the caller does about it. Every variant is in
+/// this table ([`Error::is_retryable`] answers the last column in code); its own doc and message
+/// say more.
 ///
-/// Variants fall in four groups:
-/// - the request itself is wrong (`Empty`, `TooLong`, `PayloadMismatch`, `ResponseTooLarge`,
-///   `Fingerprint`, `ReservedTable`): fix the caller, retrying the same request will fail again;
-/// - the attempt lost its right to finish (`LeaseLost`): stop, another attempt owns the key;
-/// - the caller's closure asked for a retry (`Aborted`): nothing was written, retry later;
-/// - storage trouble (`Storage`, `OutcomeUnknown`, `FailStopped`, `CorruptRecord`,
-///   `CorruptStore`, `ExpiryIndexMismatch`, `UnsupportedFormat`, `NeedsRecovery`,
-///   `RepairAborted`, `AlreadyOpen`, `Config`, `InUse`, `Spawn`): see each variant.
+/// | variant | what happened | what to do | retry helps |
+/// |---|---|---|---|
+/// | [`Empty`](Error::Empty), [`TooLong`](Error::TooLong) | a tenant, operation or key is empty or too long | fix the caller | no |
+/// | [`PayloadMismatch`](Error::PayloadMismatch) | the key was first used with another request | a new intent needs a new key | no |
+/// | [`ResponseTooLarge`](Error::ResponseTooLarge) | the answer is over the stored-answer cap | store a pointer to the resource instead | no |
+/// | [`Fingerprint`](Error::Fingerprint) | a fingerprint given by hand is malformed | fix the caller | no |
+/// | [`AnswerEncoding`](Error::AnswerEncoding) | a typed answer could not be encoded | use a type postcard encodes | no |
+/// | [`ReservedTable`](Error::ReservedTable) | the closure opened one of idem's own tables | rename the table | no |
+/// | [`Reentrant`](Error::Reentrant) | a store write from inside that store's closure | use the `Tx`, or call after the closure | no |
+/// | [`LeaseLost`](Error::LeaseLost) | the lease lapsed and another attempt took the key | stop: the other attempt finishes | no |
+/// | [`Aborted`](Error::Aborted) | the closure returned a retryable error; nothing was written | retry the same request | yes |
+/// | [`Busy`](Error::Busy) | the write queue stayed full | retry later (HTTP 503) | yes |
+/// | [`OutcomeUnknown`](Error::OutcomeUnknown) | a commit failed; it may have landed | retry with the same key (a file store: after a reopen) | yes |
+/// | [`FailStopped`](Error::FailStopped) | an earlier I/O failure stopped all writes | check the disk, reopen the store, then retry | yes |
+/// | [`Storage`](Error::Storage) | the storage engine failed (I/O, PostgreSQL) | see its source; retry if it was transient | yes |
+/// | [`Spawn`](Error::Spawn) | the OS refused a background thread | free resources, retry | yes |
+/// | [`Random`](Error::Random) | the OS random source failed | check the platform | no |
+/// | [`AlreadyOpen`](Error::AlreadyOpen) | the file is open elsewhere | drop the other `Store` or stop the other process | no |
+/// | [`InUse`](Error::InUse) | `compact`, `check_integrity` or a dispatcher needs the store to itself | drop the other handles | no |
+/// | [`Config`](Error::Config) | an invalid setting | fix the builder call | no |
+/// | [`CorruptRecord`](Error::CorruptRecord) | one stored record cannot be decoded | inspect or purge that key | no |
+/// | [`CorruptStore`](Error::CorruptStore) | the file is damaged or not an idem store | `idem check`; docs/OPERATIONS.md | no |
+/// | [`ExpiryIndexMismatch`](Error::ExpiryIndexMismatch) | `check_integrity`: the expiry index disagrees with the records | `sweep`; answers are unaffected | no |
+/// | [`UnsupportedFormat`](Error::UnsupportedFormat) | a record from a newer idem | open with that release | no |
+/// | [`NeedsRecovery`](Error::NeedsRecovery) | a read-only open of a file that needs crash recovery | open it for writing once, or `idem recover` | no |
+/// | [`RepairAborted`](Error::RepairAborted) | the `on_repair` callback abandoned the repair | open again without aborting | no |
+/// | [`Internal`](Error::Internal) | a broken invariant: a bug in idem | report it | no |
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -374,5 +395,70 @@ fn in_use_message(operation: &str, reason: &str) -> String {
         _ => format!(
             "{operation} needs exclusive use of the store, but {reason}: finish or release every Lease, drop every other Store clone and every read transaction, then call {operation} again"
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The `Error` doc's table names every variant once, and its last column is
+    //! `Error::is_retryable`: both read from this file's source, so a new variant or a changed
+    //! retry rule fails here until the table says it.
+
+    use std::collections::BTreeSet;
+
+    const SOURCE: &str = include_str!("error.rs");
+
+    fn section<'a>(from: &str, to: &str) -> &'a str {
+        let start = SOURCE.find(from).expect("the marker is in this file");
+        let end = start + SOURCE[start..].find(to).expect("the end marker follows it");
+        &SOURCE[start..end]
+    }
+
+    /// The variants declared in `pub enum Error`.
+    fn variants() -> BTreeSet<String> {
+        section("pub enum Error {", "\n}\n")
+            .lines()
+            .filter_map(|l| l.strip_prefix("    "))
+            .filter(|l| l.starts_with(|c: char| c.is_ascii_uppercase()))
+            .map(|l| l.trim_end_matches([',', '{', ' ']).to_string())
+            .collect()
+    }
+
+    /// (variant, retry column) for each variant named in the table's rows.
+    fn table() -> Vec<(String, String)> {
+        let mut rows = Vec::new();
+        for line in section("/// | variant |", "#[derive(").lines().skip(2) {
+            let cells: Vec<&str> = line.trim_start_matches("///").split('|').collect();
+            let retry = cells[cells.len() - 2].trim().to_string();
+            for name in cells[1].split("(Error::").skip(1) {
+                let name = name.split(')').next().expect("a link ends with `)`");
+                rows.push((name.to_string(), retry.clone()));
+            }
+        }
+        rows
+    }
+
+    #[test]
+    fn the_error_doc_names_every_variant_once() {
+        let named: Vec<String> = table().into_iter().map(|(n, _)| n).collect();
+        let unique: BTreeSet<String> = named.iter().cloned().collect();
+        assert_eq!(named.len(), unique.len(), "a variant is in the table twice: {named:?}");
+        assert_eq!(unique, variants(), "the table and the enum differ");
+    }
+
+    #[test]
+    fn the_error_doc_retry_column_is_is_retryable() {
+        let retryable: BTreeSet<String> = section("pub fn is_retryable", "\n    }\n")
+            .split("Error::")
+            .skip(1)
+            .map(|s| s.split(' ').next().expect("a variant name").to_string())
+            .collect();
+        let said: BTreeSet<String> = table()
+            .into_iter()
+            .filter(|(_, retry)| retry == "yes")
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(said, retryable);
+        assert!(table().iter().all(|(_, r)| r == "yes" || r == "no"));
     }
 }
