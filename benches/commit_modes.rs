@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use bench_common::workload::{request, response};
 use bench_common::{bench_parent, env_parse, git_commit, median};
 use idem::redb::{self, ReadableDatabase, TableDefinition};
-use idem::{Durability, Outcome, Store};
+use idem::{Durability, ExecuteAnswer, Store};
 
 const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idem.records.v1");
 const EXPIRY: TableDefinition<&[u8], u8> = TableDefinition::new("idem.expiry.v1");
@@ -56,7 +56,7 @@ fn build(path: &Path, n: u64) {
                     let outcome = store
                         .execute(request(&key), |_| Ok(response()))
                         .expect("fill");
-                    assert!(matches!(outcome, Outcome::Executed(_)), "{key}: a new key");
+                    assert!(matches!(outcome, ExecuteAnswer::Ran(_)), "{key}: a new key");
                 }
             });
         }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use bench_common::env_parse;
 use idem::redb::TableDefinition;
-use idem::{Begin, Outcome, Request, Response, Scope, Store};
+use idem::{BeginAnswer, ExecuteAnswer, Request, Response, Scope, Store};
 
 const EFFECTS: TableDefinition<&[u8], u64> = TableDefinition::new("effects");
 const RUNS: usize = 5;
@@ -31,7 +31,7 @@ fn claim(store: &Store, i: usize) {
             Ok(Response::new(201, r#"{"ok":true}"#))
         })
         .unwrap_or_else(|e| panic!("claim {i}: {e}"));
-    assert!(matches!(outcome, Outcome::Executed(_)));
+    assert!(matches!(outcome, ExecuteAnswer::Ran(_)));
 }
 
 fn summary(name: &str, unit: &str, mut rates: Vec<f64>) {
@@ -80,7 +80,7 @@ fn main() {
         let t = Instant::now();
         for i in n..2 * n {
             match store.begin(req(i)).expect("begin") {
-                Begin::Acquired(lease) => {
+                BeginAnswer::Acquired(lease) => {
                     lease
                         .complete(Response::new(201, "charged"))
                         .expect("complete");

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use bench_common::workload::{OPERATION, TENANT, payload, request, response};
 use bench_common::{env_parse, git_commit, percentile, quick};
 use idem::postgres::PgStore;
-use idem::{Outcome, Response};
+use idem::{ExecuteAnswer, Response};
 
 #[derive(Clone, Copy)]
 struct Settings {
@@ -163,7 +163,7 @@ fn idem_run(url: &str, callers: usize, secs: f64, tag: &str) -> Sample {
                     Ok(response())
                 })
                 .expect("claim");
-            assert!(matches!(outcome, Outcome::Executed(_)));
+            assert!(matches!(outcome, ExecuteAnswer::Ran(_)));
         }
     });
     drop(store);
@@ -276,7 +276,7 @@ fn child(url: &str) {
                     Ok(Response::new(201, r#"{"ok":true}"#))
                 })
                 .expect("claim");
-            assert!(matches!(outcome, Outcome::Executed(_)));
+            assert!(matches!(outcome, ExecuteAnswer::Ran(_)));
         }
     });
     println!("{} {}", sample.claims, sample.elapsed.as_millis());

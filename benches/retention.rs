@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use bench_common::{bench_parent, env_parse, percentile};
 use idem::clock::ManualClock;
 use idem::redb::{ReadableTableMetadata, TableDefinition, TableStats};
-use idem::{Durability, Outcome, Request, Response, Scope, Store, Timestamp};
+use idem::{Durability, ExecuteAnswer, Request, Response, Scope, Store, Timestamp};
 
 /// The caller's own table: one tiny write per claim of the claimers, in the claim's transaction.
 const EFFECTS: TableDefinition<&[u8], u64> = TableDefinition::new("effects");
@@ -73,7 +73,7 @@ fn claim(store: &Store, op: &str, key: &str, caller_write: bool) {
         })
         .unwrap_or_else(|e| panic!("claim {key}: {e}"));
     assert!(
-        matches!(outcome, Outcome::Executed(_)),
+        matches!(outcome, ExecuteAnswer::Ran(_)),
         "claim {key}: {outcome:?}"
     );
 }
@@ -98,7 +98,7 @@ fn table_bytes(s: &TableStats) -> (u64, u64) {
 }
 
 fn table_report(store: &Store, n: usize) -> String {
-    let read = store.begin_read().expect("read");
+    let read = store.read_transaction().expect("read");
     let records = read
         .open_table(RECORDS)
         .expect("records")

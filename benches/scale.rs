@@ -30,20 +30,20 @@ use bench_common::workload::{request, response};
 use bench_common::{
     bench_parent, copy_synced, env_parse, git_commit, median, percentile, quick, rss_mib,
 };
-use idem::{Durability, Outcome, Store, StoreBuilder};
+use idem::{Durability, ExecuteAnswer, Store, StoreBuilder};
 
 fn claim(store: &Store, key: &str) {
     let outcome = store
         .execute(request(key), |_| Ok(response()))
         .expect("claim");
-    assert!(matches!(outcome, Outcome::Executed(_)), "{key}");
+    assert!(matches!(outcome, ExecuteAnswer::Ran(_)), "{key}");
 }
 
 fn replay(store: &Store, key: &str) {
     let outcome = store
         .execute(request(key), |_| panic!("a replay runs nothing"))
         .expect("replay");
-    assert!(matches!(outcome, Outcome::Replayed(_)), "{key}");
+    assert!(matches!(outcome, ExecuteAnswer::Replayed(_)), "{key}");
 }
 
 fn existing(i: u64) -> String {

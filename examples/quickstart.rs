@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use idem::redb::{ReadableTableMetadata, TableDefinition};
-use idem::{Abort, Begin, Error, Outcome, Request, Response, Scope, Store};
+use idem::{Abort, BeginAnswer, Error, ExecuteAnswer, Request, Response, Scope, Store};
 
 /// The caller's own table: order id → quantity. It lives in the same file as idem's records.
 const ORDERS: TableDefinition<&str, u32> = TableDefinition::new("orders");
@@ -52,7 +52,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     println!("== Flow A: the order row and the idempotency record commit in one transaction");
     let scope = Scope::new("tenant-42", "create_order");
-    let create = |key: &str, quantity: u32| -> Result<Outcome, Error> {
+    let create = |key: &str, quantity: u32| -> Result<ExecuteAnswer, Error> {
         let payload = CreateOrder {
             sku: "sku-1",
             quantity,
@@ -114,7 +114,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         b"amount=4200",
     );
     match store.begin(charge.clone())? {
-        Begin::Acquired(stalled) => {
+        BeginAnswer::Acquired(stalled) => {
             let key = stalled.downstream_key().to_hex();
             let charge_id = provider.charge(&key);
             println!(
@@ -125,7 +125,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             std::thread::sleep(Duration::from_millis(350));
             println!("  worker 1's lease lapsed (300 ms)");
             match store.begin(charge.clone())? {
-                Begin::Acquired(worker2) => {
+                BeginAnswer::Acquired(worker2) => {
                     let key2 = worker2.downstream_key().to_hex();
                     let charge_id = provider.charge(&key2);
                     println!(
@@ -147,17 +147,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 other => println!("  worker 1 wakes up: {other:?}"),
             }
         }
-        Begin::Replayed(r) => println!("  already charged earlier: {}", text(&r)),
-        Begin::InFlight { retry_after } => println!("  in flight, retry after {retry_after:?}"),
-        Begin::Expired(t) => println!("  charged long ago (status {})", t.status()),
+        BeginAnswer::Replayed(r) => println!("  already charged earlier: {}", text(&r)),
+        BeginAnswer::InFlight { retry_after } => {
+            println!("  in flight, retry after {retry_after:?}")
+        }
+        BeginAnswer::Expired(t) => println!("  charged long ago (status {})", t.status()),
     }
     match store.begin(charge)? {
-        Begin::Replayed(r) => println!("  a client retry replays: {} {}", r.status(), text(&r)),
+        BeginAnswer::Replayed(r) => {
+            println!("  a client retry replays: {} {}", r.status(), text(&r))
+        }
         other => println!("  a client retry: {other:?}"),
     }
 
     // Reads of your own tables go through a read transaction on the same file.
-    let orders = store.begin_read()?.open_table(ORDERS)?.len()?;
+    let orders = store.read_transaction()?.open_table(ORDERS)?.len()?;
     println!("\norders table rows: {orders} (one per intent, however often it was retried)");
     Ok(())
 }
@@ -166,29 +170,29 @@ fn text(r: &Response) -> String {
     String::from_utf8_lossy(r.body()).into_owned()
 }
 
-fn show(what: &str, result: &Result<Outcome, Error>) {
+fn show(what: &str, result: &Result<ExecuteAnswer, Error>) {
     match result {
-        Ok(Outcome::Executed(r)) if r.is_failure() => {
+        Ok(ExecuteAnswer::Ran(r)) if r.is_failure() => {
             println!(
                 "  {what:<38} -> Executed (failed)  {} {}",
                 r.status(),
                 text(r)
             )
         }
-        Ok(Outcome::Executed(r)) => println!(
+        Ok(ExecuteAnswer::Ran(r)) => println!(
             "  {what:<38} -> Executed           {} {}",
             r.status(),
             text(r)
         ),
-        Ok(Outcome::Replayed(r)) => println!(
+        Ok(ExecuteAnswer::Replayed(r)) => println!(
             "  {what:<38} -> Replayed           {} {}",
             r.status(),
             text(r)
         ),
-        Ok(Outcome::InFlight { retry_after }) => {
+        Ok(ExecuteAnswer::InFlight { retry_after }) => {
             println!("  {what:<38} -> InFlight, retry after {retry_after:?}")
         }
-        Ok(Outcome::Expired(t)) => println!(
+        Ok(ExecuteAnswer::Expired(t)) => println!(
             "  {what:<38} -> Expired            {} (done long ago; the body is gone)",
             t.status()
         ),

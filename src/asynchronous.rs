@@ -27,7 +27,7 @@
 //! # let dir = tempfile::tempdir()?;
 //! use idem::asynchronous::AsyncStore;
 //! use idem::redb::TableDefinition;
-//! use idem::{Outcome, Request, Response, Scope, Store};
+//! use idem::{ExecuteAnswer, Request, Response, Scope, Store};
 //!
 //! const ORDERS: TableDefinition<&str, u32> = TableDefinition::new("orders");
 //!
@@ -41,8 +41,8 @@
 //!         })
 //!         .await
 //! };
-//! assert!(matches!(place().await?, Outcome::Executed(_)));
-//! assert!(matches!(place().await?, Outcome::Replayed(_)));
+//! assert!(matches!(place().await?, ExecuteAnswer::Ran(_)));
+//! assert!(matches!(place().await?, ExecuteAnswer::Replayed(_)));
 //! # Ok(())
 //! # }
 //! ```
@@ -55,10 +55,10 @@ use tokio::sync::Semaphore;
 
 use crate::backend::{Backend, BackendLease, TxOf};
 use crate::error::BoxError;
-use crate::inbox::{Processed, Receipt};
+use crate::inbox::{ProcessAnswer, ReceiveAnswer};
 use crate::model::keys::DownstreamKey;
-use crate::outbox::{DispatcherHandle, DispatcherOptions, OutboxEvent, Publisher};
-use crate::{Abort, Begin, Claim, Error, Outcome, Request, Response, Store, Timestamp};
+use crate::outbox::{DispatcherHandle, DispatcherOptions, Publisher, StoredEvent};
+use crate::{Abort, BeginAnswer, Claim, Error, ExecuteAnswer, Request, Response, Store, Timestamp};
 
 /// How often `begin_wait` asks again while another attempt is in flight (it sleeps between
 /// asks: no thread waits).
@@ -134,25 +134,25 @@ impl<B: Backend> AsyncStore<B> {
 
     /// Flow A ([`crate::Store::execute`]): `f` runs at most once per intent, on the blocking
     /// pool, in the transaction that records its result.
-    pub async fn execute<F>(&self, request: Request, mut f: F) -> Result<Outcome, Error>
+    pub async fn execute<F>(&self, request: Request, mut f: F) -> Result<ExecuteAnswer, Error>
     where
         F: for<'t> FnMut(TxOf<'t, B>) -> Result<Response, Abort> + Send + 'static,
     {
         let store = self.store.clone();
         // `f` is Send + 'static: the engine may run it on the thread that holds the batch.
-        self.admitted(move || store.execute_send(request, move |tx| f(tx)))
+        self.admitted(move || store.execute_on_writer(request, move |tx| f(tx)))
             .await
     }
 
     /// Flow B ([`crate::Store::begin`]): claims the key with a lease, or answers without one.
-    pub async fn begin(&self, request: Request) -> Result<Begin<AsyncLease<B>>, Error> {
+    pub async fn begin(&self, request: Request) -> Result<BeginAnswer<AsyncLease<B>>, Error> {
         let store = self.store.clone();
         let begun = self.admitted(move || store.begin(request)).await?;
         Ok(match begun {
-            Begin::Acquired(lease) => Begin::Acquired(AsyncLease::new(lease)),
-            Begin::Replayed(r) => Begin::Replayed(r),
-            Begin::InFlight { retry_after } => Begin::InFlight { retry_after },
-            Begin::Expired(t) => Begin::Expired(t),
+            BeginAnswer::Acquired(lease) => BeginAnswer::Acquired(AsyncLease::new(lease)),
+            BeginAnswer::Replayed(r) => BeginAnswer::Replayed(r),
+            BeginAnswer::InFlight { retry_after } => BeginAnswer::InFlight { retry_after },
+            BeginAnswer::Expired(t) => BeginAnswer::Expired(t),
         })
     }
 
@@ -161,7 +161,10 @@ impl<B: Backend> AsyncStore<B> {
     /// once. The claim learns this call's holder token when the call returns: if this future is
     /// dropped before then, a retry does not recognise what the abandoned call may have
     /// written (it waits for that lease to lapse, as a plain `begin` does).
-    pub async fn begin_claim(&self, claim: &mut Claim) -> Result<Begin<AsyncLease<B>>, Error> {
+    pub async fn begin_claim(
+        &self,
+        claim: &mut Claim,
+    ) -> Result<BeginAnswer<AsyncLease<B>>, Error> {
         let store = self.store.clone();
         let mut sent = claim.clone();
         let (begun, sent) = self
@@ -172,31 +175,31 @@ impl<B: Backend> AsyncStore<B> {
             .await?;
         *claim = sent;
         Ok(match begun? {
-            Begin::Acquired(lease) => Begin::Acquired(AsyncLease::new(lease)),
-            Begin::Replayed(r) => Begin::Replayed(r),
-            Begin::InFlight { retry_after } => Begin::InFlight { retry_after },
-            Begin::Expired(t) => Begin::Expired(t),
+            BeginAnswer::Acquired(lease) => BeginAnswer::Acquired(AsyncLease::new(lease)),
+            BeginAnswer::Replayed(r) => BeginAnswer::Replayed(r),
+            BeginAnswer::InFlight { retry_after } => BeginAnswer::InFlight { retry_after },
+            BeginAnswer::Expired(t) => BeginAnswer::Expired(t),
         })
     }
 
     /// Like [`AsyncStore::begin`], but while another attempt is in flight, waits (sleeping,
     /// not blocking a thread) up to `max_wait` for it to finish, release or lapse, asking again
     /// every 20 ms or at the hinted `retry_after`, whichever is sooner. Returns
-    /// `Begin::InFlight` if it is still in flight after `max_wait`.
+    /// `BeginAnswer::InFlight` if it is still in flight after `max_wait`.
     pub async fn begin_wait(
         &self,
         request: Request,
         max_wait: Duration,
-    ) -> Result<Begin<AsyncLease<B>>, Error> {
+    ) -> Result<BeginAnswer<AsyncLease<B>>, Error> {
         let give_up = Instant::now().checked_add(max_wait);
         // One claim for every ask: an ask whose answer was lost is recognised by the next.
         let mut claim = Claim::new(request);
         loop {
             match self.begin_claim(&mut claim).await? {
-                Begin::InFlight { retry_after } => {
+                BeginAnswer::InFlight { retry_after } => {
                     let now = Instant::now();
                     let pause = match give_up {
-                        Some(t) if now >= t => return Ok(Begin::InFlight { retry_after }),
+                        Some(t) if now >= t => return Ok(BeginAnswer::InFlight { retry_after }),
                         Some(t) => (t - now).min(WAIT_POLL).min(retry_after),
                         None => WAIT_POLL.min(retry_after),
                     };
@@ -213,7 +216,7 @@ impl<B: Backend> AsyncStore<B> {
         subscriber: impl Into<String>,
         message_id: impl Into<Vec<u8>>,
         mut f: F,
-    ) -> Result<Processed<T>, Error>
+    ) -> Result<ProcessAnswer<T>, Error>
     where
         T: Send + 'static,
         F: for<'t> FnMut(TxOf<'t, B>) -> Result<T, Abort> + Send + 'static,
@@ -231,7 +234,7 @@ impl<B: Backend> AsyncStore<B> {
         source: impl Into<String>,
         delivery_id: impl Into<Vec<u8>>,
         mut f: F,
-    ) -> Result<Receipt<T>, Error>
+    ) -> Result<ReceiveAnswer<T>, Error>
     where
         T: Send + 'static,
         F: for<'t> FnMut(TxOf<'t, B>) -> Result<T, Abort> + Send + 'static,
@@ -245,7 +248,10 @@ impl<B: Backend> AsyncStore<B> {
     /// Flow B's claim for a face that keeps the engine's own lease (the HTTP layer holds it in
     /// a slot shared with its heartbeats): an admission like [`AsyncStore::begin`].
     #[cfg(feature = "http")]
-    pub(crate) async fn begin_held(&self, request: Request) -> Result<Begin<B::Lease>, Error> {
+    pub(crate) async fn begin_held(
+        &self,
+        request: Request,
+    ) -> Result<BeginAnswer<B::Lease>, Error> {
         let store = self.store.clone();
         self.admitted(move || store.begin(request)).await
     }
@@ -414,7 +420,7 @@ impl<B: Backend> Drop for AsyncLease<B> {
 /// [`start_dispatcher`]. Return `Ok` only once the broker has accepted the event.
 pub trait AsyncPublisher: Send + 'static {
     /// Publishes one event.
-    fn publish(&mut self, event: &OutboxEvent)
+    fn publish(&mut self, event: &StoredEvent)
     -> impl Future<Output = Result<(), BoxError>> + Send;
 }
 
@@ -425,7 +431,7 @@ struct Bridge<P> {
 }
 
 impl<P: AsyncPublisher> Publisher for Bridge<P> {
-    fn publish(&mut self, event: &OutboxEvent) -> Result<(), BoxError> {
+    fn publish(&mut self, event: &StoredEvent) -> Result<(), BoxError> {
         let Bridge { publisher, runtime } = self;
         runtime.block_on(publisher.publish(event))
     }

@@ -6,10 +6,12 @@
 //! engine's own transaction handle ([`BackendLease::Tx`]: `&Tx` on the file store, `&mut PgTx`
 //! on PostgreSQL).
 
-use crate::inbox::{Processed, Receipt};
+use crate::inbox::{ProcessAnswer, ReceiveAnswer};
 use crate::model::keys::DownstreamKey;
 use crate::model::scope::Limits;
-use crate::{Abort, Begin, Claim, Error, Lease, Outcome, Request, Response, Store, Timestamp, Tx};
+use crate::{
+    Abort, BeginAnswer, Claim, Error, ExecuteAnswer, Lease, Request, Response, Store, Timestamp, Tx,
+};
 
 mod sealed {
     pub trait Sealed {}
@@ -29,13 +31,13 @@ pub trait Backend: sealed::Sealed + Clone + Send + Sync + 'static {
 
     /// Flow A (`execute` of the engine): `f` runs at most once per intent, in the transaction
     /// that records its result.
-    fn execute<F>(&self, request: Request, f: F) -> Result<Outcome, Error>
+    fn execute<F>(&self, request: Request, f: F) -> Result<ExecuteAnswer, Error>
     where
         F: for<'t> FnMut(TxOf<'t, Self>) -> Result<Response, Abort>;
 
     /// Flow A for a `Send + 'static` closure, which the engine may run on another of its
-    /// threads (the file store's `execute_send`); by default the same as `execute`.
-    fn execute_send<F>(&self, request: Request, f: F) -> Result<Outcome, Error>
+    /// threads (the file store's `execute_on_writer`); by default the same as `execute`.
+    fn execute_on_writer<F>(&self, request: Request, f: F) -> Result<ExecuteAnswer, Error>
     where
         F: for<'t> FnMut(TxOf<'t, Self>) -> Result<Response, Abort> + Send + 'static,
     {
@@ -43,11 +45,11 @@ pub trait Backend: sealed::Sealed + Clone + Send + Sync + 'static {
     }
 
     /// Claims the key of `request` with a lease, or answers without one (flow B's `begin`).
-    fn begin(&self, request: Request) -> Result<Begin<Self::Lease>, Error>;
+    fn begin(&self, request: Request) -> Result<BeginAnswer<Self::Lease>, Error>;
 
     /// Flow B's claim for a [`Claim`] whose retries recognise the lease it already took (the
     /// engine's `begin_claim`).
-    fn begin_claim(&self, claim: &mut Claim) -> Result<Begin<Self::Lease>, Error>;
+    fn begin_claim(&self, claim: &mut Claim) -> Result<BeginAnswer<Self::Lease>, Error>;
 
     /// The inbox (`process` of the engine): `f` runs at most once per message.
     fn process<T, F>(
@@ -55,12 +57,17 @@ pub trait Backend: sealed::Sealed + Clone + Send + Sync + 'static {
         subscriber: &str,
         message_id: &[u8],
         f: F,
-    ) -> Result<Processed<T>, Error>
+    ) -> Result<ProcessAnswer<T>, Error>
     where
         F: for<'t> FnMut(TxOf<'t, Self>) -> Result<T, Abort>;
 
     /// Webhook receipts (`receive` of the engine): `f` runs at most once per delivery.
-    fn receive<T, F>(&self, source: &str, delivery_id: &[u8], f: F) -> Result<Receipt<T>, Error>
+    fn receive<T, F>(
+        &self,
+        source: &str,
+        delivery_id: &[u8],
+        f: F,
+    ) -> Result<ReceiveAnswer<T>, Error>
     where
         F: for<'t> FnMut(TxOf<'t, Self>) -> Result<T, Abort>;
 
@@ -124,18 +131,18 @@ pub trait BackendLease: sealed::Sealed + Send + 'static {
 impl Backend for Store {
     type Lease = Lease;
 
-    fn execute<F>(&self, request: Request, mut f: F) -> Result<Outcome, Error>
+    fn execute<F>(&self, request: Request, mut f: F) -> Result<ExecuteAnswer, Error>
     where
         F: for<'t> FnMut(&'t Tx<'t>) -> Result<Response, Abort>,
     {
         Store::execute(self, request, |tx| f(tx))
     }
 
-    fn execute_send<F>(&self, request: Request, mut f: F) -> Result<Outcome, Error>
+    fn execute_on_writer<F>(&self, request: Request, mut f: F) -> Result<ExecuteAnswer, Error>
     where
         F: for<'t> FnMut(&'t Tx<'t>) -> Result<Response, Abort> + Send + 'static,
     {
-        Store::execute_send(self, request, move |tx| f(tx))
+        Store::execute_on_writer(self, request, move |tx| f(tx))
     }
 
     fn process<T, F>(
@@ -143,25 +150,30 @@ impl Backend for Store {
         subscriber: &str,
         message_id: &[u8],
         mut f: F,
-    ) -> Result<Processed<T>, Error>
+    ) -> Result<ProcessAnswer<T>, Error>
     where
         F: for<'t> FnMut(&'t Tx<'t>) -> Result<T, Abort>,
     {
         Store::process(self, subscriber, message_id, |tx| f(tx))
     }
 
-    fn receive<T, F>(&self, source: &str, delivery_id: &[u8], mut f: F) -> Result<Receipt<T>, Error>
+    fn receive<T, F>(
+        &self,
+        source: &str,
+        delivery_id: &[u8],
+        mut f: F,
+    ) -> Result<ReceiveAnswer<T>, Error>
     where
         F: for<'t> FnMut(&'t Tx<'t>) -> Result<T, Abort>,
     {
         Store::receive(self, source, delivery_id, |tx| f(tx))
     }
 
-    fn begin(&self, request: Request) -> Result<Begin<Lease>, Error> {
+    fn begin(&self, request: Request) -> Result<BeginAnswer<Lease>, Error> {
         Store::begin(self, request)
     }
 
-    fn begin_claim(&self, claim: &mut Claim) -> Result<Begin<Lease>, Error> {
+    fn begin_claim(&self, claim: &mut Claim) -> Result<BeginAnswer<Lease>, Error> {
         Store::begin_claim(self, claim)
     }
 
@@ -233,7 +245,7 @@ mod pg {
     impl Backend for PgStore {
         type Lease = PgLease;
 
-        fn execute<F>(&self, request: Request, f: F) -> Result<Outcome, Error>
+        fn execute<F>(&self, request: Request, f: F) -> Result<ExecuteAnswer, Error>
         where
             F: for<'t> FnMut(&'t mut PgTx<'t>) -> Result<Response, Abort>,
         {
@@ -245,25 +257,30 @@ mod pg {
             subscriber: &str,
             message_id: &[u8],
             f: F,
-        ) -> Result<Processed<T>, Error>
+        ) -> Result<ProcessAnswer<T>, Error>
         where
             F: for<'t> FnMut(&'t mut PgTx<'t>) -> Result<T, Abort>,
         {
             PgStore::process(self, subscriber, message_id, f)
         }
 
-        fn receive<T, F>(&self, source: &str, delivery_id: &[u8], f: F) -> Result<Receipt<T>, Error>
+        fn receive<T, F>(
+            &self,
+            source: &str,
+            delivery_id: &[u8],
+            f: F,
+        ) -> Result<ReceiveAnswer<T>, Error>
         where
             F: for<'t> FnMut(&'t mut PgTx<'t>) -> Result<T, Abort>,
         {
             PgStore::receive(self, source, delivery_id, f)
         }
 
-        fn begin(&self, request: Request) -> Result<Begin<PgLease>, Error> {
+        fn begin(&self, request: Request) -> Result<BeginAnswer<PgLease>, Error> {
             PgStore::begin(self, request)
         }
 
-        fn begin_claim(&self, claim: &mut Claim) -> Result<Begin<PgLease>, Error> {
+        fn begin_claim(&self, claim: &mut Claim) -> Result<BeginAnswer<PgLease>, Error> {
             PgStore::begin_claim(self, claim)
         }
 

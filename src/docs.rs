@@ -8,7 +8,7 @@
 //! | [`http`] | the HTTP contract of `idem::http::IdempotencyLayer` (feature `http`): which requests are covered, the key grammar, every answer, what is recorded |
 //! | [`postgres`] | the PostgreSQL engine (feature `postgres`): what was tested, its tables and schema versions, the fleet's clock, group commit and its invariants, failures, crash safety per operation, settings, what is not guaranteed |
 //! | [`reliability`] | every guarantee with the tests that hold it, what is not guaranteed, the fault model, each invariant with the test that checks it, the bad-input index, the figures and how to reproduce them |
-//! | [`guide`] | the caller's API beyond the two flows: what a closure's result stores, `execute_send`, flow B's lease calls, every answer and error with what to do, payload fingerprints, inbox, outbox, webhooks, async callers |
+//! | [`guide`] | the caller's API beyond the two flows: what a closure's result stores, `execute_on_writer`, flow B's lease calls, every answer and error with what to do, payload fingerprints, inbox, outbox, webhooks, async callers |
 //! | [`configuration`] | every `StoreBuilder` setting with its default, and the ways to open a file |
 //! | [`observability`] | the store's counters, the `tracing` spans and events, the `metrics` metrics |
 //! | [`operations`] | deployment topologies, starting and stopping, crash recovery, retention and space, damaged files, backups |
@@ -52,7 +52,7 @@ pub mod postgres {}
 #[doc = include_str!("../docs/RELIABILITY.md")]
 pub mod reliability {}
 
-/// Using idem: what a closure's result stores, `execute_send`, flow B's lease calls, every
+/// Using idem: what a closure's result stores, `execute_on_writer`, flow B's lease calls, every
 /// answer and error, payload fingerprints, inbox, outbox, webhooks, async callers
 /// (`docs/GUIDE.md`).
 ///

@@ -442,7 +442,11 @@ mod tests {
     fn the_error_doc_names_every_variant_once() {
         let named: Vec<String> = table().into_iter().map(|(n, _)| n).collect();
         let unique: BTreeSet<String> = named.iter().cloned().collect();
-        assert_eq!(named.len(), unique.len(), "a variant is in the table twice: {named:?}");
+        assert_eq!(
+            named.len(),
+            unique.len(),
+            "a variant is in the table twice: {named:?}"
+        );
         assert_eq!(unique, variants(), "the table and the enum differ");
     }
 

@@ -16,7 +16,7 @@
 //! ## Flow A: your writes and the answer commit together
 //!
 //! ```
-//! use idem::{Outcome, Request, Response, Scope, Store};
+//! use idem::{ExecuteAnswer, Request, Response, Scope, Store};
 //! use redb::{ReadableTable, TableDefinition};
 //!
 //! const ORDERS: TableDefinition<&str, u64> = TableDefinition::new("orders");
@@ -24,7 +24,7 @@
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # let dir = tempfile::tempdir()?;
 //! let store = Store::open(dir.path().join("idem.redb"))?;
-//! let place = || -> Result<Outcome, idem::Error> {
+//! let place = || -> Result<ExecuteAnswer, idem::Error> {
 //!     let req = Request::new(Scope::new("tenant-42", "create_order"), "order-123", &("sku-1", 2u32))?;
 //!     store.execute(req, |tx| {
 //!         let mut orders = tx.open_table(ORDERS)?;
@@ -34,10 +34,10 @@
 //! };
 //! let first = place()?;   // runs the closure: one order
 //! let retry = place()?;   // the response was lost; the client retries with the same key
-//! assert!(matches!(first, Outcome::Executed(_)));
-//! assert!(matches!(retry, Outcome::Replayed(_)));
+//! assert!(matches!(first, ExecuteAnswer::Ran(_)));
+//! assert!(matches!(retry, ExecuteAnswer::Replayed(_)));
 //! assert_eq!(first.response(), retry.response()); // same status and body, byte for byte
-//! # let read = store.begin_read()?;
+//! # let read = store.read_transaction()?;
 //! # assert_eq!(read.open_table(ORDERS)?.get("order-123")?.map(|q| q.value()), Some(2));
 //! # Ok(())
 //! # }
@@ -47,7 +47,7 @@
 //!
 //! ```
 //! use std::collections::HashMap;
-//! use idem::{Begin, Request, Response, Scope, Store};
+//! use idem::{BeginAnswer, Request, Response, Scope, Store};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # let dir = tempfile::tempdir()?;
@@ -57,12 +57,12 @@
 //! let mut charge = |amount: u64| -> Result<Response, Box<dyn std::error::Error>> {
 //!     let req = Request::new(Scope::new("tenant-42", "charge"), "invoice-7", &amount)?;
 //!     Ok(match store.begin(req)? {
-//!         Begin::Acquired(lease) => {
+//!         BeginAnswer::Acquired(lease) => {
 //!             // The same key on every attempt, even a takeover after a crash.
 //!             provider.entry(lease.downstream_key().to_hex()).or_insert(amount);
 //!             lease.complete(Response::new(200, "charged"))?
 //!         }
-//!         Begin::Replayed(stored) => stored,
+//!         BeginAnswer::Replayed(stored) => stored,
 //!         other => return Err(format!("not now: {other:?}").into()),
 //!     })
 //! };
@@ -181,14 +181,14 @@ pub(crate) mod runtime;
 
 // ---- The everyday API: what a service names in most calls. ----
 pub use engine::builder::{Durability, StoreBuilder};
-pub use engine::lease::{Begin, Lease};
+pub use engine::lease::{BeginAnswer, Lease};
 pub use engine::store::Store;
 pub use engine::tx::Tx;
 #[doc(inline)]
 pub use error::Error;
 pub use model::claim::Claim;
 pub use model::clock::Timestamp;
-pub use model::response::{Abort, Outcome, Resource, Response, Tombstone};
+pub use model::response::{Abort, ExecuteAnswer, Resource, Response, Tombstone};
 pub use model::retention::RetentionPolicy;
 pub use model::scope::{Request, Scope};
 /// Re-export of the redb version idem is built on, so callers name the same table types.
@@ -206,7 +206,7 @@ pub mod store {
     pub use crate::model::reports::{Stats, SweepReport};
     pub use crate::model::retention::RetentionPolicy;
     pub use crate::model::scope::Limits;
-    pub use crate::model::typed::Typed;
+    pub use crate::model::typed::ExecuteTypedAnswer;
 }
 
 /// Time: the store's clock (injectable, so expiry is tested without sleeping).
@@ -246,8 +246,8 @@ pub mod format {
 pub mod outbox {
     pub use crate::messaging::outbox::Outbox;
     pub use crate::model::outbox::{
-        DeadLetter, DispatcherOptions, Event, EventId, OutboxEvent, OutboxMetrics, OutboxStats,
-        Publisher,
+        DeadLetter, DispatcherOptions, Event, EventId, OutboxMetrics, OutboxStats, Publisher,
+        StoredEvent,
     };
     pub use crate::runtime::worker::DispatcherHandle;
 }
@@ -256,7 +256,7 @@ pub mod outbox {
 /// (`Store::receive`), and per-entity version marks that skip out-of-order events.
 pub mod inbox {
     pub use crate::messaging::order::Versions;
-    pub use crate::model::marks::{HighWaterMark, Mark, Processed, Receipt};
+    pub use crate::model::marks::{HighWaterMark, Mark, ProcessAnswer, ReceiveAnswer};
 }
 
 #[cfg(feature = "webhooks")]

@@ -1,5 +1,5 @@
 //! A load generator for profiling idem's claim path: `callers` threads claim new keys through
-//! `Store::execute_send` (or `Store::execute`) on one store file for a number of seconds, each
+//! `Store::execute_on_writer` (or `Store::execute`) on one store file for a number of seconds, each
 //! claim writing one row to the caller's own table, and the rate is printed at the end.
 //! `benches/claim_throughput/` is the benchmark (baselines, ratios, targets); this is the
 //! smallest process to put under a profiler:
@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use idem::redb::TableDefinition;
-use idem::{Outcome, Request, Response, Scope, Store};
+use idem::{ExecuteAnswer, Request, Response, Scope, Store};
 
 /// The caller's own table: one row per claim, as in the benchmark.
 const EFFECTS: TableDefinition<&[u8], u64> = TableDefinition::new("effects");
@@ -44,7 +44,7 @@ fn response() -> Response {
 fn claim(store: &Store, key: String, send: bool) -> Result<(), String> {
     let outcome = if send {
         let owned = key.clone();
-        store.execute_send(request(&key), move |tx| {
+        store.execute_on_writer(request(&key), move |tx| {
             tx.open_table(EFFECTS)?.insert(owned.as_bytes(), 1)?;
             Ok(response())
         })
@@ -55,7 +55,7 @@ fn claim(store: &Store, key: String, send: bool) -> Result<(), String> {
         })
     };
     match outcome {
-        Ok(Outcome::Executed(_)) => Ok(()),
+        Ok(ExecuteAnswer::Ran(_)) => Ok(()),
         other => Err(format!("claim {key}: expected Executed, got {other:?}")),
     }
 }
@@ -123,7 +123,7 @@ fn main() -> ExitCode {
     });
     let elapsed = started.elapsed().as_secs_f64();
     let n = done.load(Ordering::Relaxed);
-    let mode = if send { "execute_send" } else { "execute" };
+    let mode = if send { "execute_on_writer" } else { "execute" };
     println!(
         "{callers} callers, {mode}: {n} claims in {elapsed:.2} s = {:.0} claims/s",
         n as f64 / elapsed

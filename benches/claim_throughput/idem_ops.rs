@@ -1,4 +1,4 @@
-//! The idem rows' calls (flow A through `execute` and `execute_send`, a replay, flow B) on a
+//! The idem rows' calls (flow A through `execute` and `execute_on_writer`, a replay, flow B) on a
 //! store opened with the same page cache as the baselines, and the pre-fill through the public API.
 
 use std::path::Path;
@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use bench_common::sync_file;
 use bench_common::workload::{request, response};
-use idem::{Begin, Outcome, Store};
+use idem::{BeginAnswer, ExecuteAnswer, Store};
 
 use crate::data::{EFFECTS, PREFILL_THREADS, existing_key};
 
@@ -35,24 +35,24 @@ pub fn idem_claim(store: &Store, key: &str) {
         })
         .unwrap_or_else(|e| panic!("idem claim {key}: {e}"));
     assert!(
-        matches!(outcome, Outcome::Executed(_)),
+        matches!(outcome, ExecuteAnswer::Ran(_)),
         "idem claim {key}: {outcome:?}"
     );
 }
 
-/// `idem_claim` through `Store::execute_send`: the closure is `Send + 'static` (it owns its
+/// `idem_claim` through `Store::execute_on_writer`: the closure is `Send + 'static` (it owns its
 /// key), so the thread holding the batch runs it without a hand-off.
 pub fn idem_claim_send(store: &Store, key: &str) {
     let owned = key.to_owned();
     let outcome = store
-        .execute_send(request(key), move |tx| {
+        .execute_on_writer(request(key), move |tx| {
             let mut effects = tx.open_table(EFFECTS)?;
             effects.insert(owned.as_bytes(), 1)?;
             Ok(response())
         })
         .unwrap_or_else(|e| panic!("idem claim {key}: {e}"));
     assert!(
-        matches!(outcome, Outcome::Executed(_)),
+        matches!(outcome, ExecuteAnswer::Ran(_)),
         "idem claim {key}: {outcome:?}"
     );
 }
@@ -70,7 +70,7 @@ pub fn idem_replay(store: &Store, key: &str) {
 /// Flow B on a new key: `begin` must acquire a lease, which `complete` then records (two commits).
 pub fn idem_lease(store: &Store, key: &str) {
     match store.begin(request(key)) {
-        Ok(Begin::Acquired(lease)) => {
+        Ok(BeginAnswer::Acquired(lease)) => {
             lease
                 .complete(response())
                 .unwrap_or_else(|e| panic!("idem complete {key}: {e}"));

@@ -24,7 +24,7 @@
 //! | `settings.rs` | the `IDEM_BENCH_*` settings and their quick and full defaults |
 //! | `header.rs` | the run's header (machine, versions, settings), whose key lines head the CSV |
 //! | `data.rs` | what every system stores: tables, keys, idem's record key and value bytes |
-//! | `idem_ops.rs` | idem's calls (execute, execute_send, replay, flow B) and its pre-fill |
+//! | `idem_ops.rs` | idem's calls (execute, execute_on_writer, replay, flow B) and its pre-fill |
 //! | `baselines/` | naive redb and its expiry variants, the group-commit writer, SQLite, the in-memory map, the disk |
 //! | `masters.rs` | the pre-filled stores, built once, copied for every run that writes |
 //! | `rows.rs` | the rows (system, workload, store, callers), their labels and CSV names, the plan |

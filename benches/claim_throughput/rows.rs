@@ -49,7 +49,7 @@ impl Row {
     pub fn label(&self) -> &'static str {
         match (self.system, self.work) {
             (System::Idem, Work::NewKeys) => "idem new keys (flow A execute)",
-            (System::IdemSend, _) => "idem new keys (execute_send)",
+            (System::IdemSend, _) => "idem new keys (execute_on_writer)",
             (System::Idem, Work::Replay) => "idem replays (execute)",
             (System::Idem, Work::Mixed) => "idem mixed 90% replay / 10% new",
             (System::Idem, Work::FlowB) => "idem flow B begin + complete",

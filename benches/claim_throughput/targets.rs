@@ -53,7 +53,7 @@ pub fn print(b: &Bench) {
             "×",
         ),
         check(
-            "64 callers, new keys: idem execute_send ÷ group-commit writer",
+            "64 callers, new keys: idem execute_on_writer ÷ group-commit writer",
             ratio(rate(&idem_send(64)), rate(&group(64))),
             true,
             1.0,
@@ -67,7 +67,7 @@ pub fn print(b: &Bench) {
             "×",
         ),
         check(
-            "64 callers, new keys: idem execute_send p99 ÷ writer p99",
+            "64 callers, new keys: idem execute_on_writer p99 ÷ writer p99",
             lat_ratio(idem_send(64), group(64), 0.99),
             false,
             1.2,

@@ -19,7 +19,7 @@ use crate::error::Error;
 use crate::model::clock::{Clock, SystemClock};
 use crate::model::record::FORMAT_VERSION;
 #[cfg(doc)]
-use crate::model::response::Outcome;
+use crate::model::response::ExecuteAnswer;
 use crate::model::settings::{Config, common_settings};
 use crate::runtime::observe;
 
@@ -66,13 +66,13 @@ use crate::runtime::observe;
 ///
 /// Retention stated as the windows in which a duplicate can still arrive
 /// ([`RetentionPolicy`](crate::RetentionPolicy)): within the longest one a retry is replayed in
-/// full; after it, until the tombstone horizon, it gets [`Outcome::Expired`] (status and
+/// full; after it, until the tombstone horizon, it gets [`ExecuteAnswer::Expired`] (status and
 /// resource pointer, no body) and still never runs again; after the horizon the key is free.
 ///
 /// ```
 /// use std::time::Duration;
 /// use idem::clock::ManualClock;
-/// use idem::{Outcome, Request, Response, RetentionPolicy, Scope, Store, Timestamp};
+/// use idem::{ExecuteAnswer, Request, Response, RetentionPolicy, Scope, Store, Timestamp};
 ///
 /// const HOUR: Duration = Duration::from_secs(3600);
 /// const DAY: Duration = Duration::from_secs(24 * 3600);
@@ -90,17 +90,17 @@ use crate::runtime::observe;
 ///     .clock(clock.clone())
 ///     .open(dir.path().join("idem.redb"))?;
 ///
-/// let refund = || -> Result<Outcome, idem::Error> {
+/// let refund = || -> Result<ExecuteAnswer, idem::Error> {
 ///     let request = Request::new(Scope::new("tenant-42", "refund"), "refund-1", &500u32)?;
 ///     store.execute(request, |_tx| Ok(Response::new(201, "refunded").with_resource("refund", "rf_1")))
 /// };
-/// assert!(matches!(refund()?, Outcome::Executed(_)));
+/// assert!(matches!(refund()?, ExecuteAnswer::Ran(_)));
 ///
 /// clock.advance(2 * DAY); // within the retention: the full answer
 /// assert_eq!(refund()?.response().map(|r| r.body()), Some(&b"refunded"[..]));
 ///
 /// clock.advance(2 * DAY); // past it: the tombstone, and the refund does not run again
-/// let Outcome::Expired(tombstone) = refund()? else { unreachable!() };
+/// let ExecuteAnswer::Expired(tombstone) = refund()? else { unreachable!() };
 /// assert_eq!(tombstone.status(), 201);
 /// assert_eq!(tombstone.resource().map(|r| r.id.as_str()), Some("rf_1"));
 /// # Ok(())

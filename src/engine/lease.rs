@@ -18,8 +18,8 @@ use crate::runtime::observe::{self, Attempted, Call, Kind};
 
 /// The answer to [`Store::begin`]: `Acquired(Lease)`, `Replayed(Response)`, `InFlight { retry_after }`
 /// or `Expired(Tombstone)`. Generic over the lease type so every engine answers with the same enum
-/// (the PostgreSQL engine's is `Begin<PgLease>`); here it is this engine's [`Lease`].
-pub type Begin<L = Lease> = crate::model::response::Begin<L>;
+/// (the PostgreSQL engine's is `BeginAnswer<PgLease>`); here it is this engine's [`Lease`].
+pub type BeginAnswer<L = Lease> = crate::model::response::BeginAnswer<L>;
 
 /// The right to finish one intent, held by exactly one attempt at a time.
 ///
@@ -44,7 +44,7 @@ pub type Begin<L = Lease> = crate::model::response::Begin<L>;
 /// ```
 /// use std::time::Duration;
 /// use idem::clock::ManualClock;
-/// use idem::{Begin, Error, Request, Response, Scope, Store, Timestamp};
+/// use idem::{BeginAnswer, Error, Request, Response, Scope, Store, Timestamp};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
@@ -55,11 +55,11 @@ pub type Begin<L = Lease> = crate::model::response::Begin<L>;
 ///     .open(dir.path().join("idem.redb"))?;
 /// let job = || Request::new(Scope::new("tenant-42", "ship_parcel"), "parcel-5", "express");
 ///
-/// let Begin::Acquired(stalled) = store.begin(job()?)? else { unreachable!() };
+/// let BeginAnswer::Acquired(stalled) = store.begin(job()?)? else { unreachable!() };
 /// assert_eq!(stalled.attempt(), 1);
 ///
 /// clock.advance(Duration::from_secs(31)); // no heartbeat: the lease lapsed
-/// let Begin::Acquired(takeover) = store.begin(job()?)? else { unreachable!() };
+/// let BeginAnswer::Acquired(takeover) = store.begin(job()?)? else { unreachable!() };
 /// assert_eq!(takeover.takeover_of(), Some(1));
 /// assert_eq!(takeover.downstream_key(), stalled.downstream_key()); // the carrier dedupes
 ///
@@ -68,7 +68,7 @@ pub type Begin<L = Lease> = crate::model::response::Begin<L>;
 /// assert!(matches!(late, Err(Error::LeaseLost { .. })));
 ///
 /// takeover.complete(Response::new(200, "label from attempt 2"))?;
-/// let Begin::Replayed(answer) = store.begin(job()?)? else { unreachable!() };
+/// let BeginAnswer::Replayed(answer) = store.begin(job()?)? else { unreachable!() };
 /// assert_eq!(answer.body(), b"label from attempt 2");
 /// # Ok(())
 /// # }

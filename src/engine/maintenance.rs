@@ -77,7 +77,7 @@ impl Store {
     /// meanwhile, so do it at a quiet moment (e.g. at startup, before handing out clones).
     ///
     /// It needs the store to itself: `&mut self`, no other clone of this `Store`, no live
-    /// [`Lease`], and no read transaction from [`Store::begin_read`]; otherwise it does nothing
+    /// [`Lease`], and no read transaction from [`Store::read_transaction`]; otherwise it does nothing
     /// and returns [`Error::InUse`]. Background threads are stopped for its duration and
     /// restarted after. A fail-stopped store must be reopened first.
     pub fn compact(&mut self) -> Result<bool, Error> {
@@ -145,7 +145,7 @@ impl Store {
         checked.map_err(|e| match e {
             redb::DatabaseError::TransactionInProgress => Error::InUse {
                 operation: "check_integrity",
-                reason: "a read transaction (Store::begin_read) is still open".into(),
+                reason: "a read transaction (Store::read_transaction) is still open".into(),
             },
             redb::DatabaseError::Storage(redb::StorageError::Corrupted(what)) => {
                 // redb discarded its allocator state: no write may follow on this handle.
@@ -176,7 +176,7 @@ impl Store {
         result.map_err(|e| match e {
             redb::CompactionError::TransactionInProgress => Error::InUse {
                 operation: "compact",
-                reason: "a read transaction (Store::begin_read) is still open".into(),
+                reason: "a read transaction (Store::read_transaction) is still open".into(),
             },
             redb::CompactionError::Storage(e) => self.storage(e),
             other => self.storage(other),

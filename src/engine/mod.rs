@@ -19,7 +19,7 @@
 //! | `expiry.rs` | the expiry index (one entry per record or mark), [`Stats`](expiry::Stats), the index check |
 //! | `marks.rs` | marks (inbox marks, webhook receipts): their storage, their index entries, their sweep (the value and its byte layout are `model/marks.rs`) |
 //! | `sweep.rs` | sweep passes in bounded batches ([`SweepReport`](sweep::SweepReport)) |
-//! | `lease.rs` | flow B's fenced [`Lease`](lease::Lease) and [`Begin`](lease::Begin) |
+//! | `lease.rs` | flow B's fenced [`Lease`](lease::Lease) and [`BeginAnswer`](lease::BeginAnswer) |
 //! | `background.rs` | the flusher and the sweeper threads: one shared tick loop |
 //! | `maintenance.rs` | [`Metrics`](maintenance::Metrics), `compact`, `check_integrity` |
 //! | `read_only.rs` | [`ReadOnlyStore`](read_only::ReadOnlyStore): the same reads, nothing ever written |

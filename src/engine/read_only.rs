@@ -81,7 +81,7 @@ impl ReadOnlyStore {
 
     /// A read transaction on the file, for reading your own tables. What you read through it
     /// is outside idem's storage boundary: on a damaged page, redb may panic in your code.
-    pub fn begin_read(&self) -> Result<redb::ReadTransaction, Error> {
+    pub fn read_transaction(&self) -> Result<redb::ReadTransaction, Error> {
         self.db.begin_read().map_err(unlatched)
     }
 
@@ -102,7 +102,7 @@ impl ReadOnlyStore {
         while_: &str,
         f: impl FnOnce(&redb::ReadTransaction) -> Result<T, Error>,
     ) -> Result<T, Error> {
-        contained(while_, || f(&self.begin_read()?))
+        contained(while_, || f(&self.read_transaction()?))
     }
 }
 

@@ -1,5 +1,5 @@
 //! The records table as of the latest commit, shared by the lookups of the lock-free read path
-//! (`Store::read_record`: the first step of `execute`, `execute_send` and `begin`, and `get`).
+//! (`Store::read_record`: the first step of `execute`, `execute_on_writer` and `begin`, and `get`).
 //!
 //! Beginning a redb read transaction, opening the records table and dropping both costs a
 //! lookup more than the lookup itself, so lookups share one open table per commit: the first

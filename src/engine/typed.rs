@@ -9,20 +9,20 @@ use crate::engine::tx::Tx;
 use crate::error::Error;
 use crate::model::response::Abort;
 use crate::model::scope::Request;
-use crate::model::typed::{Typed, decode, encode};
+use crate::model::typed::{ExecuteTypedAnswer, decode, encode};
 
 impl Store {
     /// Flow A with a typed answer: [`Store::execute`], but `f` returns a serde value, which is
     /// stored (postcard-encoded, status 200) and given back decoded on every replay, so a queue
     /// worker needs no `Response` of its own. `Abort::Terminal(response)` is stored and replayed
-    /// as [`Typed::Rejected`]. A stored answer that no longer decodes as `T` (the operation's
+    /// as [`ExecuteTypedAnswer::Rejected`]. A stored answer that no longer decodes as `T` (the operation's
     /// answer type changed) is [`Error::CorruptRecord`] for that key.
     ///
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let dir = tempfile::tempdir()?;
     /// use idem::{Request, Scope, Store};
-    /// use idem::store::Typed;
+    /// use idem::store::ExecuteTypedAnswer;
     ///
     /// #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
     /// struct Reserved { sku: String, units: u32 }
@@ -34,12 +34,16 @@ impl Store {
     /// };
     /// let first = reserve()?;
     /// let again = reserve()?; // redelivered: the stored value, decoded; nothing runs
-    /// assert!(matches!(first, Typed::Executed(_)));
-    /// assert_eq!(again, Typed::Replayed(Reserved { sku: "sku-1".into(), units: 2 }));
+    /// assert!(matches!(first, ExecuteTypedAnswer::Ran(_)));
+    /// assert_eq!(again, ExecuteTypedAnswer::Replayed(Reserved { sku: "sku-1".into(), units: 2 }));
     /// # Ok(())
     /// # }
     /// ```
-    pub fn execute_typed<T, F>(&self, request: Request, mut f: F) -> Result<Typed<T>, Error>
+    pub fn execute_typed<T, F>(
+        &self,
+        request: Request,
+        mut f: F,
+    ) -> Result<ExecuteTypedAnswer<T>, Error>
     where
         T: Serialize + DeserializeOwned,
         F: FnMut(&Tx<'_>) -> Result<T, Abort>,

@@ -44,7 +44,7 @@ pub(super) fn body_part<'b>(
 /// when the request's `Content-Type` is `application/json` or `application/*+json` and the body
 /// has such a form (tag `idem-http-v1+jcs`), else the body as sent (tag `idem-http-v1`):
 /// `docs/FORMAT.md`, "Request fingerprint".
-pub fn fingerprint(
+pub fn request_fingerprint(
     parts: &Parts,
     operation: &str,
     headers: &[HeaderName],
@@ -54,7 +54,7 @@ pub fn fingerprint(
     fingerprint_tagged(tag, parts, operation, headers, &body)
 }
 
-/// [`fingerprint`] under `tag` (the body part's mode).
+/// [`request_fingerprint`] under `tag` (the body part's mode).
 pub(super) fn fingerprint_tagged(
     tag: &[u8],
     parts: &Parts,

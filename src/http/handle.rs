@@ -1,5 +1,5 @@
-//! The handle a handler gets in its request extensions: [`Idempotency`], whose
-//! [`Idempotency::complete_with`] records the answer in the same transaction as the handler's
+//! The handle a handler gets in its request extensions: [`IdempotencyHandle`], whose
+//! [`IdempotencyHandle::complete_with`] records the answer in the same transaction as the handler's
 //! own writes.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -21,20 +21,20 @@ use crate::model::keys::DownstreamKey;
 use crate::{Abort, Error, Request, Response, Store};
 
 /// The handle the layer puts in the extensions of every request it claimed a key for (axum:
-/// `Extension<Idempotency>` on the file store, `Extension<Idempotency<PgStore>>` on
+/// `Extension<IdempotencyHandle>` on the file store, `Extension<IdempotencyHandle<PgStore>>` on
 /// PostgreSQL). A handler that wants its own writes and the recorded answer in one transaction
-/// calls [`Idempotency::complete_with`]; one that does not need that ignores it, and the layer
+/// calls [`IdempotencyHandle::complete_with`]; one that does not need that ignores it, and the layer
 /// records whatever it returns.
-pub struct Idempotency<B: Backend = Store> {
+pub struct IdempotencyHandle<B: Backend = Store> {
     pub(super) slot: Arc<Slot<B::Lease>>,
     pub(super) request: Arc<Request>,
     pub(super) downstream: DownstreamKey,
     pub(super) config: Arc<Config<B>>,
 }
 
-impl<B: Backend> Clone for Idempotency<B> {
+impl<B: Backend> Clone for IdempotencyHandle<B> {
     fn clone(&self) -> Self {
-        Idempotency {
+        IdempotencyHandle {
             slot: Arc::clone(&self.slot),
             request: Arc::clone(&self.request),
             downstream: self.downstream,
@@ -43,7 +43,7 @@ impl<B: Backend> Clone for Idempotency<B> {
     }
 }
 
-impl<B: Backend> std::fmt::Debug for Idempotency<B> {
+impl<B: Backend> std::fmt::Debug for IdempotencyHandle<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Idempotency")
             .field("request", &self.request)
@@ -51,7 +51,7 @@ impl<B: Backend> std::fmt::Debug for Idempotency<B> {
     }
 }
 
-/// The answer a handler records through [`Idempotency::complete_with`].
+/// The answer a handler records through [`IdempotencyHandle::complete_with`].
 #[derive(Debug, Clone)]
 pub struct Recorded {
     /// The status.
@@ -75,7 +75,7 @@ impl Recorded {
     }
 }
 
-impl<B: Backend> Idempotency<B> {
+impl<B: Backend> IdempotencyHandle<B> {
     /// The downstream key of this intent ([`Lease::downstream_key`](crate::Lease::downstream_key)): the same on every
     /// attempt, for an external call or a resource id.
     pub fn downstream_key(&self) -> DownstreamKey {
@@ -104,7 +104,7 @@ impl<B: Backend> Idempotency<B> {
     /// A status the layer would not record (503 by default), [`Abort::Retryable`], or a
     /// transaction that fails to commit rolls `f`'s writes back and releases the key: nothing
     /// of `f` happened. (Effects the handler caused outside `f`, before calling this, are its
-    /// own to make idempotent, with [`Idempotency::downstream_key`].) If `f` panics, its writes
+    /// own to make idempotent, with [`IdempotencyHandle::downstream_key`].) If `f` panics, its writes
     /// are rolled back too, but the handler may have caused effects before calling this, so the
     /// key is not released: like any handler that fails after it started, a terminal `500`
     /// ([`problem::HANDLER_FAILED`]) is recorded, counted in [`LayerMetrics::handler_failures`](super::LayerMetrics::handler_failures)
@@ -222,7 +222,7 @@ impl<B: Backend> Idempotency<B> {
     }
 }
 
-/// How [`Idempotency::complete_with`] ended, decided on the blocking pool.
+/// How [`IdempotencyHandle::complete_with`] ended, decided on the blocking pool.
 enum Completed {
     /// The answer was recorded (and whether its body was kept).
     Recorded(Recorded, bool),

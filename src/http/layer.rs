@@ -435,7 +435,7 @@ impl<S, B: Backend> Layer<S> for IdempotencyLayer<B> {
 /// What the layer does with a handler's answer, decided by its status alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Disposition {
-    /// Record it: as a terminal failure (`failure`: 4xx, 5xx) or as completed (the rest).
+    /// Record it: as a terminal failure (`fail_stop_cause`: 4xx, 5xx) or as completed (the rest).
     Record {
         /// Stored with the lease's `fail` rather than its `complete`.
         failure: bool,

@@ -15,7 +15,7 @@ use super::problem;
 use crate::backend::BackendLease;
 use crate::{Error, Response};
 
-/// Runs on the blocking pool: fails (`failure`) or completes `lease` with `stored`, letting it
+/// Runs on the blocking pool: fails (`fail_stop_cause`) or completes `lease` with `stored`, letting it
 /// lapse (not releasing it) if that fails.
 pub(super) fn finish_lease<L: BackendLease>(
     mut lease: L,
@@ -152,19 +152,19 @@ pub(super) fn store_call_failed() -> http::Response<Body> {
 mod tests {
     use super::*;
     use crate::error::StorageError;
-    use crate::{Begin, Lease, Request, Scope, Store};
+    use crate::{BeginAnswer, Lease, Request, Scope, Store};
 
     fn claimed(store: &Store) -> Lease {
         let req = Request::from_canonical_bytes(Scope::new("t", "POST /x"), "k", b"");
         match store.begin(req).unwrap() {
-            Begin::Acquired(lease) => lease,
+            BeginAnswer::Acquired(lease) => lease,
             other => panic!("expected a claim, got {other:?}"),
         }
     }
 
     fn in_flight_now(store: &Store) -> bool {
         let req = Request::from_canonical_bytes(Scope::new("t", "POST /x"), "k", b"");
-        matches!(store.begin(req).unwrap(), Begin::InFlight { .. })
+        matches!(store.begin(req).unwrap(), BeginAnswer::InFlight { .. })
     }
 
     #[test]

@@ -50,7 +50,7 @@
 //!   if recording itself fails, the lease is left to lapse, never released. Every status is
 //!   recorded except `503` (and what the user excludes with
 //!   [`IdempotencyLayer::record_status`]): only such a status releases the key, and, for a
-//!   handler that records through [`Idempotency::complete_with`], a transaction that rolled
+//!   handler that records through [`IdempotencyHandle::complete_with`], a transaction that rolled
 //!   back (nothing of it happened; a panic in it is recorded as a terminal `500` instead);
 //! - **bounded store admissions**: at most [`IdempotencyLayer::max_in_flight`] claims (default
 //!   the store's `max_queue`, at most 256) run at once; over that, a covered request gets
@@ -61,8 +61,8 @@
 //! after the handler wrote and before the answer was recorded, the lease lapses and a retry runs
 //! the handler again. A handler that needs its effect and the record to commit together (one
 //! effect per intent, across crashes) records its answer itself, in the same redb write
-//! transaction as its writes, through the [`Idempotency`] handle the layer puts in the request
-//! extensions ([`Idempotency::complete_with`]); the layer then passes that answer through.
+//! transaction as its writes, through the [`IdempotencyHandle`] handle the layer puts in the request
+//! extensions ([`IdempotencyHandle::complete_with`]); the layer then passes that answer through.
 //! `examples/edge_service/` does this for payments.
 //!
 //! No runtime thread is blocked on disk: every store call runs on
@@ -86,12 +86,12 @@
 //! | `admit.rs` | a covered request's key, tenant, operation and body, checked before the store is asked |
 //! | `key.rs` | the `Idempotency-Key` grammar |
 //! | `tenant.rs` | the tenant rule ([`tenant_from_header`], [`InvalidTenant`]) |
-//! | `fingerprint.rs` | the `idem-http-v1` request [`fingerprint`] (a stored format) |
+//! | `fingerprint.rs` | the `idem-http-v1` request [`request_fingerprint`] (a stored format) |
 //! | `json.rs` | whether a body is labelled JSON (its `Content-Type`), and its RFC 8785 canonical form |
 //! | `envelope.rs` | the `IDH1` / `IDH2` envelope of a stored answer (a stored format) and its fitting into the cap |
 //! | `replay.rs` | the HTTP answer of a stored response ([`replay`]) or a tombstone ([`expired`]) |
 //! | `lease.rs` | the lease held while a handler runs: heartbeats, finishing; store calls off the runtime |
-//! | `handle.rs` | [`Idempotency`], the handler's handle, and [`Idempotency::complete_with`] |
+//! | `handle.rs` | [`IdempotencyHandle`], the handler's handle, and [`IdempotencyHandle::complete_with`] |
 //! | `problem.rs`, `answers.rs` | the RFC 9457 problem `type`s ([`problem`]) and the answers the layer makes itself |
 //! | `metrics.rs` | [`LayerMetrics`] and the counters behind it |
 //! | `whitebox.rs` | NOT PUBLIC API (`__internal_whitebox`): the parsers above, for idem's fuzz targets |
@@ -122,8 +122,8 @@ pub mod whitebox;
 
 pub use crate::backend::{Backend, BackendLease};
 pub use answers::{PROBLEM_JSON, error_response, problem_response};
-pub use fingerprint::fingerprint;
-pub use handle::{Idempotency, Recorded};
+pub use fingerprint::request_fingerprint;
+pub use handle::{IdempotencyHandle, Recorded};
 pub use key::IDEMPOTENCY_KEY;
 pub use layer::{IdempotencyLayer, MissingKey};
 pub use metrics::LayerMetrics;

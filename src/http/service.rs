@@ -25,7 +25,7 @@ use super::answers::{
 };
 use super::envelope::fit_response;
 use super::fingerprint::{body_part, fingerprint_tagged};
-use super::handle::Idempotency;
+use super::handle::IdempotencyHandle;
 use super::key::parse_key;
 use super::layer::{Config, Disposition, MissingKey, TenantSource, disposition};
 use super::lease::{Slot, blocking, finish_lease, spawn_heartbeat, store_call_failed, take_lease};
@@ -33,7 +33,7 @@ use super::metrics::{bump, handler_failure, not_recorded, released};
 use super::problem;
 use super::replay::{expired, replay};
 use crate::backend::{Backend, BackendLease};
-use crate::{Begin, Error, Request, Scope, Store};
+use crate::{BeginAnswer, Error, Request, Scope, Store};
 
 /// The service [`IdempotencyLayer`](super::IdempotencyLayer) wraps around an inner service.
 #[derive(Clone)]
@@ -192,14 +192,14 @@ where
     // slot is held for the claim only, and given back on the blocking pool when it ends, even if
     // this future is dropped.
     let lease = match config.calls.begin_held(request).await {
-        Ok(Begin::Acquired(lease)) => lease,
-        Ok(Begin::Replayed(stored)) => {
+        Ok(BeginAnswer::Acquired(lease)) => lease,
+        Ok(BeginAnswer::Replayed(stored)) => {
             return Ok(replayed_answer(&config, &parts, replay(&stored)));
         }
-        Ok(Begin::Expired(tombstone)) => {
+        Ok(BeginAnswer::Expired(tombstone)) => {
             return Ok(replayed_answer(&config, &parts, expired(&tombstone)));
         }
-        Ok(Begin::InFlight { retry_after }) => return Ok(in_flight(retry_after)),
+        Ok(BeginAnswer::InFlight { retry_after }) => return Ok(in_flight(retry_after)),
         Err(Error::Busy { waited, .. }) if waited.is_zero() => {
             bump(&config.counters.overloaded);
             return Ok(overloaded(config.calls.max_in_flight()));
@@ -281,7 +281,7 @@ where
     let downstream = lease.downstream_key();
     let slot = Arc::new(Slot(Mutex::new(Some(lease))));
     let heartbeat = spawn_heartbeat(&slot, every, Arc::clone(&config.counters));
-    parts.extensions.insert(Idempotency {
+    parts.extensions.insert(IdempotencyHandle {
         slot: Arc::clone(&slot),
         request,
         downstream,
@@ -318,7 +318,7 @@ where
 }
 
 /// Finishes the lease with the handler's answer (or passes through an answer the handler
-/// recorded itself through [`Idempotency::complete_with`]).
+/// recorded itself through [`IdempotencyHandle::complete_with`]).
 async fn record<B: Backend>(
     config: &Config<B>,
     slot: &Arc<Slot<B::Lease>>,
@@ -363,7 +363,7 @@ async fn record_failure<B: Backend>(
     plain_response(status, headers, body)
 }
 
-/// Records an answer with the lease (as a terminal failure if `failure`), fitted into the
+/// Records an answer with the lease (as a terminal failure if `fail_stop_cause`), fitted into the
 /// store's response cap; true if it was recorded. If recording fails the lease is dropped
 /// unfinished and lapses (it was marked so before the handler ran): never released.
 async fn finish<B: Backend>(

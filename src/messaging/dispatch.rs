@@ -54,15 +54,15 @@ impl Store {
     /// use std::sync::mpsc;
     /// use std::time::Duration;
     /// use idem::error::BoxError;
-    /// use idem::outbox::{DispatcherOptions, Event, OutboxEvent};
+    /// use idem::outbox::{DispatcherOptions, Event, StoredEvent};
     /// use idem::{Request, Response, Scope, Store};
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let dir = tempfile::tempdir()?;
     /// let store = Store::open(dir.path().join("idem.redb"))?;
-    /// let (broker, published) = mpsc::channel::<OutboxEvent>();
+    /// let (broker, published) = mpsc::channel::<StoredEvent>();
     /// let mut broker_down_once = true;
-    /// let publisher = move |event: &OutboxEvent| -> Result<(), BoxError> {
+    /// let publisher = move |event: &StoredEvent| -> Result<(), BoxError> {
     ///     if std::mem::take(&mut broker_down_once) {
     ///         return Err("broker unavailable".into()); // a failed attempt: retried later
     ///     }

@@ -13,7 +13,7 @@ use crate::engine::store::Store;
 use crate::engine::tx::Tx;
 use crate::error::Error;
 use crate::model::marks::{
-    Consumed, Mark, NS_INBOX, NS_WEBHOOK, Processed, Receipt, duplicate, mark_key,
+    Consumed, Mark, NS_INBOX, NS_WEBHOOK, ProcessAnswer, ReceiveAnswer, duplicate, mark_key,
 };
 use crate::model::outbox::Origin;
 use crate::model::response::Abort;
@@ -25,12 +25,12 @@ impl Store {
     /// the write transaction that also writes the processed mark:
     ///
     /// - `Ok(v)` → the mark and `f`'s writes (including outbox pushes) commit together:
-    ///   [`Processed::Processed`];
-    /// - [`Abort::Terminal`] → the same, answered [`Processed::Rejected`];
+    ///   [`ProcessAnswer::Ran`];
+    /// - [`Abort::Terminal`] → the same, answered [`ProcessAnswer::Rejected`];
     /// - [`Abort::Retryable`] / [`Abort::Store`] → nothing is written, neither the mark nor
     ///   `f`'s writes: the error is returned ([`Error::Aborted`]), do not ack, the redelivery
     ///   runs again;
-    /// - a message whose mark is live → [`Processed::Duplicate`] without running `f` (read
+    /// - a message whose mark is live → [`ProcessAnswer::Duplicate`] without running `f` (read
     ///   from a read transaction first, re-checked inside the write transaction), with the
     ///   first handling's rejection response if it was rejected.
     ///
@@ -52,7 +52,7 @@ impl Store {
     /// again); once processed, a redelivery is a duplicate and the credit is not applied twice.
     ///
     /// ```
-    /// use idem::inbox::Processed;
+    /// use idem::inbox::ProcessAnswer;
     /// use idem::redb::{ReadableTable, TableDefinition};
     /// use idem::{Abort, Error, Store};
     ///
@@ -76,10 +76,10 @@ impl Store {
     /// // A transient failure: nothing written, the message is not consumed.
     /// assert!(matches!(consume("msg-1", false), Err(Error::Aborted { .. })));
     /// // The redelivery runs; the next ones are duplicates (ack them, do nothing).
-    /// assert_eq!(consume("msg-1", true)?, Processed::Processed(250));
-    /// assert!(matches!(consume("msg-1", true)?, Processed::Duplicate { rejection: None, .. }));
+    /// assert_eq!(consume("msg-1", true)?, ProcessAnswer::Ran(250));
+    /// assert!(matches!(consume("msg-1", true)?, ProcessAnswer::Duplicate { rejection: None, .. }));
     ///
-    /// let balances = store.begin_read()?.open_table(BALANCES)?;
+    /// let balances = store.read_transaction()?.open_table(BALANCES)?;
     /// assert_eq!(balances.get("acct-1")?.map(|v| v.value()), Some(250)); // credited once
     /// # Ok(())
     /// # }
@@ -89,15 +89,15 @@ impl Store {
         subscriber: &str,
         message_id: impl AsRef<[u8]>,
         f: F,
-    ) -> Result<Processed<T>, Error>
+    ) -> Result<ProcessAnswer<T>, Error>
     where
         F: FnMut(&Tx<'_>) -> Result<T, Abort>,
     {
         Ok(
             match self.consume(NS_INBOX, subscriber, message_id.as_ref(), f)? {
-                Consumed::Ran(v) => Processed::Processed(v),
-                Consumed::Rejected(r) => Processed::Rejected(r),
-                Consumed::Duplicate(processed_at, rejection) => Processed::Duplicate {
+                Consumed::Ran(v) => ProcessAnswer::Ran(v),
+                Consumed::Rejected(r) => ProcessAnswer::Rejected(r),
+                Consumed::Duplicate(processed_at, rejection) => ProcessAnswer::Duplicate {
                     processed_at,
                     rejection,
                 },
@@ -120,7 +120,7 @@ impl Store {
     ///
     #[cfg_attr(feature = "webhooks", doc = "```")]
     #[cfg_attr(not(feature = "webhooks"), doc = "```ignore")]
-    /// use idem::inbox::Receipt;
+    /// use idem::inbox::ReceiveAnswer;
     /// use idem::outbox::Event;
     /// use idem::webhook::verify_github;
     /// use idem::Store;
@@ -140,9 +140,9 @@ impl Store {
     ///         Ok(())
     ///     })?;
     ///     Ok(match receipt {
-    ///         Receipt::Accepted(()) => 202,
-    ///         Receipt::Duplicate { rejection: None, .. } => 200, // already have it: stop sending
-    ///         Receipt::Rejected(r) | Receipt::Duplicate { rejection: Some(r), .. } => r.status(),
+    ///         ReceiveAnswer::Ran(()) => 202,
+    ///         ReceiveAnswer::Duplicate { rejection: None, .. } => 200, // already have it: stop sending
+    ///         ReceiveAnswer::Rejected(r) | ReceiveAnswer::Duplicate { rejection: Some(r), .. } => r.status(),
     ///         _ => 500,
     ///     })
     /// };
@@ -162,15 +162,15 @@ impl Store {
         source: &str,
         delivery_id: impl AsRef<[u8]>,
         f: F,
-    ) -> Result<Receipt<T>, Error>
+    ) -> Result<ReceiveAnswer<T>, Error>
     where
         F: FnMut(&Tx<'_>) -> Result<T, Abort>,
     {
         Ok(
             match self.consume(NS_WEBHOOK, source, delivery_id.as_ref(), f)? {
-                Consumed::Ran(v) => Receipt::Accepted(v),
-                Consumed::Rejected(r) => Receipt::Rejected(r),
-                Consumed::Duplicate(received_at, rejection) => Receipt::Duplicate {
+                Consumed::Ran(v) => ReceiveAnswer::Ran(v),
+                Consumed::Rejected(r) => ReceiveAnswer::Rejected(r),
+                Consumed::Duplicate(received_at, rejection) => ReceiveAnswer::Duplicate {
                     received_at,
                     rejection,
                 },

@@ -18,7 +18,7 @@ use crate::engine::tx::Tx;
 use crate::error::Error;
 use crate::model::clock::Timestamp;
 use crate::model::outbox::{
-    DeadLetter, Event, EventId, OutboxEvent, OutboxMetrics, OutboxStats, Stored,
+    DeadLetter, Event, EventId, OutboxMetrics, OutboxStats, Stored, StoredEvent,
     event_id_from_identity, event_id_from_origin,
 };
 use crate::runtime::observe;
@@ -145,7 +145,7 @@ pub(crate) fn outbox_stats_in(read: &redb::ReadTransaction) -> Result<OutboxStat
 pub(crate) fn pending_events_in(
     read: &redb::ReadTransaction,
     limit: usize,
-) -> Result<Vec<OutboxEvent>, Error> {
+) -> Result<Vec<StoredEvent>, Error> {
     let Some(table) = open_optional(read, OUTBOX).map_err(unlatched)? else {
         return Ok(Vec::new());
     };
@@ -193,7 +193,7 @@ impl Store {
     }
 
     /// The first `limit` undelivered events, in commit order.
-    pub fn pending_events(&self, limit: usize) -> Result<Vec<OutboxEvent>, Error> {
+    pub fn pending_events(&self, limit: usize) -> Result<Vec<StoredEvent>, Error> {
         self.read("reading the outbox", |read| pending_events_in(read, limit))
     }
 
@@ -247,7 +247,7 @@ impl ReadOnlyStore {
     }
 
     /// The first `limit` undelivered events, in commit order (like [`Store::pending_events`]).
-    pub fn pending_events(&self, limit: usize) -> Result<Vec<OutboxEvent>, Error> {
+    pub fn pending_events(&self, limit: usize) -> Result<Vec<StoredEvent>, Error> {
         self.read("reading the outbox", |read| pending_events_in(read, limit))
     }
 

@@ -19,7 +19,7 @@
 //! with [`verify_github`] and the `X-GitHub-Delivery` id: see [`crate::Store::receive`].)
 //!
 //! ```
-//! use idem::inbox::Receipt;
+//! use idem::inbox::ReceiveAnswer;
 //! use idem::redb::TableDefinition;
 //! use idem::webhook::{StandardWebhooks, WebhookError};
 //! use idem::{Store, Timestamp};
@@ -42,9 +42,9 @@
 //!     tx.open_table(EVENTS)?.insert(id, &body[..])?;
 //!     Ok(())
 //! })?;
-//! assert!(matches!(first, Receipt::Accepted(())));
+//! assert!(matches!(first, ReceiveAnswer::Ran(())));
 //! let again = store.receive("acme-payments", id, |_tx| Ok(()))?;
-//! assert!(matches!(again, Receipt::Duplicate { rejection: None, .. }));
+//! assert!(matches!(again, ReceiveAnswer::Duplicate { rejection: None, .. }));
 //!
 //! // An altered body, or a replay of the request an hour later, is rejected before any write.
 //! let altered = verifier.verify(Some(id), Some(timestamp), Some(signature), b"{}", now);

@@ -55,7 +55,7 @@ pub struct Mark {
     /// From this instant the mark is treated as absent (and swept).
     pub forget_at: Timestamp,
     /// The response of [`Abort::Terminal`](crate::model::response::Abort::Terminal) when the first
-    /// handling rejected the message (`Processed::Rejected`, `Receipt::Rejected`), answered
+    /// handling rejected the message (`ProcessAnswer::Rejected`, `ReceiveAnswer::Rejected`), answered
     /// again to every redelivery;
     /// `None` when it was processed (and for marks written before rejections were kept).
     pub rejection: Option<Response>,
@@ -64,9 +64,9 @@ pub struct Mark {
 /// The answer of an inbox's `process` (`Store::process`, and the same call of every engine).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Processed<T> {
+pub enum ProcessAnswer<T> {
     /// The closure ran; its writes and the mark committed together. Ack the message.
-    Processed(T),
+    Ran(T),
     /// The closure returned [`Abort::Terminal`](crate::model::response::Abort::Terminal): the mark (keeping this response) and the
     /// closure's writes committed (the message is consumed, a redelivery is a duplicate that
     /// carries the same response); the response says why.
@@ -76,7 +76,7 @@ pub enum Processed<T> {
         /// When it was processed.
         processed_at: Timestamp,
         /// `Some(response)` when the first handling was a terminal rejection: the response it
-        /// returned then ([`Processed::Rejected`]), so a redelivery can be answered the same
+        /// returned then ([`ProcessAnswer::Rejected`]), so a redelivery can be answered the same
         /// way (e.g. the same dead-letter reason). `None` when the first handling succeeded
         /// (the closure's value is not kept: keep what a redelivery needs in your own tables,
         /// written in the same transaction), and for marks written before rejections were kept.
@@ -87,9 +87,9 @@ pub enum Processed<T> {
 /// The answer of a webhook `receive` (`Store::receive`, and the same call of every engine).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Receipt<T> {
+pub enum ReceiveAnswer<T> {
     /// First delivery: the receipt and the closure's writes committed together (answer 2xx).
-    Accepted(T),
+    Ran(T),
     /// The closure returned [`Abort::Terminal`](crate::model::response::Abort::Terminal): the receipt (keeping this response) and the
     /// closure's writes committed; answer the sender with this response (a redelivery is a
     /// duplicate that carries the same response).
@@ -98,7 +98,7 @@ pub enum Receipt<T> {
     Duplicate {
         /// When the first delivery was received.
         received_at: Timestamp,
-        /// `Some(response)` when the first delivery was rejected ([`Receipt::Rejected`]):
+        /// `Some(response)` when the first delivery was rejected ([`ReceiveAnswer::Rejected`]):
         /// answer the redelivery with that same response, not with a 2xx. `None` when the
         /// first delivery was accepted: answer 2xx so the sender stops (and for receipts
         /// written before rejections were kept).

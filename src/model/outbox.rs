@@ -108,7 +108,7 @@ impl Event {
 /// An event as stored and published.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct OutboxEvent {
+pub struct StoredEvent {
     /// Commit sequence number: commit order across the whole store.
     pub seq: u64,
     /// The stable id (send it along: consumers deduplicate on it).
@@ -134,7 +134,7 @@ pub struct OutboxEvent {
 #[non_exhaustive]
 pub struct DeadLetter {
     /// The event (its `seq` names the dead letter).
-    pub event: OutboxEvent,
+    pub event: StoredEvent,
     /// The publisher's last error, as text.
     pub error: String,
     /// When the last attempt failed.
@@ -191,8 +191,8 @@ impl Stored {
         }
     }
 
-    pub(crate) fn public(&self, seq: u64) -> OutboxEvent {
-        OutboxEvent {
+    pub(crate) fn public(&self, seq: u64) -> StoredEvent {
+        StoredEvent {
             seq,
             id: EventId(self.id),
             topic: self.topic.clone(),
@@ -373,17 +373,17 @@ impl<'a> Origin<'a> {
 /// again (unless the process dies before the mark is committed, in which case it is published
 /// again with the same [`EventId`]). An `Err` (or a panic) counts as a failed attempt.
 ///
-/// A closure `FnMut(&OutboxEvent) -> Result<(), BoxError>` is a publisher.
+/// A closure `FnMut(&StoredEvent) -> Result<(), BoxError>` is a publisher.
 pub trait Publisher: Send + 'static {
     /// Publishes one event.
-    fn publish(&mut self, event: &OutboxEvent) -> Result<(), BoxError>;
+    fn publish(&mut self, event: &StoredEvent) -> Result<(), BoxError>;
 }
 
 impl<F> Publisher for F
 where
-    F: FnMut(&OutboxEvent) -> Result<(), BoxError> + Send + 'static,
+    F: FnMut(&StoredEvent) -> Result<(), BoxError> + Send + 'static,
 {
-    fn publish(&mut self, event: &OutboxEvent) -> Result<(), BoxError> {
+    fn publish(&mut self, event: &StoredEvent) -> Result<(), BoxError> {
         self(event)
     }
 }

@@ -75,7 +75,7 @@ pub enum State {
     Failed(Response),
     /// A finished intent whose response window is over: the body is gone, the status, the
     /// resource pointer and whether it failed are kept, so a late retry learns that the intent
-    /// already happened (`Outcome::Expired`) instead of running it again. Written by the sweep;
+    /// already happened (`ExecuteAnswer::Expired`) instead of running it again. Written by the sweep;
     /// a Completed or Failed record past its `expires_at` is decided as one even before that.
     Tombstone(Tombstone),
 }

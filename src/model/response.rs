@@ -120,7 +120,7 @@ impl Response {
 
 /// What is kept of a finished intent after its response window: the status, the resource
 /// pointer and whether it was a terminal failure — not the body. A late retry that finds one
-/// gets [`Outcome::Expired`] / `Begin::Expired`: the intent already happened and does not run
+/// gets [`ExecuteAnswer::Expired`] / `BeginAnswer::Expired`: the intent already happened and does not run
 /// again.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Tombstone {
@@ -159,11 +159,11 @@ impl Tombstone {
 /// The answer to `Store::execute`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use]
-pub enum Outcome {
+pub enum ExecuteAnswer {
     /// The closure ran now and its result was committed with its writes. A terminal failure
     /// ([`Abort::Terminal`](crate::model::response::Abort::Terminal)) also ends here, with
     /// [`Response::is_failure`] true.
-    Executed(Response),
+    Ran(Response),
     /// The intent had already finished: the stored response, byte for byte. The closure did
     /// not run and nothing was written.
     Replayed(Response),
@@ -180,34 +180,34 @@ pub enum Outcome {
     Expired(Tombstone),
 }
 
-impl Outcome {
+impl ExecuteAnswer {
     /// The response, unless the key is in flight or only a tombstone is left.
     pub fn response(&self) -> Option<&Response> {
         match self {
-            Outcome::Executed(r) | Outcome::Replayed(r) => Some(r),
-            Outcome::InFlight { .. } | Outcome::Expired(_) => None,
+            ExecuteAnswer::Ran(r) | ExecuteAnswer::Replayed(r) => Some(r),
+            ExecuteAnswer::InFlight { .. } | ExecuteAnswer::Expired(_) => None,
         }
     }
 
-    /// True for [`Outcome::Replayed`].
+    /// True for [`ExecuteAnswer::Replayed`].
     pub fn is_replay(&self) -> bool {
-        matches!(self, Outcome::Replayed(_))
+        matches!(self, ExecuteAnswer::Replayed(_))
     }
 
-    /// The tombstone, for [`Outcome::Expired`].
+    /// The tombstone, for [`ExecuteAnswer::Expired`].
     pub fn tombstone(&self) -> Option<&Tombstone> {
         match self {
-            Outcome::Expired(t) => Some(t),
+            ExecuteAnswer::Expired(t) => Some(t),
             _ => None,
         }
     }
 }
 
 /// The answer to a flow-B claim (`Store::begin`, and the same call of every engine), generic
-/// over the engine's lease type `L` (at the crate root, `Begin` means `Begin<Lease>`).
+/// over the engine's lease type `L` (at the crate root, `BeginAnswer` means `BeginAnswer<Lease>`).
 #[derive(Debug)]
 #[must_use]
-pub enum Begin<L> {
+pub enum BeginAnswer<L> {
     /// This attempt holds the lease: do the external work, then complete or fail the lease.
     /// Its `takeover_of` tells whether an earlier attempt held it first.
     Acquired(L),
@@ -219,7 +219,7 @@ pub enum Begin<L> {
         retry_after: Duration,
     },
     /// The intent already finished and its response window is over: only its [`Tombstone`]
-    /// is left. Do not make the external call again (see [`Outcome::Expired`]).
+    /// is left. Do not make the external call again (see [`ExecuteAnswer::Expired`]).
     Expired(Tombstone),
 }
 

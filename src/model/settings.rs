@@ -176,7 +176,7 @@ macro_rules! common_settings {
 
         /// How long after an intent finished its key stays bound, counted like the retention.
         /// After the response window the record is a tombstone (fingerprint, status, resource
-        /// pointer, no body) until this horizon: a late retry gets [`Outcome::Expired`](crate::Outcome::Expired)
+        /// pointer, no body) until this horizon: a late retry gets [`ExecuteAnswer::Expired`](crate::ExecuteAnswer::Expired)
         /// instead of running again, and a different payload is still
         /// [`Error::PayloadMismatch`](crate::Error::PayloadMismatch). After it the key is free. A
         /// horizon not longer than an operation's retention means no tombstone phase for it.

@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::Error;
-use crate::model::response::{Abort, Outcome, Response, Tombstone};
+use crate::model::response::{Abort, ExecuteAnswer, Response, Tombstone};
 
 /// The status a typed answer is stored with.
 const TYPED_STATUS: u16 = 200;
@@ -17,9 +17,9 @@ const TYPED_STATUS: u16 = 200;
 /// The answer of `execute_typed`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use]
-pub enum Typed<T> {
+pub enum ExecuteTypedAnswer<T> {
     /// The closure ran now and its value committed with its writes.
-    Executed(T),
+    Ran(T),
     /// The intent had already finished: the value it returned then, decoded again. The closure
     /// did not run.
     Replayed(T),
@@ -41,11 +41,11 @@ pub enum Typed<T> {
     Expired(Tombstone),
 }
 
-impl<T> Typed<T> {
+impl<T> ExecuteTypedAnswer<T> {
     /// The value, for an executed or replayed intent.
     pub fn value(&self) -> Option<&T> {
         match self {
-            Typed::Executed(v) | Typed::Replayed(v) => Some(v),
+            ExecuteTypedAnswer::Ran(v) | ExecuteTypedAnswer::Replayed(v) => Some(v),
             _ => None,
         }
     }
@@ -53,7 +53,7 @@ impl<T> Typed<T> {
     /// The value, for an executed or replayed intent.
     pub fn into_value(self) -> Option<T> {
         match self {
-            Typed::Executed(v) | Typed::Replayed(v) => Some(v),
+            ExecuteTypedAnswer::Ran(v) | ExecuteTypedAnswer::Replayed(v) => Some(v),
             _ => None,
         }
     }
@@ -67,7 +67,9 @@ pub(crate) fn encode<T: Serialize>(value: &T) -> Result<Response, Abort> {
 }
 
 /// The typed answer of an engine's outcome for a typed closure.
-pub(crate) fn decode<T: DeserializeOwned>(outcome: Outcome) -> Result<Typed<T>, Error> {
+pub(crate) fn decode<T: DeserializeOwned>(
+    outcome: ExecuteAnswer,
+) -> Result<ExecuteTypedAnswer<T>, Error> {
     let value = |r: &Response| -> Result<T, Error> {
         postcard::from_bytes(r.body()).map_err(|e| Error::CorruptRecord {
             reason: format!(
@@ -76,18 +78,18 @@ pub(crate) fn decode<T: DeserializeOwned>(outcome: Outcome) -> Result<Typed<T>, 
         })
     };
     Ok(match outcome {
-        Outcome::Executed(r) if r.is_failure() => Typed::Rejected {
+        ExecuteAnswer::Ran(r) if r.is_failure() => ExecuteTypedAnswer::Rejected {
             response: r,
             replayed: false,
         },
-        Outcome::Replayed(r) if r.is_failure() => Typed::Rejected {
+        ExecuteAnswer::Replayed(r) if r.is_failure() => ExecuteTypedAnswer::Rejected {
             response: r,
             replayed: true,
         },
-        Outcome::Executed(r) => Typed::Executed(value(&r)?),
-        Outcome::Replayed(r) => Typed::Replayed(value(&r)?),
-        Outcome::InFlight { retry_after } => Typed::InFlight { retry_after },
-        Outcome::Expired(t) => Typed::Expired(t),
+        ExecuteAnswer::Ran(r) => ExecuteTypedAnswer::Ran(value(&r)?),
+        ExecuteAnswer::Replayed(r) => ExecuteTypedAnswer::Replayed(value(&r)?),
+        ExecuteAnswer::InFlight { retry_after } => ExecuteTypedAnswer::InFlight { retry_after },
+        ExecuteAnswer::Expired(t) => ExecuteTypedAnswer::Expired(t),
     })
 }
 
@@ -108,19 +110,24 @@ mod tests {
             cents: 4200,
         };
         let stored = encode(&charge).map_err(|_| ()).unwrap();
-        let back: Typed<Charge> = decode(Outcome::Replayed(stored.clone())).unwrap();
-        assert_eq!(back, Typed::Replayed(charge));
-        let wrong: Result<Typed<Vec<u64>>, Error> = decode(Outcome::Replayed(Response::new(
-            200,
-            vec![
-                0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
-            ],
-        )));
+        let back: ExecuteTypedAnswer<Charge> =
+            decode(ExecuteAnswer::Replayed(stored.clone())).unwrap();
+        assert_eq!(back, ExecuteTypedAnswer::Replayed(charge));
+        let wrong: Result<ExecuteTypedAnswer<Vec<u64>>, Error> =
+            decode(ExecuteAnswer::Replayed(Response::new(
+                200,
+                vec![
+                    0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+                ],
+            )));
         assert!(matches!(wrong, Err(Error::CorruptRecord { .. })));
-        let rejected: Typed<Charge> = decode(Outcome::Replayed(
+        let rejected: ExecuteTypedAnswer<Charge> = decode(ExecuteAnswer::Replayed(
             Response::new(402, "declined").mark_failed(),
         ))
         .unwrap();
-        assert!(matches!(rejected, Typed::Rejected { replayed: true, .. }));
+        assert!(matches!(
+            rejected,
+            ExecuteTypedAnswer::Rejected { replayed: true, .. }
+        ));
     }
 }

@@ -4,7 +4,7 @@
 
 use crate::error::Error;
 use crate::model::marks::{
-    Consumed, Mark, NS_INBOX, NS_WEBHOOK, Processed, Receipt, duplicate, mark_key,
+    Consumed, Mark, NS_INBOX, NS_WEBHOOK, ProcessAnswer, ReceiveAnswer, duplicate, mark_key,
 };
 use crate::model::outbox::Origin;
 use crate::model::response::Abort;
@@ -20,10 +20,10 @@ impl PgStore {
     /// Inbox: processes the message `message_id` for `subscriber` at most once, across every
     /// process sharing the database. `f` runs inside the transaction that also writes the
     /// processed mark; same contract as [`crate::Store::process`]: `Ok(v)` → the mark and `f`'s
-    /// writes commit together ([`Processed::Processed`]); [`Abort::Terminal`] → the same,
-    /// answered [`Processed::Rejected`] (a redelivery carries the same response);
+    /// writes commit together ([`ProcessAnswer::Ran`]); [`Abort::Terminal`] → the same,
+    /// answered [`ProcessAnswer::Rejected`] (a redelivery carries the same response);
     /// [`Abort::Retryable`] / [`Abort::Store`] → nothing is written ([`Error::Aborted`] or the
-    /// error): do not ack; a live mark → [`Processed::Duplicate`] without running `f`.
+    /// error): do not ack; a live mark → [`ProcessAnswer::Duplicate`] without running `f`.
     ///
     /// # Example
     ///
@@ -31,7 +31,7 @@ impl PgStore {
     /// whichever node of the fleet the broker redelivers it to.
     ///
     /// ```no_run
-    /// use idem::inbox::Processed;
+    /// use idem::inbox::ProcessAnswer;
     /// use idem::postgres::PgStore;
     /// use idem::{Abort, Response};
     ///
@@ -50,8 +50,8 @@ impl PgStore {
     ///     Ok(updated)
     /// })?; // an `Err` (a failed statement, a retryable abort): nothing written, do not ack
     /// match processed {
-    ///     Processed::Processed(_) | Processed::Duplicate { rejection: None, .. } => { /* ack */ }
-    ///     Processed::Rejected(why) | Processed::Duplicate { rejection: Some(why), .. } => {
+    ///     ProcessAnswer::Ran(_) | ProcessAnswer::Duplicate { rejection: None, .. } => { /* ack */ }
+    ///     ProcessAnswer::Rejected(why) | ProcessAnswer::Duplicate { rejection: Some(why), .. } => {
     ///         println!("ack and dead-letter: {}", String::from_utf8_lossy(why.body()));
     ///     }
     ///     _ => {}
@@ -64,15 +64,15 @@ impl PgStore {
         subscriber: &str,
         message_id: impl AsRef<[u8]>,
         f: F,
-    ) -> Result<Processed<T>, Error>
+    ) -> Result<ProcessAnswer<T>, Error>
     where
         F: for<'t> FnMut(&'t mut PgTx<'t>) -> Result<T, Abort>,
     {
         Ok(
             match self.consume(NS_INBOX, subscriber, message_id.as_ref(), f)? {
-                Consumed::Ran(v) => Processed::Processed(v),
-                Consumed::Rejected(r) => Processed::Rejected(r),
-                Consumed::Duplicate(processed_at, rejection) => Processed::Duplicate {
+                Consumed::Ran(v) => ProcessAnswer::Ran(v),
+                Consumed::Rejected(r) => ProcessAnswer::Rejected(r),
+                Consumed::Duplicate(processed_at, rejection) => ProcessAnswer::Duplicate {
                     processed_at,
                     rejection,
                 },
@@ -88,15 +88,15 @@ impl PgStore {
         source: &str,
         delivery_id: impl AsRef<[u8]>,
         f: F,
-    ) -> Result<Receipt<T>, Error>
+    ) -> Result<ReceiveAnswer<T>, Error>
     where
         F: for<'t> FnMut(&'t mut PgTx<'t>) -> Result<T, Abort>,
     {
         Ok(
             match self.consume(NS_WEBHOOK, source, delivery_id.as_ref(), f)? {
-                Consumed::Ran(v) => Receipt::Accepted(v),
-                Consumed::Rejected(r) => Receipt::Rejected(r),
-                Consumed::Duplicate(received_at, rejection) => Receipt::Duplicate {
+                Consumed::Ran(v) => ReceiveAnswer::Ran(v),
+                Consumed::Rejected(r) => ReceiveAnswer::Rejected(r),
+                Consumed::Duplicate(received_at, rejection) => ReceiveAnswer::Duplicate {
                     received_at,
                     rejection,
                 },

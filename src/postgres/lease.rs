@@ -35,13 +35,13 @@ use crate::runtime::observe::{self, Attempted, Call, Kind};
 ///
 /// ```no_run
 /// use idem::postgres::PgStore;
-/// use idem::{Begin, Request, Response, Scope};
+/// use idem::{BeginAnswer, Request, Response, Scope};
 ///
 /// # fn send_chunk(idempotency_key: &str, chunk: u32) -> Result<(), std::io::Error> { Ok(()) }
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let store = PgStore::open("postgresql://app@db.internal/exports")?;
 /// let request = Request::new(Scope::new("tenant-42", "export"), "export-2024-06", "csv")?;
-/// let Begin::Acquired(mut lease) = store.begin(request)? else {
+/// let BeginAnswer::Acquired(mut lease) = store.begin(request)? else {
 ///     return Ok(()); // done already, or running on another node
 /// };
 /// if let Some(previous) = lease.takeover_of() {

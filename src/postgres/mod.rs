@@ -7,7 +7,7 @@
 //!
 //! ```no_run
 //! use idem::postgres::PgStore;
-//! use idem::{Begin, Outcome, Request, Response, Scope};
+//! use idem::{BeginAnswer, ExecuteAnswer, Request, Response, Scope};
 //!
 //! fn main() -> Result<(), Box<dyn std::error::Error>> {
 //!     let store = PgStore::builder("postgresql://app@db.internal/payments").open()?; // creates schema `idem` if missing
@@ -16,10 +16,10 @@
 //!         tx.execute("INSERT INTO orders (id, qty) VALUES ($1, $2)", &[&"order-123", &2i32])?;
 //!         Ok(Response::new(201, r#"{"id":"order-123"}"#))
 //!     })?;
-//!     assert!(matches!(outcome, Outcome::Executed(_) | Outcome::Replayed(_)));
+//!     assert!(matches!(outcome, ExecuteAnswer::Ran(_) | ExecuteAnswer::Replayed(_)));
 //!
 //!     let req = Request::from_canonical_bytes(Scope::new("tenant-42", "charge"), "checkout-77", b"amount=4200");
-//!     if let Begin::Acquired(lease) = store.begin(req)? {
+//!     if let BeginAnswer::Acquired(lease) = store.begin(req)? {
 //!         let key = lease.downstream_key().to_hex(); // the same on every node, and as the file store's
 //!         let _ = key; // … call the provider with it …
 //!         lease.complete(Response::new(201, "ch_1"))?;

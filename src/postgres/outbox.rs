@@ -9,7 +9,7 @@ use crate::error::Error;
 use crate::model::clock::Timestamp;
 use crate::model::marks::HighWaterMark;
 use crate::model::outbox::{
-    DeadLetter, Event, EventId, OutboxEvent, OutboxMetrics, OutboxStats, Stored,
+    DeadLetter, Event, EventId, OutboxMetrics, OutboxStats, Stored, StoredEvent,
     event_id_from_identity, event_id_from_origin,
 };
 use crate::model::rules::VersionCheck;
@@ -149,7 +149,7 @@ impl PgStore {
     }
 
     /// The first `limit` undelivered events, in commit order.
-    pub fn pending_events(&self, limit: usize) -> Result<Vec<OutboxEvent>, Error> {
+    pub fn pending_events(&self, limit: usize) -> Result<Vec<StoredEvent>, Error> {
         let q = format!(
             "SELECT seq, event FROM {} ORDER BY seq LIMIT $1",
             self.sql().outbox

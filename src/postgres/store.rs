@@ -15,7 +15,7 @@ use crate::model::claim::Claim;
 use crate::model::clock::{Clock, Timestamp};
 use crate::model::outbox::Origin;
 use crate::model::record::{HolderToken, Record};
-use crate::model::response::{Abort, Begin, Outcome, Response};
+use crate::model::response::{Abort, BeginAnswer, ExecuteAnswer, Response};
 use crate::model::rules::answers::{self, Early};
 use crate::model::rules::instants;
 use crate::model::rules::{Decision, decide_claim};
@@ -128,8 +128,8 @@ impl PgStore {
     ///   `Ok(response)` → Completed; [`Abort::Terminal`] → Failed (replayed later);
     ///   [`Abort::Retryable`] / [`Abort::Store`] / a failed statement → nothing, not even `f`'s
     ///   own writes;
-    /// - an intent that finished longer ago than its retention → [`Outcome::Expired`];
-    /// - another attempt's live lease → [`Outcome::InFlight`];
+    /// - an intent that finished longer ago than its retention → [`ExecuteAnswer::Expired`];
+    /// - another attempt's live lease → [`ExecuteAnswer::InFlight`];
     /// - the key used with a different payload → [`Error::PayloadMismatch`].
     ///
     /// `f` may be called more than once per call (concurrent calls share one transaction, and
@@ -143,7 +143,7 @@ impl PgStore {
     ///
     /// ```no_run
     /// use idem::postgres::PgStore;
-    /// use idem::{Outcome, Request, Response, Scope};
+    /// use idem::{ExecuteAnswer, Request, Response, Scope};
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let store = PgStore::open("postgresql://app@db.internal/shop")?;
@@ -162,7 +162,7 @@ impl PgStore {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn execute<F>(&self, request: Request, mut f: F) -> Result<Outcome, Error>
+    pub fn execute<F>(&self, request: Request, mut f: F) -> Result<ExecuteAnswer, Error>
     where
         F: for<'t> FnMut(&'t mut PgTx<'t>) -> Result<Response, Abort>,
     {
@@ -171,7 +171,12 @@ impl PgStore {
     }
 
     /// [`PgStore::execute`], inside its observed `call` (`runtime/observe/`).
-    fn execute_observed<F>(&self, request: Request, mut f: F, call: &Call) -> Result<Outcome, Error>
+    fn execute_observed<F>(
+        &self,
+        request: Request,
+        mut f: F,
+        call: &Call,
+    ) -> Result<ExecuteAnswer, Error>
     where
         F: for<'t> FnMut(&'t mut PgTx<'t>) -> Result<Response, Abort>,
     {
@@ -209,7 +214,7 @@ impl PgStore {
                 &windows,
             );
             match batch.put_record(&key, &record) {
-                Ok(()) => Step::Done(Ok(Outcome::Executed(response))),
+                Ok(()) => Step::Done(Ok(ExecuteAnswer::Ran(response))),
                 Err(e) => Step::Abort(e),
             }
         });
@@ -225,9 +230,9 @@ impl PgStore {
     }
 
     /// Flow B: claims the key with a fenced lease for work that calls the outside world.
-    /// Returns `Begin::Acquired` with a [`PgLease`] (make the external call with
+    /// Returns `BeginAnswer::Acquired` with a [`PgLease`] (make the external call with
     /// [`PgLease::downstream_key`], identical to the file store's for the same scope and key),
-    /// or the stored result (`Begin::Replayed`, `Begin::Expired`), or `Begin::InFlight`; a
+    /// or the stored result (`BeginAnswer::Replayed`, `BeginAnswer::Expired`), or `BeginAnswer::InFlight`; a
     /// different payload is [`Error::PayloadMismatch`]. Fails fast; see
     /// [`PgStore::begin_wait`].
     ///
@@ -239,14 +244,14 @@ impl PgStore {
     ///
     /// ```no_run
     /// use idem::postgres::PgStore;
-    /// use idem::{Begin, Request, Response, Scope};
+    /// use idem::{BeginAnswer, Request, Response, Scope};
     ///
     /// # fn charge(idempotency_key: &str, cents: i64) -> Result<String, std::io::Error> { Ok(format!("ch_{idempotency_key}")) }
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let store = PgStore::open("postgresql://app@db.internal/payments")?;
     /// let request = Request::new(Scope::new("tenant-42", "pay_invoice"), "inv-7", &1_000i64)?;
     /// match store.begin(request)? {
-    ///     Begin::Acquired(lease) => match charge(&lease.downstream_key().to_hex(), 1_000) {
+    ///     BeginAnswer::Acquired(lease) => match charge(&lease.downstream_key().to_hex(), 1_000) {
     ///         Ok(charge_id) => {
     ///             lease.complete_with(|tx| {
     ///                 tx.execute(
@@ -258,14 +263,14 @@ impl PgStore {
     ///         }
     ///         Err(_) => lease.release()?, // nothing happened downstream: a retry runs at once
     ///     },
-    ///     Begin::Replayed(answer) => println!("already paid: {:?}", answer.body()),
-    ///     Begin::InFlight { retry_after } => println!("another node is paying; retry in {retry_after:?}"),
-    ///     Begin::Expired(_) => println!("paid, long ago"),
+    ///     BeginAnswer::Replayed(answer) => println!("already paid: {:?}", answer.body()),
+    ///     BeginAnswer::InFlight { retry_after } => println!("another node is paying; retry in {retry_after:?}"),
+    ///     BeginAnswer::Expired(_) => println!("paid, long ago"),
     /// }
     /// # Ok(())
     /// # }
     /// ```
-    pub fn begin(&self, request: Request) -> Result<Begin<PgLease>, Error> {
+    pub fn begin(&self, request: Request) -> Result<BeginAnswer<PgLease>, Error> {
         Call::of(ENGINE, Kind::Begin, request.scope()).observe(|_| {
             let mut claim = Claim::new(request);
             let claimed = self.claim_key(&mut claim)?;
@@ -291,7 +296,7 @@ impl PgStore {
     /// ```no_run
     /// use std::time::Duration;
     /// use idem::postgres::PgStore;
-    /// use idem::{Begin, Claim, Error, Request, Response, Scope};
+    /// use idem::{BeginAnswer, Claim, Error, Request, Response, Scope};
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let store = PgStore::open("postgresql://app@db.internal/payments")?;
@@ -310,14 +315,14 @@ impl PgStore {
     ///         other => break other?,
     ///     }
     /// };
-    /// if let Begin::Acquired(lease) = begun {
+    /// if let BeginAnswer::Acquired(lease) = begun {
     ///     // … call the provider with lease.downstream_key() …
     ///     lease.complete(Response::new(200, "paid"))?;
     /// }
     /// # Ok(())
     /// # }
     /// ```
-    pub fn begin_claim(&self, claim: &mut Claim) -> Result<Begin<PgLease>, Error> {
+    pub fn begin_claim(&self, claim: &mut Claim) -> Result<BeginAnswer<PgLease>, Error> {
         Call::of(ENGINE, Kind::Begin, claim.request().scope()).observe(|_| {
             let claimed = self.claim_key(claim)?;
             self.begun(claim.request().clone(), claimed)
@@ -326,9 +331,9 @@ impl PgStore {
 
     /// The lease of a committed claim for `request`, or the answer given instead. The lease
     /// exists only once its claim committed: a lease releases its key on drop.
-    fn begun(&self, request: Request, claimed: Claimed) -> Result<Begin<PgLease>, Error> {
+    fn begun(&self, request: Request, claimed: Claimed) -> Result<BeginAnswer<PgLease>, Error> {
         match claimed {
-            Ok(c) => Ok(Begin::Acquired(PgLease::new(
+            Ok(c) => Ok(BeginAnswer::Acquired(PgLease::new(
                 self.clone(),
                 request,
                 c.key,
@@ -399,7 +404,7 @@ impl PgStore {
         &self,
         request: Request,
         max_wait: Duration,
-    ) -> Result<Begin<PgLease>, Error> {
+    ) -> Result<BeginAnswer<PgLease>, Error> {
         // One observed call however many claims the wait makes.
         Call::of(ENGINE, Kind::Begin, request.scope())
             .observe(|_| self.begin_wait_observed(request, max_wait))
@@ -410,7 +415,7 @@ impl PgStore {
         &self,
         request: Request,
         max_wait: Duration,
-    ) -> Result<Begin<PgLease>, Error> {
+    ) -> Result<BeginAnswer<PgLease>, Error> {
         if self.in_closure() {
             return Err(Error::Reentrant);
         }
@@ -423,7 +428,7 @@ impl PgStore {
                 Err(Early::InFlight { retry_after }) => {
                     let now = Instant::now();
                     let slice = match give_up {
-                        Some(t) if now >= t => return Ok(Begin::InFlight { retry_after }),
+                        Some(t) if now >= t => return Ok(BeginAnswer::InFlight { retry_after }),
                         Some(t) => (t - now).min(WAIT_POLL),
                         None => WAIT_POLL,
                     };
@@ -506,7 +511,7 @@ impl PgStore {
 
     /// A connection from the store's pool for your own statements outside idem's transactions
     /// (e.g. reading the rows a flow-A closure wrote, to serve a `GET`): the counterpart of the
-    /// file store's `begin_read`. It goes back to the pool when dropped. Writes made through it
+    /// file store's `read_transaction`. It goes back to the pool when dropped. Writes made through it
     /// are not atomic with any idempotency record: make them in a closure instead.
     pub fn client(&self) -> Result<PgClient, Error> {
         Ok(PgClient(self.connection()?))

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Output;
 
 use idem::clock::ManualClock;
-use idem::{Abort, Begin, Request, Response, Scope, Store, Timestamp};
+use idem::{Abort, BeginAnswer, Request, Response, Scope, Store, Timestamp};
 use idem_cli::idem;
 use serde_json::Value;
 
@@ -88,7 +88,7 @@ fn put(store: &Store, key: &str, status: u16, body: &[u8]) {
     let outcome = store
         .execute(req, |_| Ok(Response::new(status, body.to_vec())))
         .unwrap();
-    assert!(matches!(outcome, idem::Outcome::Executed(_)));
+    assert!(matches!(outcome, idem::ExecuteAnswer::Ran(_)));
 }
 
 /// `get --tenant t1 --op op --key <key>` with `more` flags.
@@ -345,7 +345,7 @@ fn get_json_of_a_pending_record_has_its_lease() {
     // A lease held by this process while the CLI reads the file (both in multi-process mode).
     let store = Store::builder().multi_process(true).open(&file).unwrap();
     let req = Request::from_canonical_bytes(Scope::new("t1", "op"), "k", b"x");
-    let Begin::Acquired(lease) = store.begin(req).unwrap() else {
+    let BeginAnswer::Acquired(lease) = store.begin(req).unwrap() else {
         panic!("not claimed");
     };
     let o = idem(
@@ -751,7 +751,7 @@ fn outbox_stats_list_requeue_discard() {
         // A broker that is always down, and one attempt allowed: both events die.
         let dispatcher = store
             .start_dispatcher(
-                |_: &idem::outbox::OutboxEvent| -> Result<(), idem::error::BoxError> {
+                |_: &idem::outbox::StoredEvent| -> Result<(), idem::error::BoxError> {
                     Err("broker down\nline two".into())
                 },
                 idem::outbox::DispatcherOptions::new().max_attempts(1),
@@ -850,7 +850,7 @@ fn check_and_stats_beside_a_multi_process_writer() {
         let outcome = store
             .execute(req, |_| Ok(Response::new(201, format!("body-{k}"))))
             .unwrap();
-        assert!(matches!(outcome, idem::Outcome::Executed(_)));
+        assert!(matches!(outcome, idem::ExecuteAnswer::Ran(_)));
     };
     for i in 0..20 {
         put(&format!("k{i}"));

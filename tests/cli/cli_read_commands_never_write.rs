@@ -157,7 +157,7 @@ fn read_commands_refuse_a_file_that_needs_recovery_instead_of_recovering_it() {
         let req = Request::from_canonical_bytes(Scope::new("t", "op"), key(i), b"p");
         let outcome = store.execute(req, |_| Ok(Response::new(201, "ok")));
         assert!(
-            matches!(outcome, Ok(idem::Outcome::Executed(_))),
+            matches!(outcome, Ok(idem::ExecuteAnswer::Ran(_))),
             "{outcome:?}"
         );
     }

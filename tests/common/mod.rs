@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use idem::clock::ManualClock;
 use idem::redb::{ReadableDatabase, TableDefinition};
 use idem::{
-    Begin, Error, Lease, Outcome, Request, Response, Scope, Store, StoreBuilder, Timestamp,
+    BeginAnswer, Error, ExecuteAnswer, Lease, Request, Response, Scope, Store, StoreBuilder,
+    Timestamp,
 };
 use tempfile::TempDir;
 
@@ -87,7 +88,7 @@ pub fn req(tenant: &str, operation: &str, key: &str, payload: &[u8]) -> Request 
 
 /// Reads the effect counter `label` through the open store's read snapshot.
 pub fn effects(store: &Store, label: &str) -> u64 {
-    let read = store.begin_read().expect("read txn");
+    let read = store.read_transaction().expect("read txn");
     let table = match read.open_table(EFFECTS) {
         Ok(t) => t,
         Err(idem::redb::TableError::TableDoesNotExist(_)) => return 0,
@@ -149,42 +150,42 @@ pub fn overwrite_record(path: &Path, record_key: &[u8], value: &[u8]) {
 }
 
 #[track_caller]
-pub fn executed(outcome: Result<Outcome, Error>) -> Response {
+pub fn executed(outcome: Result<ExecuteAnswer, Error>) -> Response {
     match outcome {
-        Ok(Outcome::Executed(r)) => r,
-        other => panic!("expected Outcome::Executed, got {other:?}"),
+        Ok(ExecuteAnswer::Ran(r)) => r,
+        other => panic!("expected ExecuteAnswer::Ran, got {other:?}"),
     }
 }
 
 #[track_caller]
-pub fn replayed(outcome: Result<Outcome, Error>) -> Response {
+pub fn replayed(outcome: Result<ExecuteAnswer, Error>) -> Response {
     match outcome {
-        Ok(Outcome::Replayed(r)) => r,
-        other => panic!("expected Outcome::Replayed, got {other:?}"),
+        Ok(ExecuteAnswer::Replayed(r)) => r,
+        other => panic!("expected ExecuteAnswer::Replayed, got {other:?}"),
     }
 }
 
 #[track_caller]
-pub fn acquired(begin: Result<Begin, Error>) -> Lease {
+pub fn acquired(begin: Result<BeginAnswer, Error>) -> Lease {
     match begin {
-        Ok(Begin::Acquired(lease)) => lease,
-        other => panic!("expected Begin::Acquired, got {other:?}"),
+        Ok(BeginAnswer::Acquired(lease)) => lease,
+        other => panic!("expected BeginAnswer::Acquired, got {other:?}"),
     }
 }
 
 #[track_caller]
-pub fn begin_replayed(begin: Result<Begin, Error>) -> Response {
+pub fn begin_replayed(begin: Result<BeginAnswer, Error>) -> Response {
     match begin {
-        Ok(Begin::Replayed(r)) => r,
-        other => panic!("expected Begin::Replayed, got {other:?}"),
+        Ok(BeginAnswer::Replayed(r)) => r,
+        other => panic!("expected BeginAnswer::Replayed, got {other:?}"),
     }
 }
 
 #[track_caller]
-pub fn begin_in_flight(begin: Result<Begin, Error>) -> std::time::Duration {
+pub fn begin_in_flight(begin: Result<BeginAnswer, Error>) -> std::time::Duration {
     match begin {
-        Ok(Begin::InFlight { retry_after }) => retry_after,
-        other => panic!("expected Begin::InFlight, got {other:?}"),
+        Ok(BeginAnswer::InFlight { retry_after }) => retry_after,
+        other => panic!("expected BeginAnswer::InFlight, got {other:?}"),
     }
 }
 
@@ -220,7 +221,7 @@ pub fn crash_image(builder: StoreBuilder, work: impl FnOnce(&Store)) -> Vec<u8> 
 
 /// Rows in idem's record table (records, inbox marks) seen through the open store.
 pub fn record_rows(store: &Store) -> u64 {
-    let read = store.begin_read().expect("read txn");
+    let read = store.read_transaction().expect("read txn");
     match read.open_table(RECORDS) {
         Ok(t) => idem::redb::ReadableTableMetadata::len(&t).expect("len"),
         Err(idem::redb::TableError::TableDoesNotExist(_)) => 0,
@@ -285,7 +286,7 @@ pub fn gate_answered<'s, 'e>(
     store: &'e Store,
 ) -> (
     std::sync::mpsc::Sender<()>,
-    std::thread::ScopedJoinHandle<'s, Result<Outcome, Error>>,
+    std::thread::ScopedJoinHandle<'s, Result<ExecuteAnswer, Error>>,
 ) {
     let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
     let (held_tx, held_rx) = std::sync::mpsc::channel::<()>();

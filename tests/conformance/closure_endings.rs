@@ -6,7 +6,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use idem::format::State;
-use idem::inbox::Processed;
+use idem::inbox::ProcessAnswer;
 use idem::outbox::Event;
 use idem::{Error, Response, Scope};
 
@@ -58,7 +58,7 @@ pub fn retryable_and_store_errors_store_nothing_and_free_the_key<E: Engine>(e: &
             .expect("complete_with");
         assert!(matches!(
             e.process("billing", &key, &fixed),
-            Ok(Processed::Processed(_))
+            Ok(ProcessAnswer::Ran(_))
         ));
         assert_eq!(e.effects(name), 3, "{name}: the retries ran and committed");
     }
@@ -110,7 +110,7 @@ pub fn panic_unwinds_to_the_caller_and_stores_nothing<E: Engine>(e: &mut E) {
     lease.complete_with(&fixed).expect("complete_with");
     assert!(matches!(
         e.process("billing", "m", &fixed),
-        Ok(Processed::Processed(_))
+        Ok(ProcessAnswer::Ran(_))
     ));
     assert_eq!(e.effects("boom"), 3, "the store still works");
 }
@@ -212,7 +212,7 @@ pub fn oversized_responses_are_refused_and_rejections_are_kept_fitted<E: Engine>
     );
 
     let reject = Behavior::terminal(big()).effect("rejections");
-    let Processed::Rejected(whole) = e.process("billing", "m-big", &reject).expect("process")
+    let ProcessAnswer::Rejected(whole) = e.process("billing", "m-big", &reject).expect("process")
     else {
         panic!("expected Rejected")
     };
@@ -291,7 +291,7 @@ pub fn a_failing_caller_leaves_its_neighbours_outcomes_alone<E: Engine>(e: &mut 
                                 None
                             );
                         }
-                        (3, Ok(Ok(idem::Outcome::Executed(r)))) => {
+                        (3, Ok(Ok(idem::ExecuteAnswer::Ran(r)))) => {
                             assert_eq!(r.body(), label.as_bytes());
                             assert_eq!(e.effects(&label), 1, "{label}: committed once");
                         }

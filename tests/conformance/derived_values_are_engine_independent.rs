@@ -52,11 +52,8 @@ pub fn ids_keys_and_encodings_are_the_same_on_every_engine<E: Engine>(e: &mut E)
 }
 
 #[track_caller]
-fn executed_inbox(r: Result<idem::inbox::Processed<Response>, idem::Error>) {
-    assert!(
-        matches!(r, Ok(idem::inbox::Processed::Processed(_))),
-        "{r:?}"
-    );
+fn executed_inbox(r: Result<idem::inbox::ProcessAnswer<Response>, idem::Error>) {
+    assert!(matches!(r, Ok(idem::inbox::ProcessAnswer::Ran(_))), "{r:?}");
 }
 
 const DOWNSTREAM_KEY: &str = "bc02dbb067971c6ea1811e6f408e96a724226c7d7afb062acf4f10ff38bba8ef";

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use idem::error::BoxError;
 use idem::format::State;
-use idem::inbox::{Processed, Receipt};
-use idem::outbox::{DispatcherOptions, Event, EventId, OutboxEvent};
-use idem::{Begin, Outcome, Response, Scope};
+use idem::inbox::{ProcessAnswer, ReceiveAnswer};
+use idem::outbox::{DispatcherOptions, Event, EventId, StoredEvent};
+use idem::{BeginAnswer, ExecuteAnswer, Response, Scope};
 
 use super::*;
 use crate::common::T0;
@@ -61,7 +61,7 @@ pub fn racing_identical_requests_cause_one_effect_and_one_answer<E: Engine>(e: &
     const THREADS: usize = 8;
     let e = &*e;
     let barrier = Barrier::new(THREADS);
-    let answers: Vec<(Outcome, u32)> = std::thread::scope(|s| {
+    let answers: Vec<(ExecuteAnswer, u32)> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..THREADS)
             .map(|i| {
                 let barrier = &barrier;
@@ -84,7 +84,7 @@ pub fn racing_identical_requests_cause_one_effect_and_one_answer<E: Engine>(e: &
     let executed: Vec<&Response> = answers
         .iter()
         .filter_map(|(o, _)| match o {
-            Outcome::Executed(r) => Some(r),
+            ExecuteAnswer::Ran(r) => Some(r),
             _ => None,
         })
         .collect();
@@ -92,7 +92,7 @@ pub fn racing_identical_requests_cause_one_effect_and_one_answer<E: Engine>(e: &
     let winner = executed[0].clone();
     for (outcome, _) in &answers {
         match outcome {
-            Outcome::Executed(r) | Outcome::Replayed(r) => assert_eq!(r, &winner),
+            ExecuteAnswer::Ran(r) | ExecuteAnswer::Replayed(r) => assert_eq!(r, &winner),
             other => panic!("every answer is the winner's: {other:?}"),
         }
     }
@@ -127,8 +127,8 @@ pub fn racing_begins_grant_one_lease<E: Engine>(e: &mut E) {
         let mut in_flight = 0;
         for h in handles {
             match h.join().expect("thread") {
-                Begin::Acquired(l) => leases.push(l),
-                Begin::InFlight { .. } => in_flight += 1,
+                BeginAnswer::Acquired(l) => leases.push(l),
+                BeginAnswer::InFlight { .. } => in_flight += 1,
                 other => panic!("expected Acquired or InFlight, got {other:?}"),
             }
         }
@@ -182,14 +182,14 @@ pub fn same_key_different_payload_is_a_mismatch_and_changes_nothing<E: Engine>(e
 pub fn consumer_crash_before_ack_redelivery_is_a_duplicate<E: Engine>(e: &mut E) {
     let handle = Behavior::answer(Response::new(200, "charged")).effect("charge");
     match e.process("billing", "msg-1", &handle).expect("process") {
-        Processed::Processed(r) => assert_eq!(r.body(), b"charged"),
-        other => panic!("expected Processed, got {other:?}"),
+        ProcessAnswer::Ran(r) => assert_eq!(r.body(), b"charged"),
+        other => panic!("expected ProcessAnswer, got {other:?}"),
     }
     e.advance(Duration::from_secs(60));
     e.restart();
     let again = Behavior::answer(Response::new(200, "charged again")).effect("charge");
     match e.process("billing", "msg-1", &again).expect("redelivery") {
-        Processed::Duplicate {
+        ProcessAnswer::Duplicate {
             processed_at,
             rejection: None,
         } => assert_eq!(processed_at, T0),
@@ -201,7 +201,7 @@ pub fn consumer_crash_before_ack_redelivery_is_a_duplicate<E: Engine>(e: &mut E)
     assert!(matches!(
         e.process("shipping", "msg-1", &again)
             .expect("other subscriber"),
-        Processed::Processed(_)
+        ProcessAnswer::Ran(_)
     ));
     assert_eq!(e.effects("charge"), 2);
 }
@@ -212,11 +212,11 @@ pub fn webhook_replayed_with_the_same_delivery_id_is_a_duplicate<E: Engine>(e: &
     let hook = Behavior::answer(Response::new(202, "queued")).effect("jobs");
     assert!(matches!(
         e.receive("github", "guid-1", &hook).expect("receive"),
-        Receipt::Accepted(_)
+        ReceiveAnswer::Ran(_)
     ));
     for _ in 0..2 {
         match e.receive("github", "guid-1", &hook).expect("replay") {
-            Receipt::Duplicate {
+            ReceiveAnswer::Duplicate {
                 received_at,
                 rejection: None,
             } => assert_eq!(received_at, T0),
@@ -227,22 +227,23 @@ pub fn webhook_replayed_with_the_same_delivery_id_is_a_duplicate<E: Engine>(e: &
     // The same id from another source, and another id, are new deliveries.
     assert!(matches!(
         e.receive("stripe", "guid-1", &hook).expect("receive"),
-        Receipt::Accepted(_)
+        ReceiveAnswer::Ran(_)
     ));
     assert!(matches!(
         e.receive("github", "guid-2", &hook).expect("receive"),
-        Receipt::Accepted(_)
+        ReceiveAnswer::Ran(_)
     ));
     assert_eq!(e.effects("jobs"), 3);
 
     let reject = Behavior::terminal(Response::new(422, "unknown event type")).effect("rejected");
-    let Receipt::Rejected(rejection) = e.receive("github", "guid-3", &reject).expect("receive")
+    let ReceiveAnswer::Rejected(rejection) =
+        e.receive("github", "guid-3", &reject).expect("receive")
     else {
         panic!("expected Rejected")
     };
     assert!(rejection.is_failure());
     match e.receive("github", "guid-3", &hook).expect("replay") {
-        Receipt::Duplicate {
+        ReceiveAnswer::Duplicate {
             rejection: Some(r), ..
         } => assert_eq!(r, rejection),
         other => panic!("expected a Duplicate carrying the rejection, got {other:?}"),
@@ -269,7 +270,7 @@ pub fn dispatcher_republish_keeps_the_event_id_and_the_inbox_applies_once<E: Eng
     let mut lose_the_ack = true;
     let dispatcher = e
         .start_dispatcher(
-            move |event: &OutboxEvent| -> Result<(), BoxError> {
+            move |event: &StoredEvent| -> Result<(), BoxError> {
                 let _ = sent.send(event.id);
                 if std::mem::replace(&mut lose_the_ack, false) {
                     return Err("the broker's acknowledgement was lost".into());
@@ -284,7 +285,7 @@ pub fn dispatcher_republish_keeps_the_event_id_and_the_inbox_applies_once<E: Eng
     assert_eq!(first, pushed[0], "the published id is the pushed one");
     assert!(matches!(
         e.process("ledger", &first.to_hex(), &consume),
-        Ok(Processed::Processed(_))
+        Ok(ProcessAnswer::Ran(_))
     ));
 
     wait_until("the failed attempt to be recorded", || {
@@ -296,7 +297,7 @@ pub fn dispatcher_republish_keeps_the_event_id_and_the_inbox_applies_once<E: Eng
     assert_eq!(second, first, "republished with the same id");
     assert!(matches!(
         e.process("ledger", &second.to_hex(), &consume),
-        Ok(Processed::Duplicate { .. })
+        Ok(ProcessAnswer::Duplicate { .. })
     ));
     wait_until("the delivery", || {
         e.outbox_stats().map(|s| s.pending == 0).unwrap_or(false)

@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use idem::Error;
 use idem::Response;
-use idem::inbox::Processed;
+use idem::inbox::ProcessAnswer;
 
 use super::*;
 use crate::common::T0;
 
-/// `Ok` → `Processed` with the writes, and the redelivery is a `Duplicate` without a
+/// `Ok` → `ProcessAnswer` with the writes, and the redelivery is a `Duplicate` without a
 /// rejection. `Terminal` → `Rejected`, its writes committed and the mark keeps the rejection,
 /// which the redelivery carries. `Retryable` → `Aborted`, no mark and no writes, and the
 /// redelivery runs.
@@ -18,7 +18,7 @@ pub fn inbox_ok_terminal_and_retryable<E: Engine>(e: &mut E) {
     let ok = Behavior::answer(Response::new(200, "applied")).effect("ok");
     assert_eq!(
         e.process("billing", "m-ok", &ok).expect("process"),
-        Processed::Processed(Response::new(200, "applied"))
+        ProcessAnswer::Ran(Response::new(200, "applied"))
     );
     let mark = e
         .inbox_mark("billing", "m-ok")
@@ -27,7 +27,7 @@ pub fn inbox_ok_terminal_and_retryable<E: Engine>(e: &mut E) {
     assert_eq!((mark.processed_at, mark.rejection), (T0, None));
     assert!(matches!(
         e.process("billing", "m-ok", &ok).expect("redelivery"),
-        Processed::Duplicate { processed_at, rejection: None } if processed_at == T0
+        ProcessAnswer::Duplicate { processed_at, rejection: None } if processed_at == T0
     ));
     assert_eq!((ok.runs(), e.effects("ok")), (1, 1));
 
@@ -35,7 +35,8 @@ pub fn inbox_ok_terminal_and_retryable<E: Engine>(e: &mut E) {
         Response::new(422, "amount must be positive").with_resource("order", "o-7"),
     )
     .effect("audit");
-    let Processed::Rejected(rejected) = e.process("billing", "m-bad", &reject).expect("process")
+    let ProcessAnswer::Rejected(rejected) =
+        e.process("billing", "m-bad", &reject).expect("process")
     else {
         panic!("expected Rejected")
     };
@@ -52,7 +53,7 @@ pub fn inbox_ok_terminal_and_retryable<E: Engine>(e: &mut E) {
         Some(rejected.clone())
     );
     match e.process("billing", "m-bad", &ok).expect("redelivery") {
-        Processed::Duplicate {
+        ProcessAnswer::Duplicate {
             rejection: Some(r), ..
         } => assert_eq!(r, rejected),
         other => panic!("expected a Duplicate carrying the rejection, got {other:?}"),
@@ -73,7 +74,7 @@ pub fn inbox_ok_terminal_and_retryable<E: Engine>(e: &mut E) {
     let fixed = Behavior::answer(Response::new(200, "applied")).effect("flaky");
     assert!(matches!(
         e.process("billing", "m-retry", &fixed),
-        Ok(Processed::Processed(_))
+        Ok(ProcessAnswer::Ran(_))
     ));
     assert_eq!((fixed.runs(), e.effects("flaky")), (1, 1));
 }
@@ -85,7 +86,7 @@ pub fn inbox_mark_is_forgotten_after_the_inbox_retention<E: Engine>(e: &mut E) {
     for id in ["swept", "swept-too"] {
         assert!(matches!(
             e.process("billing", id, &handle),
-            Ok(Processed::Processed(_))
+            Ok(ProcessAnswer::Ran(_))
         ));
         let mark = e.inbox_mark("billing", id).expect("mark").expect("a mark");
         assert_eq!(mark.forget_at, T0.saturating_add(INBOX_RETENTION));
@@ -94,7 +95,7 @@ pub fn inbox_mark_is_forgotten_after_the_inbox_retention<E: Engine>(e: &mut E) {
     e.advance(INBOX_RETENTION - MS);
     assert!(matches!(
         e.process("billing", "swept", &handle),
-        Ok(Processed::Duplicate { .. })
+        Ok(ProcessAnswer::Duplicate { .. })
     ));
     assert_eq!(
         e.sweep().expect("sweep").deleted,
@@ -112,7 +113,7 @@ pub fn inbox_mark_is_forgotten_after_the_inbox_retention<E: Engine>(e: &mut E) {
     assert_eq!(e.inbox_mark("billing", "swept").expect("mark"), None);
     assert!(matches!(
         e.process("billing", "swept", &handle),
-        Ok(Processed::Processed(_))
+        Ok(ProcessAnswer::Ran(_))
     ));
     assert_eq!(
         (handle.runs(), e.effects("applied")),
@@ -124,7 +125,7 @@ pub fn inbox_mark_is_forgotten_after_the_inbox_retention<E: Engine>(e: &mut E) {
     let late = Behavior::answer(Response::new(200, "late")).effect("late");
     assert!(matches!(
         e.process("billing", "late-1", &late),
-        Ok(Processed::Processed(_))
+        Ok(ProcessAnswer::Ran(_))
     ));
     e.advance(INBOX_RETENTION + Duration::from_secs(1));
     assert!(
@@ -133,7 +134,7 @@ pub fn inbox_mark_is_forgotten_after_the_inbox_retention<E: Engine>(e: &mut E) {
     );
     assert!(matches!(
         e.process("billing", "late-1", &late),
-        Ok(Processed::Processed(_))
+        Ok(ProcessAnswer::Ran(_))
     ));
     assert_eq!(e.effects("late"), 2);
 }
@@ -144,11 +145,11 @@ pub fn purging_an_inbox_mark_lets_the_message_run_again<E: Engine>(e: &mut E) {
     let handle = Behavior::answer(Response::new(200, "applied")).effect("applied");
     assert!(matches!(
         e.process("billing", "m-1", &handle),
-        Ok(Processed::Processed(_))
+        Ok(ProcessAnswer::Ran(_))
     ));
     assert!(matches!(
         e.receive("github", "m-1", &handle),
-        Ok(idem::inbox::Receipt::Accepted(_))
+        Ok(idem::inbox::ReceiveAnswer::Ran(_))
     ));
     assert_eq!(
         e.stats().expect("stats").records,
@@ -159,16 +160,16 @@ pub fn purging_an_inbox_mark_lets_the_message_run_again<E: Engine>(e: &mut E) {
     assert!(!e.purge_inbox_mark("billing", "m-1").expect("purge again"));
     assert!(matches!(
         e.process("billing", "m-1", &handle),
-        Ok(Processed::Processed(_))
+        Ok(ProcessAnswer::Ran(_))
     ));
     assert!(matches!(
         e.process("billing", "m-1", &handle),
-        Ok(Processed::Duplicate { .. })
+        Ok(ProcessAnswer::Duplicate { .. })
     ));
     assert!(
         matches!(
             e.receive("github", "m-1", &handle),
-            Ok(idem::inbox::Receipt::Duplicate { .. })
+            Ok(idem::inbox::ReceiveAnswer::Duplicate { .. })
         ),
         "a webhook receipt is not an inbox mark"
     );

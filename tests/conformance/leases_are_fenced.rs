@@ -5,7 +5,7 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
-use idem::{Begin, Claim, Response, Scope};
+use idem::{BeginAnswer, Claim, Response, Scope};
 
 use super::*;
 use crate::common::T0;
@@ -135,7 +135,7 @@ pub fn begin_wait_returns_the_result_another_attempt_finished<E: Engine>(e: &mut
     });
     assert_eq!(begin_replayed(waited).body(), b"holder's answer");
     match e.begin_wait(charge, Duration::ZERO) {
-        Ok(Begin::Replayed(r)) => assert_eq!(r.body(), b"holder's answer"),
+        Ok(BeginAnswer::Replayed(r)) => assert_eq!(r.body(), b"holder's answer"),
         other => panic!("expected a replay, got {other:?}"),
     }
 

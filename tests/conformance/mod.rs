@@ -15,15 +15,17 @@ use std::time::{Duration, Instant};
 
 use idem::clock::{Clock, ManualClock};
 use idem::format::Record;
-use idem::inbox::{HighWaterMark, Mark, Processed, Receipt};
+use idem::inbox::{HighWaterMark, Mark, ProcessAnswer, ReceiveAnswer};
 use idem::keys::DownstreamKey;
 use idem::outbox::{
-    DeadLetter, DispatcherHandle, DispatcherOptions, Event, EventId, OutboxEvent, OutboxMetrics,
-    OutboxStats, Publisher,
+    DeadLetter, DispatcherHandle, DispatcherOptions, Event, EventId, OutboxMetrics, OutboxStats,
+    Publisher, StoredEvent,
 };
 use idem::rules::VersionCheck;
 use idem::store::{Stats, SweepReport};
-use idem::{Begin, Claim, Error, Outcome, Request, Response, Scope, Timestamp, Tombstone};
+use idem::{
+    BeginAnswer, Claim, Error, ExecuteAnswer, Request, Response, Scope, Timestamp, Tombstone,
+};
 
 mod closure_endings;
 mod derived_values_are_engine_independent;
@@ -210,28 +212,31 @@ pub trait Engine: Sync + Sized {
     /// The manual clock the store decides by.
     fn clock(&self) -> &ManualClock;
     /// Flow A with a closure that does `behavior`.
-    fn execute(&self, request: Request, behavior: &Behavior) -> Result<Outcome, Error>;
+    fn execute(&self, request: Request, behavior: &Behavior) -> Result<ExecuteAnswer, Error>;
     /// Flow B's claim.
-    fn begin(&self, request: Request) -> Result<Begin<Self::Lease>, Error>;
+    fn begin(&self, request: Request) -> Result<BeginAnswer<Self::Lease>, Error>;
     /// Flow B's claim for a [`Claim`] whose retries recognise the lease it already took.
-    fn begin_claim(&self, claim: &mut Claim) -> Result<Begin<Self::Lease>, Error>;
+    fn begin_claim(&self, claim: &mut Claim) -> Result<BeginAnswer<Self::Lease>, Error>;
     /// Flow B's claim, waiting up to `max_wait` for another attempt to finish.
-    fn begin_wait(&self, request: Request, max_wait: Duration)
-    -> Result<Begin<Self::Lease>, Error>;
+    fn begin_wait(
+        &self,
+        request: Request,
+        max_wait: Duration,
+    ) -> Result<BeginAnswer<Self::Lease>, Error>;
     /// The inbox, with a closure that does `behavior` (its response is the processed value).
     fn process(
         &self,
         subscriber: &str,
         message_id: &str,
         behavior: &Behavior,
-    ) -> Result<Processed<Response>, Error>;
+    ) -> Result<ProcessAnswer<Response>, Error>;
     /// Webhook receipts, with a closure that does `behavior`.
     fn receive(
         &self,
         source: &str,
         delivery_id: &str,
         behavior: &Behavior,
-    ) -> Result<Receipt<Response>, Error>;
+    ) -> Result<ReceiveAnswer<Response>, Error>;
     /// The stored inbox mark.
     fn inbox_mark(&self, subscriber: &str, message_id: &str) -> Result<Option<Mark>, Error>;
     /// Removes an inbox mark.
@@ -255,7 +260,7 @@ pub trait Engine: Sync + Sized {
         options: DispatcherOptions,
     ) -> Result<DispatcherHandle, Error>;
     /// Undelivered events in commit order.
-    fn pending_events(&self, limit: usize) -> Result<Vec<OutboxEvent>, Error>;
+    fn pending_events(&self, limit: usize) -> Result<Vec<StoredEvent>, Error>;
     /// Dead letters, oldest first.
     fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, Error>;
     /// Moves a dead letter back into the outbox.
@@ -386,75 +391,75 @@ pub fn req(tenant: &str, operation: &str, key: &str, payload: &[u8]) -> Request 
     Request::from_canonical_bytes(Scope::new(tenant, operation), key, payload)
 }
 
-/// The response of `Outcome::Executed`.
+/// The response of `ExecuteAnswer::Ran`.
 #[track_caller]
-pub fn executed(outcome: Result<Outcome, Error>) -> Response {
+pub fn executed(outcome: Result<ExecuteAnswer, Error>) -> Response {
     match outcome {
-        Ok(Outcome::Executed(r)) => r,
-        other => panic!("expected Outcome::Executed, got {other:?}"),
+        Ok(ExecuteAnswer::Ran(r)) => r,
+        other => panic!("expected ExecuteAnswer::Ran, got {other:?}"),
     }
 }
 
-/// The response of `Outcome::Replayed`.
+/// The response of `ExecuteAnswer::Replayed`.
 #[track_caller]
-pub fn replayed(outcome: Result<Outcome, Error>) -> Response {
+pub fn replayed(outcome: Result<ExecuteAnswer, Error>) -> Response {
     match outcome {
-        Ok(Outcome::Replayed(r)) => r,
-        other => panic!("expected Outcome::Replayed, got {other:?}"),
+        Ok(ExecuteAnswer::Replayed(r)) => r,
+        other => panic!("expected ExecuteAnswer::Replayed, got {other:?}"),
     }
 }
 
-/// The tombstone of `Outcome::Expired`.
+/// The tombstone of `ExecuteAnswer::Expired`.
 #[track_caller]
-pub fn expired(outcome: Result<Outcome, Error>) -> Tombstone {
+pub fn expired(outcome: Result<ExecuteAnswer, Error>) -> Tombstone {
     match outcome {
-        Ok(Outcome::Expired(t)) => t,
-        other => panic!("expected Outcome::Expired, got {other:?}"),
+        Ok(ExecuteAnswer::Expired(t)) => t,
+        other => panic!("expected ExecuteAnswer::Expired, got {other:?}"),
     }
 }
 
-/// The `retry_after` hint of `Outcome::InFlight`.
+/// The `retry_after` hint of `ExecuteAnswer::InFlight`.
 #[track_caller]
-pub fn in_flight(outcome: Result<Outcome, Error>) -> Duration {
+pub fn in_flight(outcome: Result<ExecuteAnswer, Error>) -> Duration {
     match outcome {
-        Ok(Outcome::InFlight { retry_after }) => retry_after,
-        other => panic!("expected Outcome::InFlight, got {other:?}"),
+        Ok(ExecuteAnswer::InFlight { retry_after }) => retry_after,
+        other => panic!("expected ExecuteAnswer::InFlight, got {other:?}"),
     }
 }
 
-/// The lease of `Begin::Acquired`.
+/// The lease of `BeginAnswer::Acquired`.
 #[track_caller]
-pub fn acquired<L: std::fmt::Debug>(begin: Result<Begin<L>, Error>) -> L {
+pub fn acquired<L: std::fmt::Debug>(begin: Result<BeginAnswer<L>, Error>) -> L {
     match begin {
-        Ok(Begin::Acquired(lease)) => lease,
-        other => panic!("expected Begin::Acquired, got {other:?}"),
+        Ok(BeginAnswer::Acquired(lease)) => lease,
+        other => panic!("expected BeginAnswer::Acquired, got {other:?}"),
     }
 }
 
-/// The response of `Begin::Replayed`.
+/// The response of `BeginAnswer::Replayed`.
 #[track_caller]
-pub fn begin_replayed<L: std::fmt::Debug>(begin: Result<Begin<L>, Error>) -> Response {
+pub fn begin_replayed<L: std::fmt::Debug>(begin: Result<BeginAnswer<L>, Error>) -> Response {
     match begin {
-        Ok(Begin::Replayed(r)) => r,
-        other => panic!("expected Begin::Replayed, got {other:?}"),
+        Ok(BeginAnswer::Replayed(r)) => r,
+        other => panic!("expected BeginAnswer::Replayed, got {other:?}"),
     }
 }
 
-/// The `retry_after` hint of `Begin::InFlight`.
+/// The `retry_after` hint of `BeginAnswer::InFlight`.
 #[track_caller]
-pub fn begin_in_flight<L: std::fmt::Debug>(begin: Result<Begin<L>, Error>) -> Duration {
+pub fn begin_in_flight<L: std::fmt::Debug>(begin: Result<BeginAnswer<L>, Error>) -> Duration {
     match begin {
-        Ok(Begin::InFlight { retry_after }) => retry_after,
-        other => panic!("expected Begin::InFlight, got {other:?}"),
+        Ok(BeginAnswer::InFlight { retry_after }) => retry_after,
+        other => panic!("expected BeginAnswer::InFlight, got {other:?}"),
     }
 }
 
-/// The tombstone of `Begin::Expired`.
+/// The tombstone of `BeginAnswer::Expired`.
 #[track_caller]
-pub fn begin_expired<L: std::fmt::Debug>(begin: Result<Begin<L>, Error>) -> Tombstone {
+pub fn begin_expired<L: std::fmt::Debug>(begin: Result<BeginAnswer<L>, Error>) -> Tombstone {
     match begin {
-        Ok(Begin::Expired(t)) => t,
-        other => panic!("expected Begin::Expired, got {other:?}"),
+        Ok(BeginAnswer::Expired(t)) => t,
+        other => panic!("expected BeginAnswer::Expired, got {other:?}"),
     }
 }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use idem::Response;
 use idem::error::BoxError;
-use idem::outbox::{DispatcherOptions, Event, EventId, OutboxEvent};
+use idem::outbox::{DispatcherOptions, Event, EventId, StoredEvent};
 
 use super::*;
 
@@ -29,7 +29,7 @@ fn push<E: Engine>(e: &E, key: &str, payload: &str, ordering_key: &str) {
     executed(e.execute(req("t", "push", key, payload.as_bytes()), &b));
 }
 
-fn payload(e: &OutboxEvent) -> String {
+fn payload(e: &StoredEvent) -> String {
     String::from_utf8_lossy(&e.payload).into_owned()
 }
 
@@ -37,11 +37,11 @@ fn payload(e: &OutboxEvent) -> String {
 fn recording(
     mut fail: impl FnMut(&str) -> bool + Send + 'static,
 ) -> (
-    impl FnMut(&OutboxEvent) -> Result<(), BoxError> + Send + 'static,
+    impl FnMut(&StoredEvent) -> Result<(), BoxError> + Send + 'static,
     mpsc::Receiver<Call>,
 ) {
     let (sent, calls) = mpsc::channel();
-    let publisher = move |e: &OutboxEvent| -> Result<(), BoxError> {
+    let publisher = move |e: &StoredEvent| -> Result<(), BoxError> {
         let p = payload(e);
         let ok = !fail(&p);
         let _ = sent.send(Call {

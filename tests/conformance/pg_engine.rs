@@ -8,15 +8,15 @@ use std::time::Duration;
 
 use idem::clock::ManualClock;
 use idem::format::Record;
-use idem::inbox::{HighWaterMark, Mark, Processed, Receipt};
+use idem::inbox::{HighWaterMark, Mark, ProcessAnswer, ReceiveAnswer};
 use idem::keys::DownstreamKey;
 use idem::outbox::{
-    DeadLetter, DispatcherHandle, DispatcherOptions, OutboxEvent, OutboxMetrics, OutboxStats,
-    Publisher,
+    DeadLetter, DispatcherHandle, DispatcherOptions, OutboxMetrics, OutboxStats, Publisher,
+    StoredEvent,
 };
 use idem::postgres::{PgLease, PgStore, PgTx};
 use idem::store::{Stats, SweepReport};
-use idem::{Abort, Begin, Claim, Error, Outcome, Request, Response, Scope, Timestamp};
+use idem::{Abort, BeginAnswer, Claim, Error, ExecuteAnswer, Request, Response, Scope, Timestamp};
 
 use crate::common::pg::PgHarness;
 use crate::conformance::{
@@ -95,16 +95,16 @@ impl Engine for PgEngine {
         &self.harness.clock
     }
 
-    fn execute(&self, request: Request, behavior: &Behavior) -> Result<Outcome, Error> {
+    fn execute(&self, request: Request, behavior: &Behavior) -> Result<ExecuteAnswer, Error> {
         self.store
             .execute(request, |tx| run(tx, behavior, &self.effects))
     }
 
-    fn begin(&self, request: Request) -> Result<Begin<PgEngineLease>, Error> {
+    fn begin(&self, request: Request) -> Result<BeginAnswer<PgEngineLease>, Error> {
         Ok(self.lease(self.store.begin(request)?))
     }
 
-    fn begin_claim(&self, claim: &mut Claim) -> Result<Begin<PgEngineLease>, Error> {
+    fn begin_claim(&self, claim: &mut Claim) -> Result<BeginAnswer<PgEngineLease>, Error> {
         Ok(self.lease(self.store.begin_claim(claim)?))
     }
 
@@ -112,7 +112,7 @@ impl Engine for PgEngine {
         &self,
         request: Request,
         max_wait: Duration,
-    ) -> Result<Begin<PgEngineLease>, Error> {
+    ) -> Result<BeginAnswer<PgEngineLease>, Error> {
         Ok(self.lease(self.store.begin_wait(request, max_wait)?))
     }
 
@@ -121,7 +121,7 @@ impl Engine for PgEngine {
         subscriber: &str,
         message_id: &str,
         behavior: &Behavior,
-    ) -> Result<Processed<Response>, Error> {
+    ) -> Result<ProcessAnswer<Response>, Error> {
         self.store.process(subscriber, message_id, |tx| {
             run(tx, behavior, &self.effects)
         })
@@ -132,7 +132,7 @@ impl Engine for PgEngine {
         source: &str,
         delivery_id: &str,
         behavior: &Behavior,
-    ) -> Result<Receipt<Response>, Error> {
+    ) -> Result<ReceiveAnswer<Response>, Error> {
         self.store
             .receive(source, delivery_id, |tx| run(tx, behavior, &self.effects))
     }
@@ -184,7 +184,7 @@ impl Engine for PgEngine {
         self.store.start_dispatcher(publisher, options)
     }
 
-    fn pending_events(&self, limit: usize) -> Result<Vec<OutboxEvent>, Error> {
+    fn pending_events(&self, limit: usize) -> Result<Vec<StoredEvent>, Error> {
         self.store.pending_events(limit)
     }
 
@@ -210,15 +210,15 @@ impl Engine for PgEngine {
 }
 
 impl PgEngine {
-    fn lease(&self, begin: Begin<PgLease>) -> Begin<PgEngineLease> {
+    fn lease(&self, begin: BeginAnswer<PgLease>) -> BeginAnswer<PgEngineLease> {
         match begin {
-            Begin::Acquired(lease) => Begin::Acquired(PgEngineLease {
+            BeginAnswer::Acquired(lease) => BeginAnswer::Acquired(PgEngineLease {
                 lease,
                 effects: self.effects.clone(),
             }),
-            Begin::Replayed(r) => Begin::Replayed(r),
-            Begin::InFlight { retry_after } => Begin::InFlight { retry_after },
-            Begin::Expired(t) => Begin::Expired(t),
+            BeginAnswer::Replayed(r) => BeginAnswer::Replayed(r),
+            BeginAnswer::InFlight { retry_after } => BeginAnswer::InFlight { retry_after },
+            BeginAnswer::Expired(t) => BeginAnswer::Expired(t),
         }
     }
 }

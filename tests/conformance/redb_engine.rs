@@ -1,20 +1,22 @@
 //! The conformance suite's [`Engine`] for the redb file store: a store on a temp file
 //! (`common::Harness`) with the suite's settings; closures get `&Tx` and bump the effect
-//! counter in the caller's redb table `test.effects`, read back through `begin_read`.
+//! counter in the caller's redb table `test.effects`, read back through `read_transaction`.
 
 use std::time::Duration;
 
 use idem::clock::ManualClock;
 use idem::format::Record;
-use idem::inbox::{HighWaterMark, Mark, Processed, Receipt};
+use idem::inbox::{HighWaterMark, Mark, ProcessAnswer, ReceiveAnswer};
 use idem::keys::DownstreamKey;
 use idem::outbox::{
-    DeadLetter, DispatcherHandle, DispatcherOptions, OutboxEvent, OutboxMetrics, OutboxStats,
-    Publisher,
+    DeadLetter, DispatcherHandle, DispatcherOptions, OutboxMetrics, OutboxStats, Publisher,
+    StoredEvent,
 };
 use idem::redb::TableDefinition;
 use idem::store::{Stats, SweepReport};
-use idem::{Abort, Begin, Claim, Error, Lease, Outcome, Request, Response, Scope, Timestamp, Tx};
+use idem::{
+    Abort, BeginAnswer, Claim, Error, ExecuteAnswer, Lease, Request, Response, Scope, Timestamp, Tx,
+};
 
 use crate::common::{Harness, bump, effects};
 use crate::conformance::{
@@ -77,19 +79,23 @@ impl Engine for RedbEngine {
         &self.h.clock
     }
 
-    fn execute(&self, request: Request, behavior: &Behavior) -> Result<Outcome, Error> {
+    fn execute(&self, request: Request, behavior: &Behavior) -> Result<ExecuteAnswer, Error> {
         self.h.store().execute(request, |tx| run(tx, behavior))
     }
 
-    fn begin(&self, request: Request) -> Result<Begin<Lease>, Error> {
+    fn begin(&self, request: Request) -> Result<BeginAnswer<Lease>, Error> {
         self.h.store().begin(request)
     }
 
-    fn begin_claim(&self, claim: &mut Claim) -> Result<Begin<Lease>, Error> {
+    fn begin_claim(&self, claim: &mut Claim) -> Result<BeginAnswer<Lease>, Error> {
         self.h.store().begin_claim(claim)
     }
 
-    fn begin_wait(&self, request: Request, max_wait: Duration) -> Result<Begin<Lease>, Error> {
+    fn begin_wait(
+        &self,
+        request: Request,
+        max_wait: Duration,
+    ) -> Result<BeginAnswer<Lease>, Error> {
         self.h.store().begin_wait(request, max_wait)
     }
 
@@ -98,7 +104,7 @@ impl Engine for RedbEngine {
         subscriber: &str,
         message_id: &str,
         behavior: &Behavior,
-    ) -> Result<Processed<Response>, Error> {
+    ) -> Result<ProcessAnswer<Response>, Error> {
         self.h
             .store()
             .process(subscriber, message_id, |tx| run(tx, behavior))
@@ -109,7 +115,7 @@ impl Engine for RedbEngine {
         source: &str,
         delivery_id: &str,
         behavior: &Behavior,
-    ) -> Result<Receipt<Response>, Error> {
+    ) -> Result<ReceiveAnswer<Response>, Error> {
         self.h
             .store()
             .receive(source, delivery_id, |tx| run(tx, behavior))
@@ -155,7 +161,7 @@ impl Engine for RedbEngine {
         self.h.store().start_dispatcher(publisher, options)
     }
 
-    fn pending_events(&self, limit: usize) -> Result<Vec<OutboxEvent>, Error> {
+    fn pending_events(&self, limit: usize) -> Result<Vec<StoredEvent>, Error> {
         self.h.store().pending_events(limit)
     }
 

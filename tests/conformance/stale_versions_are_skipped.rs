@@ -3,7 +3,7 @@
 //! back leaves the mark as it was.
 
 use idem::Response;
-use idem::inbox::Processed;
+use idem::inbox::ProcessAnswer;
 
 use super::*;
 
@@ -19,7 +19,7 @@ pub fn stale_versions_are_skipped_and_a_rollback_keeps_the_mark<E: Engine>(e: &m
             .effect("sku-1");
         assert!(matches!(
             e.process("stock", &format!("m-{i}"), &b),
-            Ok(Processed::Processed(_))
+            Ok(ProcessAnswer::Ran(_))
         ));
         applied.push(b.checked().expect("checked").should_apply());
     }

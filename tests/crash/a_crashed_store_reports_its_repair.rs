@@ -14,7 +14,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem::{Error, Outcome, Request, Response, Scope, Store, StoreBuilder};
+use idem::{Error, ExecuteAnswer, Request, Response, Scope, Store, StoreBuilder};
 
 const CLAIMS: usize = 40;
 
@@ -29,7 +29,7 @@ fn crashed_file(dir: &Path, builder: StoreBuilder) -> std::path::PathBuf {
             let outcome = store
                 .execute(request(i), |_| Ok(Response::new(201, format!("order {i}"))))
                 .expect("claim");
-            assert!(matches!(outcome, Outcome::Executed(_)), "{outcome:?}");
+            assert!(matches!(outcome, ExecuteAnswer::Ran(_)), "{outcome:?}");
         }
     });
     let path = dir.join("idem.redb");
@@ -44,7 +44,7 @@ fn every_answer_replays(store: &Store) {
             .execute(request(i), |_| panic!("a replay runs nothing"))
             .expect("replay");
         match outcome {
-            Outcome::Replayed(r) => assert_eq!(r.body(), format!("order {i}").as_bytes()),
+            ExecuteAnswer::Replayed(r) => assert_eq!(r.body(), format!("order {i}").as_bytes()),
             other => panic!("key {i}: {other:?}"),
         }
     }

@@ -109,7 +109,7 @@ fn a_damaged_page_after_a_panic_the_caller_caught_is_corrupt_store() {
             corrupt_after_a_caught_panic.push(seed);
         }
         // A read changes nothing: no fail-stop.
-        assert_eq!(store.failure(), None, "{ctx}");
+        assert_eq!(store.fail_stop_cause(), None, "{ctx}");
     }
     // The case this test is about happened (15 seeds with this damage helper).
     assert!(

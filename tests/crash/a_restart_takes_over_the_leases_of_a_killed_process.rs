@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use idem::clock::ManualClock;
-use idem::{Begin, Outcome, Request, Response, Scope, Store, Timestamp};
+use idem::{BeginAnswer, ExecuteAnswer, Request, Response, Scope, Store, Timestamp};
 
 const CHILD_ENV: &str = "IDEM_RESTART_CHILD";
 const MULTI_ENV: &str = "IDEM_RESTART_MULTI";
@@ -95,7 +95,7 @@ fn the_next_process_takes_over_every_lease_of_a_killed_one_at_once() {
         .expect("the restart opens the file");
     for (i, child_key) in downstream.iter().enumerate().take(KEYS - 1) {
         match store.begin(request(i)).expect("begin") {
-            Begin::Acquired(lease) => {
+            BeginAnswer::Acquired(lease) => {
                 assert_eq!(lease.attempt(), 2, "k{i}: the next attempt");
                 assert_eq!(lease.takeover_of(), Some(1), "k{i}: a takeover");
                 assert_eq!(
@@ -115,13 +115,13 @@ fn the_next_process_takes_over_every_lease_of_a_killed_one_at_once() {
     let outcome = store
         .execute(request(last), |_| Ok(Response::new(201, "charged")))
         .expect("execute");
-    assert!(matches!(outcome, Outcome::Executed(_)), "{outcome:?}");
+    assert!(matches!(outcome, ExecuteAnswer::Ran(_)), "{outcome:?}");
     // A lease this process grants is its own: not taken over by its own next request.
-    let Begin::Acquired(_mine) = store.begin(request(100)).expect("begin") else {
+    let BeginAnswer::Acquired(_mine) = store.begin(request(100)).expect("begin") else {
         panic!("a fresh key is acquired");
     };
     assert!(
-        matches!(store.begin(request(100)), Ok(Begin::InFlight { .. })),
+        matches!(store.begin(request(100)), Ok(BeginAnswer::InFlight { .. })),
         "a lease of the running process stays in flight"
     );
     eprintln!(
@@ -140,7 +140,7 @@ fn in_multi_process_mode_a_killed_processs_leases_must_lapse() {
         .expect("the restart opens the file");
     for i in 0..KEYS {
         assert!(
-            matches!(store.begin(request(i)), Ok(Begin::InFlight { .. })),
+            matches!(store.begin(request(i)), Ok(BeginAnswer::InFlight { .. })),
             "k{i}: another process may still hold it, so its lease stands"
         );
     }
@@ -159,7 +159,7 @@ fn restart_child_entry() {
         .expect("child opens the store");
     let mut leases = Vec::new();
     for i in 0..KEYS {
-        let Begin::Acquired(lease) = store.begin(request(i)).expect("child begins") else {
+        let BeginAnswer::Acquired(lease) = store.begin(request(i)).expect("child begins") else {
             panic!("child: k{i} not acquired");
         };
         // On a line of its own: libtest's `test ... ` has no newline yet.

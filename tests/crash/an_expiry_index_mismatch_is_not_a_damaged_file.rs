@@ -21,7 +21,7 @@ fn store_with_an_orphan_entry(path: &Path) {
             let outcome = store
                 .execute(req, |_| Ok(Response::new(201, "ok")))
                 .expect("execute");
-            assert!(matches!(outcome, idem::Outcome::Executed(_)));
+            assert!(matches!(outcome, idem::ExecuteAnswer::Ran(_)));
         }
     }
     let db = idem::redb::Database::open(path).expect("open redb file");
@@ -52,7 +52,7 @@ fn check_integrity_reports_an_index_mismatch_as_its_own_error_without_fail_stop(
         }
         other => panic!("expected ExpiryIndexMismatch, got {other:?}"),
     }
-    assert_eq!(store.failure(), None, "a mismatch is no fail-stop");
+    assert_eq!(store.fail_stop_cause(), None, "a mismatch is no fail-stop");
     // The store keeps working, and the sweep removes the orphan once it is due.
     let report = store.sweep().expect("sweep");
     assert_eq!(report.repaired, 1, "{report:?}");

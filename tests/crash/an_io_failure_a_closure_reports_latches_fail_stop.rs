@@ -26,7 +26,7 @@ fn latches(source: StorageError) -> bool {
         matches!(result, Err(Error::Storage { .. })),
         "the closure's error comes back: {result:?}"
     );
-    store.failure().is_some()
+    store.fail_stop_cause().is_some()
 }
 
 #[test]

@@ -33,9 +33,9 @@ use common::*;
 use idem::clock::ManualClock;
 use idem::error::BoxError;
 use idem::format::State;
-use idem::inbox::Processed;
-use idem::outbox::{DispatcherOptions, Event, EventId, OutboxEvent};
-use idem::{Begin, Outcome, Response, Scope, Store};
+use idem::inbox::ProcessAnswer;
+use idem::outbox::{DispatcherOptions, Event, EventId, StoredEvent};
+use idem::{BeginAnswer, ExecuteAnswer, Response, Scope, Store};
 
 fn open(backend: impl idem::redb::StorageBackend, clock: &ManualClock) -> Store {
     Store::builder()
@@ -49,7 +49,7 @@ fn scope() -> Scope {
     Scope::new("t", "op")
 }
 
-fn claim(store: &Store, key: &str) -> Result<Outcome, idem::Error> {
+fn claim(store: &Store, key: &str) -> Result<ExecuteAnswer, idem::Error> {
     store.execute(req("t", "op", key, b"p"), |tx| {
         bump(tx, key)?;
         Ok(Response::new(201, key.to_owned()))
@@ -110,7 +110,7 @@ fn enumerate_with_clock<P, A>(
             .check_expiry_index()
             .unwrap_or_else(|e| panic!("{ctx}: expiry index: {e}"));
         check(&reopened, &clock, k, s, torn_image, &ack);
-        assert!(reopened.failure().is_none(), "{ctx}");
+        assert!(reopened.fail_stop_cause().is_none(), "{ctx}");
     }
     eprintln!(
         "crash points: {name}: S={s} syncs, {} sync images + {n_torn} torn-write images checked",
@@ -127,7 +127,7 @@ fn flow_a_claim() {
         "flow-A claim",
         |_, _| (),
         |store, _, ()| {
-            assert!(matches!(claim(store, "a"), Ok(Outcome::Executed(_))));
+            assert!(matches!(claim(store, "a"), Ok(ExecuteAnswer::Ran(_))));
         },
         |store, k, s, _, _| {
             let rec = has_record(store, "a");
@@ -158,7 +158,7 @@ fn lease_begin() {
             // A lease that landed was granted by the crashed store: the reopened store takes
             // it over at once (attempt 2); one that did not land is claimed afresh.
             match store.begin(req("t", "op", "L", b"p")) {
-                Ok(Begin::Acquired(lease)) => assert_eq!(
+                Ok(BeginAnswer::Acquired(lease)) => assert_eq!(
                     lease.takeover_of(),
                     rec.as_ref().map(|_| 1),
                     "k={k}: {rec:?}"
@@ -203,7 +203,7 @@ fn inbox_process() {
                 bump(tx, "m1")?;
                 Ok(())
             });
-            assert!(matches!(r, Ok(Processed::Processed(()))), "{r:?}");
+            assert!(matches!(r, Ok(ProcessAnswer::Ran(()))), "{r:?}");
         },
         |store, k, s, _, _| {
             let marked = store.inbox_mark("sub", "m1").expect("mark").is_some();
@@ -218,7 +218,7 @@ fn inbox_process() {
                 })
                 .expect("redelivery");
             assert_eq!(
-                matches!(again, Processed::Duplicate { .. }),
+                matches!(again, ProcessAnswer::Duplicate { .. }),
                 marked,
                 "k={k}"
             );
@@ -238,7 +238,7 @@ fn execute_with_outbox_event() {
                 tx.outbox().push(Event::new("topic", b"x".to_vec()))?;
                 Ok(Response::new(201, "o"))
             });
-            assert!(matches!(r, Ok(Outcome::Executed(_))), "{r:?}");
+            assert!(matches!(r, Ok(ExecuteAnswer::Ran(_))), "{r:?}");
         },
         |store, k, s, _, _| {
             let rec = has_record(store, "o");
@@ -262,7 +262,7 @@ fn sweep_of_expired_records() {
             for i in 0..N {
                 assert!(matches!(
                     claim(store, &format!("s{i}")),
-                    Ok(Outcome::Executed(_))
+                    Ok(ExecuteAnswer::Ran(_))
                 ));
             }
             // Past the response window and the tombstone horizon: every record is forgotten.
@@ -321,7 +321,7 @@ fn group_commit_batch() {
                         release_rx.recv().expect("released");
                         Ok(Response::new(200, "gate"))
                     });
-                    assert!(matches!(r, Ok(Outcome::Executed(_))), "{r:?}");
+                    assert!(matches!(r, Ok(ExecuteAnswer::Ran(_))), "{r:?}");
                     gate_done
                         .send(("gate".to_owned(), backend.syncs()))
                         .expect("test alive");
@@ -332,7 +332,7 @@ fn group_commit_batch() {
                     sc.spawn(move || {
                         let key = format!("g{i}");
                         let r = claim(store, &key);
-                        assert!(matches!(r, Ok(Outcome::Executed(_))), "{r:?}");
+                        assert!(matches!(r, Ok(ExecuteAnswer::Ran(_))), "{r:?}");
                         // Read after the answer: an upper bound on the sync that made it durable.
                         done.send((key, backend.syncs())).expect("test alive");
                     });
@@ -422,7 +422,7 @@ fn outbox_delivered_mark() {
                     tx.outbox().push(event)?;
                     Ok(Response::new(201, name.to_owned()))
                 });
-                assert!(matches!(r, Ok(Outcome::Executed(_))), "{r:?}");
+                assert!(matches!(r, Ok(ExecuteAnswer::Ran(_))), "{r:?}");
             }
             let before = pending(store);
             assert_eq!(before.len(), EVENTS.len());
@@ -433,7 +433,7 @@ fn outbox_delivered_mark() {
             let (tx, calls) = mpsc::channel::<(String, EventId)>();
             let handle = store
                 .start_dispatcher(
-                    move |e: &OutboxEvent| -> Result<(), BoxError> {
+                    move |e: &StoredEvent| -> Result<(), BoxError> {
                         let name = String::from_utf8_lossy(&e.payload).into_owned();
                         let _ = tx.send((name.clone(), e.id));
                         if name == "c1" {
@@ -492,7 +492,7 @@ fn outbox_delivered_mark() {
             let (tx, calls) = mpsc::channel::<(String, EventId)>();
             let handle = store
                 .start_dispatcher(
-                    move |e: &OutboxEvent| -> Result<(), BoxError> {
+                    move |e: &StoredEvent| -> Result<(), BoxError> {
                         let _ = tx.send((String::from_utf8_lossy(&e.payload).into_owned(), e.id));
                         Ok(())
                     },

@@ -9,7 +9,7 @@
 //! and reports `Error::CorruptStore` (fail-stop once it happened inside a write). Before that
 //! boundary (e693a17), 21 of these 60 seeds panicked at their first call on the damaged data:
 //! `Store::open` 1, `get` 1, `stats` 4, `execute` 1, and a walk over every record (then done
-//! with `Store::begin_read`, as `idem export` did; now `Store::for_each_record`) 14.
+//! with `Store::read_transaction`, as `idem export` did; now `Store::for_each_record`) 14.
 
 use crate::common;
 use crate::damage;
@@ -269,7 +269,7 @@ fn a_closure_panic_is_still_the_callers() {
     }));
     let payload = r.expect_err("the closure's panic reaches its caller");
     assert_eq!(payload.downcast_ref::<&str>(), Some(&"caller bug"));
-    assert_eq!(store.failure(), None);
+    assert_eq!(store.fail_stop_cause(), None);
     executed(store.execute(req("t", "op", "k", b"p"), |_| Ok(Response::new(201, "ok"))));
     let walk = catch_unwind(AssertUnwindSafe(|| {
         store.for_each_record(|_, _| -> ControlFlow<()> { panic!("walker bug") })
@@ -278,7 +278,7 @@ fn a_closure_panic_is_still_the_callers() {
         walk.is_err(),
         "a panic in the walk's callback is the caller's"
     );
-    assert_eq!(store.failure(), None);
+    assert_eq!(store.fail_stop_cause(), None);
 }
 
 /// A contained panic may be damage or a bug, and the message says so: it sends the operator to

@@ -9,7 +9,7 @@ use idem::redb::StorageBackend;
 use idem::redb::backends::InMemoryBackend;
 
 use idem::clock::ManualClock;
-use idem::{Begin, Error, Outcome, Request, Response, Scope, Store, Timestamp};
+use idem::{BeginAnswer, Error, ExecuteAnswer, Request, Response, Scope, Store, Timestamp};
 
 /// An in-memory backend whose writes and syncs fail while `failing` is set. The bytes live in
 /// an `Arc`, so a "reopen" can build a new backend over the same image.
@@ -86,7 +86,7 @@ fn a_failed_commit_is_outcome_unknown_and_latches_until_reopen() {
         .expect("open");
     assert!(matches!(
         store.execute(req("before"), ok),
-        Ok(Outcome::Executed(_))
+        Ok(ExecuteAnswer::Ran(_))
     ));
 
     backend.failing.store(true, Ordering::SeqCst);
@@ -97,7 +97,7 @@ fn a_failed_commit_is_outcome_unknown_and_latches_until_reopen() {
         matches!(err, Error::OutcomeUnknown { .. } | Error::Storage { .. }),
         "got {err:?}"
     );
-    assert!(store.failure().is_some(), "the failure is latched");
+    assert!(store.fail_stop_cause().is_some(), "the failure is latched");
 
     // The disk recovers, but the store stays stopped: no write path runs.
     backend.failing.store(false, Ordering::SeqCst);
@@ -134,14 +134,14 @@ fn a_failed_commit_is_outcome_unknown_and_latches_until_reopen() {
     let reopened = Store::builder()
         .open_with_backend(backend.reopened())
         .expect("reopen");
-    assert!(reopened.failure().is_none());
+    assert!(reopened.fail_stop_cause().is_none());
     assert!(matches!(
         reopened.execute(req("before"), ok),
-        Ok(Outcome::Replayed(_))
+        Ok(ExecuteAnswer::Replayed(_))
     ));
     assert!(matches!(
         reopened.execute(req("after"), ok),
-        Ok(Outcome::Executed(_))
+        Ok(ExecuteAnswer::Ran(_))
     ));
 }
 
@@ -153,7 +153,7 @@ fn a_failed_lease_completion_latches_and_the_key_is_retried_after_reopen() {
         .clock(clock.clone())
         .open_with_backend(backend.clone())
         .expect("open");
-    let Ok(Begin::Acquired(lease)) = store.begin(req("k")) else {
+    let Ok(BeginAnswer::Acquired(lease)) = store.begin(req("k")) else {
         panic!("expected a lease");
     };
     let downstream = lease.downstream_key();
@@ -165,7 +165,7 @@ fn a_failed_lease_completion_latches_and_the_key_is_retried_after_reopen() {
         matches!(err, Error::OutcomeUnknown { .. } | Error::Storage { .. }),
         "got {err:?}"
     );
-    assert!(store.failure().is_some());
+    assert!(store.fail_stop_cause().is_some());
     drop(store);
 
     backend.failing.store(false, Ordering::SeqCst);
@@ -177,7 +177,7 @@ fn a_failed_lease_completion_latches_and_the_key_is_retried_after_reopen() {
     // holder went with the store that granted it, so the reopened store takes the key over at
     // once (no waiting out the lease) with the same downstream key.
     match reopened.begin(req("k")) {
-        Ok(Begin::Acquired(l)) => {
+        Ok(BeginAnswer::Acquired(l)) => {
             assert_eq!(l.downstream_key(), downstream);
             assert_eq!(l.takeover_of(), Some(1));
         }
@@ -202,11 +202,11 @@ fn after_a_failure_every_call_is_fail_stopped_naming_the_first_cause() {
         let outcome = store.execute(req(&format!("k{i}")), |_| {
             Ok(Response::new(200, format!("body {i} {}", "x".repeat(200))))
         });
-        assert!(matches!(outcome, Ok(Outcome::Executed(_))));
+        assert!(matches!(outcome, Ok(ExecuteAnswer::Ran(_))));
     }
     assert!(matches!(
         store.process("sub", "m1", |_| Ok::<(), idem::Abort>(())),
-        Ok(idem::inbox::Processed::Processed(()))
+        Ok(idem::inbox::ProcessAnswer::Ran(()))
     ));
 
     backend.failing.store(true, Ordering::SeqCst);

@@ -4,7 +4,7 @@
 use crate::common;
 
 use common::*;
-use idem::{Abort, Begin, Response};
+use idem::{Abort, BeginAnswer, Response};
 
 #[test]
 fn a_failed_replay_returned_as_success_is_stored_and_replayed_as_success() {
@@ -34,7 +34,7 @@ fn lease_completion_normalises_the_flag_too() {
     let first = lease.complete(failed).expect("complete");
     assert!(!first.is_failure());
     match store.begin(req("t", "charge", "k", b"p")) {
-        Ok(Begin::Replayed(r)) => assert_eq!(r, first),
+        Ok(BeginAnswer::Replayed(r)) => assert_eq!(r, first),
         other => panic!("expected a replay, got {other:?}"),
     }
 }

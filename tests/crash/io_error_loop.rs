@@ -25,9 +25,9 @@ use std::time::Duration;
 use common::*;
 use idem::clock::ManualClock;
 use idem::format::State;
-use idem::inbox::Processed;
+use idem::inbox::ProcessAnswer;
 use idem::outbox::Event;
-use idem::{Error, Outcome, Response, Scope, Store, Timestamp};
+use idem::{Error, ExecuteAnswer, Response, Scope, Store, Timestamp};
 
 fn open(backend: impl idem::redb::StorageBackend, clock: &ManualClock) -> Store {
     Store::builder()
@@ -46,15 +46,18 @@ fn run_step(store: &Store, clock: &ManualClock, step: &str) -> Result<(), Error>
                 bump(tx, "a")?;
                 Ok(Response::new(201, "a"))
             })?;
-            assert!(matches!(r, Outcome::Executed(_) | Outcome::Replayed(_)));
+            assert!(matches!(
+                r,
+                ExecuteAnswer::Ran(_) | ExecuteAnswer::Replayed(_)
+            ));
         }
         "lease" => match store.begin(req("t", "op", "L", b"p"))? {
-            idem::Begin::Acquired(lease) => {
+            idem::BeginAnswer::Acquired(lease) => {
                 lease.complete(Response::new(201, "charged"))?;
             }
-            idem::Begin::Replayed(_) => {}
-            other @ idem::Begin::Expired(_) => panic!("the lease key expired: {other:?}"),
-            idem::Begin::InFlight { .. } => {
+            idem::BeginAnswer::Replayed(_) => {}
+            other @ idem::BeginAnswer::Expired(_) => panic!("the lease key expired: {other:?}"),
+            idem::BeginAnswer::InFlight { .. } => {
                 // A lease whose completion was lost: take it over once it lapses.
                 clock.advance(Duration::from_secs(31));
                 let lease = acquired(store.begin(req("t", "op", "L", b"p")));
@@ -68,7 +71,7 @@ fn run_step(store: &Store, clock: &ManualClock, step: &str) -> Result<(), Error>
             })?;
             assert!(matches!(
                 r,
-                Processed::Processed(()) | Processed::Duplicate { .. }
+                ProcessAnswer::Ran(()) | ProcessAnswer::Duplicate { .. }
             ));
         }
         "outbox" => {
@@ -77,7 +80,10 @@ fn run_step(store: &Store, clock: &ManualClock, step: &str) -> Result<(), Error>
                 tx.outbox().push(Event::new("topic", b"x".to_vec()))?;
                 Ok(Response::new(201, "o"))
             })?;
-            assert!(matches!(r, Outcome::Executed(_) | Outcome::Replayed(_)));
+            assert!(matches!(
+                r,
+                ExecuteAnswer::Ran(_) | ExecuteAnswer::Replayed(_)
+            ));
         }
         "sweep" => {
             // A claim moved past its response window and tombstone horizon gives the sweep
@@ -179,7 +185,7 @@ fn error_loop(persistent: bool) -> u64 {
             "{ctx}: {step}: untyped or unexpected error {err:?}"
         );
         assert!(
-            store.failure().is_some(),
+            store.fail_stop_cause().is_some(),
             "{ctx}: {step} failed ({err:?}) but the store did not latch"
         );
         // Latched: the disk works again, the store still refuses writes.
@@ -201,7 +207,7 @@ fn error_loop(persistent: bool) -> u64 {
         *seen.entry(variant).or_default() += 1;
 
         let reopened = open(backend.crash(), &clock);
-        assert!(reopened.failure().is_none(), "{ctx}");
+        assert!(reopened.fail_stop_cause().is_none(), "{ctx}");
         check_invariants(&reopened, &acked, &ctx);
         // The workload finishes after the reopen, with exactly one effect per key.
         for step in STEPS {

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::thread;
 
 use common::*;
-use idem::{Outcome, Response, Store};
+use idem::{ExecuteAnswer, Response, Store};
 
 const KEYS: usize = 1000;
 const THREADS: usize = 4;
@@ -112,10 +112,10 @@ fn child_process_entry() {
                             })
                             .expect("execute");
                         match outcome {
-                            Outcome::Executed(_) => n += 1,
-                            Outcome::Replayed(r) => assert_eq!(r.body(), key.as_bytes()),
-                            Outcome::InFlight { .. } => panic!("flow A never leaves a lease"),
-                            Outcome::Expired(t) => panic!("no time passed, yet {t:?}"),
+                            ExecuteAnswer::Ran(_) => n += 1,
+                            ExecuteAnswer::Replayed(r) => assert_eq!(r.body(), key.as_bytes()),
+                            ExecuteAnswer::InFlight { .. } => panic!("flow A never leaves a lease"),
+                            ExecuteAnswer::Expired(t) => panic!("no time passed, yet {t:?}"),
                         }
                     }
                     n
@@ -151,10 +151,10 @@ fn a_backend_with_byte_range_locks_opens_in_multi_process_mode() {
     let first = store
         .execute(request(), |_| Ok(Response::new(201, "done")))
         .expect("execute");
-    assert!(matches!(first, Outcome::Executed(_)));
+    assert!(matches!(first, ExecuteAnswer::Ran(_)));
     drop(store);
     let again = open()
         .execute(request(), |_| panic!("a finished intent never runs again"))
         .expect("replay");
-    assert!(matches!(again, Outcome::Replayed(r) if r.body() == b"done"));
+    assert!(matches!(again, ExecuteAnswer::Replayed(r) if r.body() == b"done"));
 }

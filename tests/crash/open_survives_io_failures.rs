@@ -37,9 +37,9 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use common::*;
 use idem::clock::ManualClock;
 use idem::format::State;
-use idem::inbox::Processed;
+use idem::inbox::ProcessAnswer;
 use idem::outbox::Event;
-use idem::{Begin, Error, Outcome, Response, Scope, Store};
+use idem::{BeginAnswer, Error, ExecuteAnswer, Response, Scope, Store};
 
 const CLAIMS: usize = 5;
 
@@ -47,7 +47,7 @@ fn builder(clock: &ManualClock) -> idem::StoreBuilder {
     Store::builder().clock(clock.clone())
 }
 
-fn claim(store: &Store, key: &str) -> Result<Outcome, Error> {
+fn claim(store: &Store, key: &str) -> Result<ExecuteAnswer, Error> {
     store.execute(req("t", "op", key, b"p"), |tx| {
         bump(tx, key)?;
         Ok(Response::new(201, format!("{key} created")))
@@ -63,7 +63,7 @@ fn base_images(clock: &ManualClock) -> Vec<(String, Vec<u8>)> {
     for i in 0..CLAIMS {
         assert!(matches!(
             claim(&store, &format!("c{i}")),
-            Ok(Outcome::Executed(_))
+            Ok(ExecuteAnswer::Ran(_))
         ));
     }
     let lease = acquired(store.begin(req("t", "op", "L", b"p")));
@@ -71,13 +71,13 @@ fn base_images(clock: &ManualClock) -> Vec<(String, Vec<u8>)> {
         bump(tx, "m")?;
         Ok(())
     });
-    assert!(matches!(r, Ok(Processed::Processed(()))), "{r:?}");
+    assert!(matches!(r, Ok(ProcessAnswer::Ran(()))), "{r:?}");
     let r = store.execute(req("t", "op", "o", b"p"), |tx| {
         bump(tx, "o")?;
         tx.outbox().push(Event::new("topic", b"x".to_vec()))?;
         Ok(Response::new(201, "o created"))
     });
-    assert!(matches!(r, Ok(Outcome::Executed(_))), "{r:?}");
+    assert!(matches!(r, Ok(ExecuteAnswer::Ran(_))), "{r:?}");
 
     let mut images = Vec::new();
     let crash = backend.inner.durable_image();
@@ -85,7 +85,7 @@ fn base_images(clock: &ManualClock) -> Vec<(String, Vec<u8>)> {
 
     // One more claim: its torn-commit images and its sync image.
     backend.mark();
-    assert!(matches!(claim(&store, "extra"), Ok(Outcome::Executed(_))));
+    assert!(matches!(claim(&store, "extra"), Ok(ExecuteAnswer::Ran(_))));
     for (i, (_, image)) in backend.torn_images().into_iter().enumerate() {
         images.push((format!("torn write {i}"), image));
     }
@@ -115,7 +115,7 @@ fn base_images(clock: &ManualClock) -> Vec<(String, Vec<u8>)> {
 /// (attempt 2). Writes: the last check made of a store.
 fn check_takeover(store: &Store, ctx: &str) {
     match store.begin(req("t", "op", "L", b"p")) {
-        Ok(Begin::Acquired(lease)) => assert_eq!(lease.takeover_of(), Some(1), "{ctx}"),
+        Ok(BeginAnswer::Acquired(lease)) => assert_eq!(lease.takeover_of(), Some(1), "{ctx}"),
         other => panic!("{ctx}: the dead holder's lease was not taken over: {other:?}"),
     }
 }
@@ -126,7 +126,9 @@ fn check_state(store: &Store, ctx: &str) {
         let key = format!("c{i}");
         let r = claim(store, &key).unwrap_or_else(|e| panic!("{ctx}: retry {key}: {e:?}"));
         match r {
-            Outcome::Replayed(resp) => assert_eq!(resp.body(), format!("{key} created").as_bytes()),
+            ExecuteAnswer::Replayed(resp) => {
+                assert_eq!(resp.body(), format!("{key} created").as_bytes())
+            }
             other => panic!("{ctx}: {key} did not replay: {other:?}"),
         }
         assert_eq!(effects(store, &key), 1, "{ctx}: {key}");
@@ -162,7 +164,7 @@ fn check_state(store: &Store, ctx: &str) {
     store
         .check_expiry_index()
         .unwrap_or_else(|e| panic!("{ctx}: expiry index: {e}"));
-    assert!(store.failure().is_none(), "{ctx}");
+    assert!(store.fail_stop_cause().is_none(), "{ctx}");
 }
 
 /// The I/O operations a clean open of `image` makes: (all ops, of which syncs).
@@ -216,7 +218,7 @@ fn open_loop(
                 }
                 // An I/O failure the open absorbed: the store must be usable or latched.
                 *errors.entry("Ok (absorbed)".into()).or_default() += 1;
-                if store.failure().is_none() {
+                if store.fail_stop_cause().is_none() {
                     check_state(&store, &format!("{ctx}, the store that opened"));
                 }
                 drop(store);

@@ -32,7 +32,7 @@ use crate::common;
 use common::{EFFECTS, XorShift};
 use idem::format::State;
 use idem::redb::ReadableTable;
-use idem::{Outcome, Request, Response, Scope, Store};
+use idem::{ExecuteAnswer, Request, Response, Scope, Store};
 
 const CHILD_ENV: &str = "IDEM_KILL_CHILD";
 const START_ENV: &str = "IDEM_KILL_START";
@@ -321,7 +321,7 @@ fn sigkill_loses_no_acknowledged_claim() {
         let key = key_of(i);
         let req = Request::from_canonical_bytes(scope(), key.as_str(), key.as_bytes());
         match store.execute(req, |_| panic!("k{i} was acknowledged, yet runs again")) {
-            Ok(Outcome::Replayed(r)) => assert_eq!(r.body(), key.as_bytes()),
+            Ok(ExecuteAnswer::Replayed(r)) => assert_eq!(r.body(), key.as_bytes()),
             other => panic!("k{i}: expected a replay, got {other:?}"),
         }
     }
@@ -383,7 +383,7 @@ fn process_kill_child_entry() {
                         })
                         .expect("execute");
                     match outcome {
-                        Outcome::Executed(r) | Outcome::Replayed(r) => {
+                        ExecuteAnswer::Ran(r) | ExecuteAnswer::Replayed(r) => {
                             assert_eq!(r.body(), key.as_bytes());
                         }
                         other => panic!("flow A on a fresh clock gives {other:?}"),

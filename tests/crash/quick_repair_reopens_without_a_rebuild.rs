@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use idem::redb::ReadableTableMetadata;
-use idem::{Outcome, Request, Response, Scope, Store};
+use idem::{ExecuteAnswer, Request, Response, Scope, Store};
 
 const CHILD_ENV: &str = "IDEM_QUICK_REPAIR_CHILD";
 const MODE_ENV: &str = "IDEM_QUICK_REPAIR_ON";
@@ -121,7 +121,7 @@ fn quick_repair_child_entry() {
         let key = format!("k{i}");
         let req = Request::from_canonical_bytes(Scope::new("t", "op"), &key, b"p");
         let outcome = store.execute(req, |_| Ok(Response::new(201, "ok")));
-        if matches!(outcome, Ok(Outcome::Executed(_))) {
+        if matches!(outcome, Ok(ExecuteAnswer::Ran(_))) {
             println!("ack {key}");
         }
         if i > 1_000_000 {

@@ -94,7 +94,7 @@ pub fn build_store(path: &Path, n: usize) -> Vec<u8> {
                 }
             });
             assert!(
-                matches!(outcome, Ok(idem::Outcome::Executed(_))),
+                matches!(outcome, Ok(idem::ExecuteAnswer::Ran(_))),
                 "{outcome:?}"
             );
         }
@@ -116,7 +116,7 @@ pub fn build_messaging_store(path: &Path, n: usize) -> Vec<u8> {
                 Ok(())
             });
             assert!(
-                matches!(processed, Ok(idem::inbox::Processed::Processed(()))),
+                matches!(processed, Ok(idem::inbox::ProcessAnswer::Ran(()))),
                 "{processed:?}"
             );
         }

@@ -27,13 +27,13 @@ use idem::error::BoxError;
 use idem::error::Field;
 use idem::format::FORMAT_VERSION;
 #[cfg(feature = "__internal_whitebox")]
-use idem::outbox::{DispatcherOptions, Event, OutboxEvent};
+use idem::outbox::{DispatcherOptions, Event, StoredEvent};
 #[cfg(feature = "__internal_whitebox")]
 use idem::redb::{ReadableTable, TableDefinition};
 use idem::store::Limits;
 use idem::{Error, Response, Scope, Store};
 #[cfg(feature = "__internal_whitebox")]
-use idem::{Outcome, Timestamp};
+use idem::{ExecuteAnswer, Timestamp};
 
 // ---- Names, sizes, limits and stored bytes (every build) ----
 
@@ -296,7 +296,7 @@ fn assert_corrupt_key_is_contained(h: &Harness, check: impl Fn(&Error)) {
     );
     assert!(!ran.get(), "nothing runs on a corrupt record");
     assert_eq!(
-        store.failure(),
+        store.fail_stop_cause(),
         None,
         "a corrupt record does not fail-stop the store"
     );
@@ -622,7 +622,7 @@ fn others_replay(store: &Store, n: usize, except: Option<usize>, ctx: &str) {
             Ok(Response::new(500, "must not run"))
         });
         match r {
-            Ok(Outcome::Replayed(resp)) => assert_eq!(resp.body(), body(i), "{ctx}: {key}"),
+            Ok(ExecuteAnswer::Replayed(resp)) => assert_eq!(resp.body(), body(i), "{ctx}: {key}"),
             other => panic!("{ctx}: {key} was lost: {other:?}"),
         }
         assert_eq!(effects(store, &key), 1, "{ctx}: {key}");
@@ -784,7 +784,7 @@ fn a_clock_moving_backwards_frees_nothing_and_steals_no_lease() {
         Ok(Response::new(201, "again"))
     });
     // Past the tombstone horizon, the key is free: a new intent.
-    assert!(matches!(r, Ok(Outcome::Executed(_))), "{r:?}");
+    assert!(matches!(r, Ok(ExecuteAnswer::Ran(_))), "{r:?}");
     // At the saturation instant itself every window has closed (deadline = forget_at =
     // u64::MAX ≤ now): a lease can be acquired but its completion is refused with LeaseLost
     // (typed, nothing recorded). One millisecond earlier everything works.
@@ -800,7 +800,7 @@ fn a_clock_moving_backwards_frees_nothing_and_steals_no_lease() {
     }));
     store.sweep().expect("sweep in the far future");
     store.check_expiry_index().expect("expiry index");
-    assert!(store.failure().is_none());
+    assert!(store.fail_stop_cause().is_none());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -858,7 +858,7 @@ fn an_outbox_event_with_an_unknown_version_is_skipped_not_fatal() {
     let (tx, calls) = std::sync::mpsc::channel();
     let handle = store
         .start_dispatcher(
-            move |e: &OutboxEvent| -> Result<(), BoxError> {
+            move |e: &StoredEvent| -> Result<(), BoxError> {
                 let _ = tx.send(e.payload.clone());
                 Ok(())
             },
@@ -879,7 +879,7 @@ fn an_outbox_event_with_an_unknown_version_is_skipped_not_fatal() {
         calls.try_recv().is_err(),
         "the unreadable event was published"
     );
-    assert!(store.failure().is_none());
+    assert!(store.fail_stop_cause().is_none());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1058,7 +1058,7 @@ fn every_flipped_byte_of_a_stored_record_is_contained() {
             _ => panic!("{ctx}: execute gave {exec:?}"),
         }
         assert!(!ran.get(), "{ctx}: ran on a corrupt record");
-        assert!(store.failure().is_none(), "{ctx}: fail-stopped");
+        assert!(store.fail_stop_cause().is_none(), "{ctx}: fail-stopped");
         // Nothing else lost.
         let r = replayed(store.execute(req("t", "op", "bystander", b"p"), |_| {
             Ok(Response::new(500, "must not run"))
@@ -1070,7 +1070,7 @@ fn every_flipped_byte_of_a_stored_record_is_contained() {
         let r = store.execute(req("t", "op", "victim", b"p"), |_| {
             Ok(Response::new(201, "after purge"))
         });
-        assert!(matches!(r, Ok(Outcome::Executed(_))), "{ctx}: {r:?}");
+        assert!(matches!(r, Ok(ExecuteAnswer::Ran(_))), "{ctx}: {r:?}");
         store
             .check_expiry_index()
             .unwrap_or_else(|e| panic!("{ctx}: expiry index: {e}"));
@@ -1247,14 +1247,14 @@ fn a_flipped_body_byte_in_the_file_is_a_corrupt_record() {
             "{what}: {exec:?}"
         );
         assert!(!ran.get(), "{what}: ran on a corrupt record");
-        assert!(store.failure().is_none(), "{what}: fail-stopped");
+        assert!(store.fail_stop_cause().is_none(), "{what}: fail-stopped");
         others_replay(&store, N, Some(7), what);
         // Store::purge recovers the key: the intent runs again.
         assert!(store.purge(&scope(), "k7").expect("purge"), "{what}");
         let r = store.execute(req("t", "op", "k7", b"p"), |_| {
             Ok(Response::new(201, "after purge"))
         });
-        assert!(matches!(r, Ok(Outcome::Executed(_))), "{what}: {r:?}");
+        assert!(matches!(r, Ok(ExecuteAnswer::Ran(_))), "{what}: {r:?}");
     }
 }
 
@@ -1299,7 +1299,7 @@ fn a_failed_integrity_check_is_corrupt_store_and_a_copy_check_spares_the_file() 
         "a failed integrity check is not retryable"
     );
     assert!(
-        checked.failure().is_some(),
+        checked.fail_stop_cause().is_some(),
         "a failed check latches the store"
     );
     drop(checked);

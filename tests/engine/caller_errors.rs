@@ -47,7 +47,7 @@ fn retryable_abort_leaves_no_record_and_no_writes_and_the_retry_runs_again() {
         "the caller's write was rolled back"
     );
     assert_eq!(
-        store.failure(),
+        store.fail_stop_cause(),
         None,
         "an abort does not fail-stop the store"
     );
@@ -157,7 +157,7 @@ fn a_storage_error_propagated_with_question_mark_rolls_everything_back() {
         "the write before the error was rolled back"
     );
     assert_eq!(
-        store.failure(),
+        store.fail_stop_cause(),
         None,
         "misuse is not an I/O failure: no fail-stop"
     );

@@ -18,7 +18,7 @@ use idem::clock::{Clock, ManualClock};
 use idem::redb::StorageBackend;
 use idem::redb::backends::InMemoryBackend;
 use idem::redb::{ReadableTableMetadata, TableDefinition};
-use idem::{Error, Outcome, Request, Response, Scope, Store, Timestamp};
+use idem::{Error, ExecuteAnswer, Request, Response, Scope, Store, Timestamp};
 
 /// A clock that panics when read on the thread named "victim".
 #[derive(Debug, Clone)]
@@ -82,13 +82,13 @@ fn a_clock_that_panics_inside_a_batch_strands_no_one() {
             .recv_timeout(Duration::from_secs(20))
             .expect("the bystander is answered, not stranded");
         assert!(
-            matches!(bystander, Ok(Outcome::Executed(_))),
+            matches!(bystander, Ok(ExecuteAnswer::Ran(_))),
             "{bystander:?}"
         );
     });
     assert_eq!(effects(&store, "bystander"), 1);
     // A panic in caller code is not an I/O failure: the store keeps working.
-    assert_eq!(store.failure(), None);
+    assert_eq!(store.fail_stop_cause(), None);
     executed(store.execute(req("t", "op", "after", b"p"), |_| {
         Ok(Response::new(201, "after"))
     }));
@@ -184,7 +184,10 @@ fn a_panic_in_a_commit_step_answers_every_member_and_latches() {
         .recv_timeout(Duration::from_secs(20))
         .expect("the member waiting on the commit is answered, not stranded");
     assert!(matches!(first, Err(Error::FailStopped { .. })), "{first:?}");
-    assert!(store.failure().is_some(), "a panicking commit fail-stops");
+    assert!(
+        store.fail_stop_cause().is_some(),
+        "a panicking commit fail-stops"
+    );
     assert!(matches!(
         store.execute(req("t", "op", "after", b"p"), |_| Ok(Response::new(
             201, "after"
@@ -213,7 +216,7 @@ fn a_panicking_closure_commits_nothing_and_the_retry_runs() {
     assert!(result.is_err(), "the panic reaches the caller");
     assert!(store.get(req().scope(), "k").expect("get").is_none());
     assert!(
-        store.failure().is_none(),
+        store.fail_stop_cause().is_none(),
         "a caller panic is not an I/O failure"
     );
 
@@ -229,9 +232,9 @@ fn a_panicking_closure_commits_nothing_and_the_retry_runs() {
             Ok(Response::new(200, "ok"))
         })
         .expect("retry");
-    assert!(matches!(outcome, Outcome::Executed(_)));
+    assert!(matches!(outcome, ExecuteAnswer::Ran(_)));
     let effects = store
-        .begin_read()
+        .read_transaction()
         .expect("read")
         .open_table(CLOSURE_EFFECTS)
         .expect("table")

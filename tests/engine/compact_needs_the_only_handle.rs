@@ -91,7 +91,7 @@ fn compaction_is_refused_while_anything_else_uses_the_store() {
     assert!(matches!(store.compact(), Err(Error::InUse { .. })));
     lease.complete(Response::new(200, "ok")).expect("complete");
 
-    let read = store.begin_read().expect("read");
+    let read = store.read_transaction().expect("read");
     match store.compact() {
         Err(Error::InUse { reason, .. }) => {
             assert!(reason.contains("read transaction"), "{reason}")

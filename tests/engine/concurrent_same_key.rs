@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread;
 
 use common::*;
-use idem::{Begin, Error, Outcome, Response};
+use idem::{BeginAnswer, Error, ExecuteAnswer, Response};
 
 const THREADS: usize = 8;
 const ROUNDS: usize = 20;
@@ -26,7 +26,7 @@ fn racing_execute_runs_the_effect_exactly_once() {
         let label = format!("effect-{round}");
         let runs = AtomicU32::new(0);
         let barrier = Barrier::new(THREADS);
-        let outcomes: Vec<Result<Outcome, Error>> = thread::scope(|s| {
+        let outcomes: Vec<Result<ExecuteAnswer, Error>> = thread::scope(|s| {
             let handles: Vec<_> = (0..THREADS)
                 .map(|_| {
                     s.spawn(|| {
@@ -49,11 +49,11 @@ fn racing_execute_runs_the_effect_exactly_once() {
         let mut replayed_count = 0;
         for outcome in &outcomes {
             match outcome {
-                Ok(Outcome::Executed(r)) => {
+                Ok(ExecuteAnswer::Ran(r)) => {
                     executed_count += 1;
                     assert_eq!(r.body(), body_for(round).as_slice());
                 }
-                Ok(Outcome::Replayed(r)) => {
+                Ok(ExecuteAnswer::Replayed(r)) => {
                     replayed_count += 1;
                     assert_eq!(r.body(), body_for(round).as_slice());
                     assert_eq!(r.status(), 201);
@@ -92,25 +92,25 @@ fn racing_begin_grants_exactly_one_lease() {
         // Odd rounds: the winner completes inside its thread, so losers may already see the
         // result. Even rounds: the winner keeps the lease until everyone has answered.
         let complete_in_thread = round % 2 == 1;
-        let answers: Vec<Result<Begin, Error>> = thread::scope(|s| {
+        let answers: Vec<Result<BeginAnswer, Error>> = thread::scope(|s| {
             let handles: Vec<_> = (0..THREADS)
                 .map(|_| {
                     s.spawn(|| {
                         barrier.wait();
                         let answer = store.begin(req("t1", "charge", &key, b"amount=100"));
                         match answer {
-                            Ok(Begin::Acquired(lease)) if complete_in_thread => {
+                            Ok(BeginAnswer::Acquired(lease)) if complete_in_thread => {
                                 external_calls.fetch_add(1, Ordering::SeqCst);
                                 let stored = lease
                                     .complete(Response::new(200, body_for(round)))
                                     .expect("winner completes");
                                 // Report the win as a replay of our own stored answer, but
                                 // count it separately through `external_calls`.
-                                Ok(Begin::Replayed(stored))
+                                Ok(BeginAnswer::Replayed(stored))
                             }
-                            Ok(Begin::Acquired(lease)) => {
+                            Ok(BeginAnswer::Acquired(lease)) => {
                                 external_calls.fetch_add(1, Ordering::SeqCst);
-                                Ok(Begin::Acquired(lease))
+                                Ok(BeginAnswer::Acquired(lease))
                             }
                             other => other,
                         }
@@ -131,22 +131,22 @@ fn racing_begin_grants_exactly_one_lease() {
         let mut winner = None;
         for answer in answers {
             match answer {
-                Ok(Begin::Acquired(lease)) => {
+                Ok(BeginAnswer::Acquired(lease)) => {
                     assert!(winner.is_none(), "round {round}: two leases granted");
                     assert_eq!(lease.attempt(), 1);
                     winner = Some(lease);
                 }
-                Ok(Begin::InFlight { retry_after }) => {
+                Ok(BeginAnswer::InFlight { retry_after }) => {
                     assert!(!retry_after.is_zero());
                 }
-                Ok(Begin::Replayed(r)) => {
+                Ok(BeginAnswer::Replayed(r)) => {
                     assert!(
                         complete_in_thread,
                         "round {round}: nobody completed, yet a replay"
                     );
                     assert_eq!(r.body(), body_for(round).as_slice());
                 }
-                Ok(Begin::Expired(t)) => panic!("round {round}: no time passed, yet {t:?}"),
+                Ok(BeginAnswer::Expired(t)) => panic!("round {round}: no time passed, yet {t:?}"),
                 Err(e) => panic!("round {round}: begin failed: {e}"),
             }
         }
@@ -193,19 +193,19 @@ fn execute_and_begin_racing_on_one_key_have_one_winner() {
                             Ok(Response::new(201, body_for(round)))
                         });
                         match outcome {
-                            Ok(Outcome::Executed(_)) => {
+                            Ok(ExecuteAnswer::Ran(_)) => {
                                 wins.fetch_add(1, Ordering::SeqCst);
                             }
-                            Ok(Outcome::Replayed(r)) => {
+                            Ok(ExecuteAnswer::Replayed(r)) => {
                                 assert_eq!(r.body(), body_for(round).as_slice())
                             }
-                            Ok(Outcome::InFlight { .. }) => {}
-                            Ok(Outcome::Expired(t)) => panic!("no time passed, yet {t:?}"),
+                            Ok(ExecuteAnswer::InFlight { .. }) => {}
+                            Ok(ExecuteAnswer::Expired(t)) => panic!("no time passed, yet {t:?}"),
                             Err(e) => panic!("execute failed: {e}"),
                         }
                     } else {
                         match store.begin(request) {
-                            Ok(Begin::Acquired(lease)) => {
+                            Ok(BeginAnswer::Acquired(lease)) => {
                                 wins.fetch_add(1, Ordering::SeqCst);
                                 lease
                                     .complete_with(|tx| {
@@ -214,11 +214,11 @@ fn execute_and_begin_racing_on_one_key_have_one_winner() {
                                     })
                                     .expect("complete");
                             }
-                            Ok(Begin::Replayed(r)) => {
+                            Ok(BeginAnswer::Replayed(r)) => {
                                 assert_eq!(r.body(), body_for(round).as_slice())
                             }
-                            Ok(Begin::InFlight { .. }) => {}
-                            Ok(Begin::Expired(t)) => panic!("no time passed, yet {t:?}"),
+                            Ok(BeginAnswer::InFlight { .. }) => {}
+                            Ok(BeginAnswer::Expired(t)) => panic!("no time passed, yet {t:?}"),
                             Err(e) => panic!("begin failed: {e}"),
                         }
                     }

@@ -20,7 +20,7 @@ fn open(backend: &CrashBackend, durability: Durability) -> Store {
         .expect("open")
 }
 
-fn claim(store: &Store, key: &str) -> idem::Outcome {
+fn claim(store: &Store, key: &str) -> idem::ExecuteAnswer {
     store
         .execute(req("t", "op", key, b"p"), |tx| {
             bump(tx, key)?;
@@ -33,12 +33,12 @@ fn claim(store: &Store, key: &str) -> idem::Outcome {
 fn immediate_answers_survive_a_crash() {
     let backend = CrashBackend::default();
     let store = open(&backend, Durability::Immediate);
-    assert!(matches!(claim(&store, "k"), idem::Outcome::Executed(_)));
+    assert!(matches!(claim(&store, "k"), idem::ExecuteAnswer::Ran(_)));
     let after_crash = open(&backend.crash(), Durability::Immediate);
     std::mem::forget(store); // the crashed process never closes its store
     assert!(matches!(
         claim(&after_crash, "k"),
-        idem::Outcome::Replayed(_)
+        idem::ExecuteAnswer::Replayed(_)
     ));
     assert_eq!(effects(&after_crash, "k"), 1);
 }
@@ -47,14 +47,14 @@ fn immediate_answers_survive_a_crash() {
 fn periodic_loses_recent_answers_whole_never_half() {
     let backend = CrashBackend::default();
     let store = open(&backend, Durability::Periodic(Duration::from_secs(3600)));
-    assert!(matches!(claim(&store, "k"), idem::Outcome::Executed(_)));
+    assert!(matches!(claim(&store, "k"), idem::ExecuteAnswer::Ran(_)));
     let after_crash = open(&backend.crash(), Durability::Immediate);
     std::mem::forget(store);
     // The answer was lost, and so was its effect: the retry runs it, and there is one effect.
     assert_eq!(effects(&after_crash, "k"), 0);
     assert!(matches!(
         claim(&after_crash, "k"),
-        idem::Outcome::Executed(_)
+        idem::ExecuteAnswer::Ran(_)
     ));
     assert_eq!(effects(&after_crash, "k"), 1);
 }
@@ -63,7 +63,7 @@ fn periodic_loses_recent_answers_whole_never_half() {
 fn periodic_flushes_within_its_interval() {
     let backend = CrashBackend::default();
     let store = open(&backend, Durability::Periodic(Duration::from_millis(10)));
-    assert!(matches!(claim(&store, "k"), idem::Outcome::Executed(_)));
+    assert!(matches!(claim(&store, "k"), idem::ExecuteAnswer::Ran(_)));
     let commits = store.metrics().commits;
     // The flusher's fsync is one more commit; wait for it (bounded).
     let give_up = Instant::now() + Duration::from_secs(10);
@@ -75,7 +75,7 @@ fn periodic_flushes_within_its_interval() {
     std::mem::forget(store);
     assert!(matches!(
         claim(&after_crash, "k"),
-        idem::Outcome::Replayed(_)
+        idem::ExecuteAnswer::Replayed(_)
     ));
 }
 
@@ -83,10 +83,13 @@ fn periodic_flushes_within_its_interval() {
 fn dropping_a_periodic_store_makes_everything_durable() {
     let backend = CrashBackend::default();
     let store = open(&backend, Durability::Periodic(Duration::from_secs(3600)));
-    assert!(matches!(claim(&store, "k"), idem::Outcome::Executed(_)));
+    assert!(matches!(claim(&store, "k"), idem::ExecuteAnswer::Ran(_)));
     drop(store);
     let reopened = open(&backend.crash(), Durability::Immediate);
-    assert!(matches!(claim(&reopened, "k"), idem::Outcome::Replayed(_)));
+    assert!(matches!(
+        claim(&reopened, "k"),
+        idem::ExecuteAnswer::Replayed(_)
+    ));
 }
 
 #[test]
@@ -109,7 +112,7 @@ fn periodic_with_multi_process_or_a_zero_interval_is_refused() {
 fn an_idle_periodic_store_stops_fsyncing_after_one_flush() {
     let backend = CrashBackend::default();
     let store = open(&backend, Durability::Periodic(Duration::from_millis(5)));
-    assert!(matches!(claim(&store, "k"), idem::Outcome::Executed(_)));
+    assert!(matches!(claim(&store, "k"), idem::ExecuteAnswer::Ran(_)));
     let give_up = Instant::now() + Duration::from_secs(10);
     while store.metrics().commits < 2 {
         assert!(Instant::now() < give_up, "the flusher never ran");

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::*;
 use idem::rules::{is_expired, is_forgotten};
-use idem::{Abort, Begin, Error, Outcome, Response, Scope, Store};
+use idem::{Abort, BeginAnswer, Error, ExecuteAnswer, Response, Scope, Store};
 
 const HOUR: Duration = Duration::from_secs(3600);
 const MS: Duration = Duration::from_millis(1);
@@ -19,7 +19,7 @@ fn hourly() -> Harness {
     Harness::with(|b| b.retention(HOUR).tombstone_horizon(3 * HOUR))
 }
 
-fn run(store: &Store, op: &str, payload: &[u8], runs: &Cell<u32>) -> Result<Outcome, Error> {
+fn run(store: &Store, op: &str, payload: &[u8], runs: &Cell<u32>) -> Result<ExecuteAnswer, Error> {
     store.execute(req("t1", op, "k", payload), |tx| {
         runs.set(runs.get() + 1);
         bump(tx, op)?;
@@ -28,10 +28,10 @@ fn run(store: &Store, op: &str, payload: &[u8], runs: &Cell<u32>) -> Result<Outc
 }
 
 #[track_caller]
-fn expired(outcome: Result<Outcome, Error>) -> idem::Tombstone {
+fn expired(outcome: Result<ExecuteAnswer, Error>) -> idem::Tombstone {
     match outcome {
-        Ok(Outcome::Expired(t)) => t,
-        other => panic!("expected Outcome::Expired, got {other:?}"),
+        Ok(ExecuteAnswer::Expired(t)) => t,
+        other => panic!("expected ExecuteAnswer::Expired, got {other:?}"),
     }
 }
 
@@ -170,11 +170,11 @@ fn retention_counts_from_completion_not_from_the_claim() {
     );
     h.clock.advance(Duration::from_secs(10));
     match store.begin(req("t1", "charge", "k", b"p")) {
-        Ok(Begin::Expired(t)) => {
+        Ok(BeginAnswer::Expired(t)) => {
             assert_eq!(t.status(), 200);
             assert_eq!(t.resource().map(|r| r.id.as_str()), Some("ch_1"));
         }
-        other => panic!("expected Begin::Expired, got {other:?}"),
+        other => panic!("expected BeginAnswer::Expired, got {other:?}"),
     }
     // Three hours after completion the key is free.
     h.clock.advance(2 * HOUR);

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use common::*;
 use idem::store::Stats;
-use idem::{Abort, Begin, Response, Scope, Store};
+use idem::{Abort, BeginAnswer, Response, Scope, Store};
 
 const SECOND: Duration = Duration::from_secs(1);
 
@@ -69,7 +69,7 @@ fn every_record_has_exactly_one_entry_after_a_mixed_workload() {
                 "execute retryable"
             }
             5 | 6 => {
-                if let Ok(Begin::Acquired(lease)) = store.begin(request) {
+                if let Ok(BeginAnswer::Acquired(lease)) = store.begin(request) {
                     takeovers += u32::from(lease.takeover_of().is_some());
                     leases.push(lease);
                 }

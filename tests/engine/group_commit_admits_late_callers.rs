@@ -1,12 +1,12 @@
 //! A batch about to commit takes the callers that queued while it ran into the same commit, in
-//! queue order: detached callers (`Store::execute_send`), which the thread holding the batch
+//! queue order: detached callers (`Store::execute_on_writer`), which the thread holding the batch
 //! runs, and callers that run their closure on their own thread (`Store::execute`), which get
 //! the transaction in turn. Nothing else changes for a late member: its own outcome, one
 //! effect per key, and a failing late member leaves nothing and re-runs the members before it,
 //! the gate included (the re-run batch admits no one: `group_commit_isolation.rs` counts the
 //! runs).
 //!
-//! The gate here is detached itself: an `execute_send` closure that holds the writer (on the
+//! The gate here is detached itself: an `execute_on_writer` closure that holds the writer (on the
 //! thread that leads its batch) until released, so callers queue behind a running detached
 //! batch. (`group_commit_runs_send_closures_on_the_batch_thread.rs` has the gate on its own
 //! thread, with both kinds of callers queued behind it.)
@@ -21,7 +21,7 @@ use std::time::Duration;
 use common::*;
 use idem::{Abort, Error, Response, Store};
 
-/// Starts an `execute_send` caller whose closure holds the writer until `release` is sent (on
+/// Starts an `execute_on_writer` caller whose closure holds the writer until `release` is sent (on
 /// its first run only; a re-run goes straight through) and counts its runs. Returns once the
 /// gate holds the writer.
 fn detached_gate<'s, 'e>(
@@ -32,25 +32,27 @@ fn detached_gate<'s, 'e>(
     let (release_tx, release_rx) = mpsc::channel::<()>();
     let (held_tx, held_rx) = mpsc::channel::<()>();
     let handle = s.spawn(move || {
-        executed(store.execute_send(req("t", "op", "gate", b"p"), move |tx| {
-            if runs.fetch_add(1, Ordering::SeqCst) == 0 {
-                held_tx.send(()).expect("test alive");
-                release_rx
-                    .recv_timeout(Duration::from_secs(20))
-                    .expect("released");
-            }
-            bump(tx, "gate")?;
-            Ok(Response::new(200, "gate"))
-        }));
+        executed(
+            store.execute_on_writer(req("t", "op", "gate", b"p"), move |tx| {
+                if runs.fetch_add(1, Ordering::SeqCst) == 0 {
+                    held_tx.send(()).expect("test alive");
+                    release_rx
+                        .recv_timeout(Duration::from_secs(20))
+                        .expect("released");
+                }
+                bump(tx, "gate")?;
+                Ok(Response::new(200, "gate"))
+            }),
+        );
     });
     held_rx.recv().expect("the gate holds the writer");
     (release_tx, handle)
 }
 
 /// A detached caller of `key` that fails retryably when `fail` is set.
-fn send_caller(store: &Store, key: &str, fail: bool) -> Result<idem::Outcome, Error> {
+fn send_caller(store: &Store, key: &str, fail: bool) -> Result<idem::ExecuteAnswer, Error> {
     let label = key.to_owned();
-    store.execute_send(req("t", "op", key, b"p"), move |tx| {
+    store.execute_on_writer(req("t", "op", key, b"p"), move |tx| {
         bump(tx, &label)?;
         if fail {
             return Err(Abort::retryable("transient"));
@@ -172,7 +174,7 @@ fn a_caller_on_its_own_thread_joins_late_too_and_so_do_those_behind_it() {
                 })
             } else {
                 let label = key.clone();
-                store.execute_send(req("t", "op", &key, b"p"), move |tx| {
+                store.execute_on_writer(req("t", "op", &key, b"p"), move |tx| {
                     order.lock().push(i);
                     bump(tx, &label)?;
                     Ok(Response::new(201, label.clone()))

@@ -91,7 +91,7 @@ fn a_failed_batch_commit_answers_every_member_and_every_queued_caller() {
             }
         }
     });
-    assert!(store.failure().is_some());
+    assert!(store.fail_stop_cause().is_some());
     assert!(matches!(
         store.execute(req("t", "op", "after", b"p"), |_| Ok(Response::new(1, "x"))),
         Err(Error::FailStopped { .. })
@@ -104,7 +104,7 @@ fn a_failed_batch_commit_answers_every_member_and_every_queued_caller() {
         .expect("reopen");
     assert!(matches!(
         reopened.execute(req("t", "op", "gate1", b"p"), |_| Ok(Response::new(1, "x"))),
-        Ok(idem::Outcome::Replayed(_))
+        Ok(idem::ExecuteAnswer::Replayed(_))
     ));
     for i in 0..N {
         let key = format!("k{i}");

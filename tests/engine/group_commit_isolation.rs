@@ -14,7 +14,7 @@ use std::thread;
 use std::time::Duration;
 
 use common::*;
-use idem::{Abort, Begin, Error, Outcome, Response};
+use idem::{Abort, BeginAnswer, Error, ExecuteAnswer, Response};
 
 #[test]
 fn a_failing_member_leaves_nothing_and_changes_no_one_elses_outcome() {
@@ -91,7 +91,7 @@ fn a_failing_member_leaves_nothing_and_changes_no_one_elses_outcome() {
     // Members before a failure ran once more; nobody else ran twice.
     let runs: Vec<u32> = calls.iter().map(|c| c.load(Ordering::SeqCst)).collect();
     assert_eq!(runs, vec![2, 2, 2, 2, 1, 2, 2, 1, 1, 1, 1, 1]);
-    assert_eq!(store.failure(), None);
+    assert_eq!(store.fail_stop_cause(), None);
 }
 
 #[test]
@@ -135,7 +135,7 @@ fn a_panicking_member_leaves_nothing_and_the_rest_of_its_batch_commits() {
             assert_eq!(effects(store, &key), 1);
         }
     }
-    assert_eq!(store.failure(), None);
+    assert_eq!(store.fail_stop_cause(), None);
 }
 
 #[test]
@@ -170,11 +170,11 @@ fn the_same_key_twice_in_one_batch_executes_once_and_replays_once() {
     });
     let executed_n = outcomes
         .iter()
-        .filter(|o| matches!(o, Ok(Outcome::Executed(_))))
+        .filter(|o| matches!(o, Ok(ExecuteAnswer::Ran(_))))
         .count();
     let replayed_n = outcomes
         .iter()
-        .filter(|o| matches!(o, Ok(Outcome::Replayed(_))))
+        .filter(|o| matches!(o, Ok(ExecuteAnswer::Replayed(_))))
         .count();
     assert_eq!((executed_n, replayed_n), (1, 1), "{outcomes:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
@@ -200,11 +200,11 @@ fn two_begins_for_one_key_in_one_batch_grant_one_lease() {
     });
     let acquired_n = begins
         .iter()
-        .filter(|b| matches!(b, Ok(Begin::Acquired(_))))
+        .filter(|b| matches!(b, Ok(BeginAnswer::Acquired(_))))
         .count();
     let in_flight_n = begins
         .iter()
-        .filter(|b| matches!(b, Ok(Begin::InFlight { .. })))
+        .filter(|b| matches!(b, Ok(BeginAnswer::InFlight { .. })))
         .count();
     assert_eq!((acquired_n, in_flight_n), (1, 1), "{begins:?}");
 }

@@ -1,4 +1,4 @@
-//! `Store::execute_send`: a `Send + 'static` closure may run on whichever thread holds the
+//! `Store::execute_on_writer`: a `Send + 'static` closure may run on whichever thread holds the
 //! batch's write transaction (no hand-off to its caller's thread), and nothing else changes:
 //! every caller gets its own outcome, one effect per key, a failing or panicking member leaves
 //! nothing and changes no one else's outcome (the panic unwinds on its caller's thread), and
@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 
 use common::*;
-use idem::{Abort, Error, Outcome, Response};
+use idem::{Abort, Error, ExecuteAnswer, Response};
 
 /// Where a closure ran, and on whose behalf.
 type Runs = Arc<Mutex<Vec<(usize, thread::ThreadId)>>>;
@@ -35,7 +35,7 @@ fn send_closures_run_on_the_batch_thread_and_keep_their_own_outcomes() {
                     let me = thread::current().id();
                     // Member 3 fails retryably, member 6 panics; the others answer.
                     let outcome = catch_unwind(AssertUnwindSafe(|| {
-                        store.execute_send(req("t", "op", &key, b"p"), move |tx| {
+                        store.execute_on_writer(req("t", "op", &key, b"p"), move |tx| {
                             runs.lock().unwrap().push((i, thread::current().id()));
                             bump(tx, &format!("k{i}"))?;
                             match i {
@@ -99,11 +99,11 @@ fn send_closures_run_on_the_batch_thread_and_keep_their_own_outcomes() {
     for i in (0..N).filter(|i| *i != 3 && *i != 6) {
         let key = format!("k{i}");
         let again = store
-            .execute_send(req("t", "op", &key, b"p"), |_| {
+            .execute_on_writer(req("t", "op", &key, b"p"), |_| {
                 panic!("a replay runs nothing")
             })
             .unwrap();
-        assert!(matches!(again, Outcome::Replayed(_)));
+        assert!(matches!(again, ExecuteAnswer::Replayed(_)));
     }
 }
 
@@ -124,7 +124,7 @@ fn send_and_thread_bound_members_share_a_batch() {
                     Ok(Response::new(201, key.clone()))
                 })
             } else {
-                store.execute_send(req("t", "op", &key, b"p"), move |tx| {
+                store.execute_on_writer(req("t", "op", &key, b"p"), move |tx| {
                     bump(tx, &format!("m{i}"))?;
                     Ok(Response::new(201, format!("m{i}")))
                 })

@@ -37,7 +37,7 @@ fn an_io_failure_reported_on_its_own_thread_fails_the_members_ahead_of_it() {
         matches!(failing[..], [Err(Error::Storage { .. })]),
         "the failing caller gets its own error: {failing:?}"
     );
-    assert!(h.store().failure().is_some(), "the store latched");
+    assert!(h.store().fail_stop_cause().is_some(), "the store latched");
     assert!(
         matches!(gate, Err(Error::FailStopped { .. })),
         "the member ahead of it is answered FailStopped, not re-run and committed: {gate:?}"

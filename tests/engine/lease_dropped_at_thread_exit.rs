@@ -7,7 +7,7 @@ use crate::common;
 use std::cell::RefCell;
 
 use common::*;
-use idem::{Begin, Lease, Response};
+use idem::{BeginAnswer, Lease, Response};
 
 thread_local! {
     static PARKED: RefCell<Option<Lease>> = const { RefCell::new(None) };
@@ -33,6 +33,6 @@ fn a_lease_dropped_during_thread_teardown_does_not_abort() {
     // The lease was released on drop: the key is free at once.
     assert!(matches!(
         store.begin(req("t", "charge", "k", b"p")),
-        Ok(Begin::Acquired(_))
+        Ok(BeginAnswer::Acquired(_))
     ));
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::*;
 use idem::format::State;
-use idem::{Abort, Begin, Error, Request, Response, Scope, Store};
+use idem::{Abort, BeginAnswer, Error, Request, Response, Scope, Store};
 
 const LEASE: Duration = Duration::from_secs(30);
 const WAIT: Duration = Duration::from_secs(10);
@@ -47,7 +47,7 @@ fn nobody_takes_over(store: &Store, why: &str) {
         Ok(Response::new(200, "flow A"))
     });
     assert!(
-        matches!(outcome, Ok(idem::Outcome::InFlight { .. })),
+        matches!(outcome, Ok(idem::ExecuteAnswer::InFlight { .. })),
         "{outcome:?}"
     );
     assert!(!ran.get(), "{why}");
@@ -252,7 +252,7 @@ fn a_backward_clock_lets_neither_begin_nor_begin_wait_take_a_live_lease() {
     h.clock.set(AN_HOUR_BEFORE_T0);
     begin_in_flight(store.begin(charge()));
     match store.begin_wait(charge(), Duration::from_millis(50)) {
-        Ok(Begin::InFlight { .. }) => {}
+        Ok(BeginAnswer::InFlight { .. }) => {}
         other => panic!("expected InFlight, got {other:?}"),
     }
     // The holder still holds it, and finishes.
@@ -512,7 +512,7 @@ fn begin_wait_on_a_finished_key_replays_at_once() {
         .complete(Response::new(200, "done"))
         .expect("complete");
     match store.begin_wait(charge(), Duration::ZERO) {
-        Ok(Begin::Replayed(r)) => assert_eq!(r.body(), b"done"),
+        Ok(BeginAnswer::Replayed(r)) => assert_eq!(r.body(), b"done"),
         other => panic!("expected a replay, got {other:?}"),
     }
 }

@@ -6,7 +6,7 @@ use crate::common;
 use std::cell::Cell;
 
 use common::*;
-use idem::{Outcome, Response};
+use idem::{ExecuteAnswer, Response};
 
 /// A body that is not UTF-8 and contains NUL, so "byte for byte" is really tested.
 const BODY: &[u8] = b"{\"id\":\"ord_1\",\"raw\":\"\x00\xff\xfe\"}";
@@ -119,7 +119,7 @@ fn the_replay_is_an_outcome_replayed_not_executed() {
         .store()
         .execute(request, |_| Ok(Response::new(200, "ok")))
         .expect("second");
-    assert!(matches!(first, Outcome::Executed(_)));
-    assert!(matches!(second, Outcome::Replayed(_)));
+    assert!(matches!(first, ExecuteAnswer::Ran(_)));
+    assert!(matches!(second, ExecuteAnswer::Replayed(_)));
     assert_eq!(first.response(), second.response());
 }

@@ -10,13 +10,13 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
 
 use common::*;
-use idem::{Outcome, Response, Scope, Store};
+use idem::{ExecuteAnswer, Response, Scope, Store};
 
 fn scope() -> Scope {
     Scope::new("t", "op")
 }
 
-fn claim(store: &Store, key: &str) -> Result<Outcome, idem::Error> {
+fn claim(store: &Store, key: &str) -> Result<ExecuteAnswer, idem::Error> {
     store.execute(req("t", "op", key, b"p"), |_| {
         Ok(Response::new(201, "made"))
     })

@@ -21,7 +21,7 @@ fn status_body(id: &str, status: &str) -> String {
 }
 
 /// Creates payment `pay-1` as "captured"; the response body describes the new payment.
-fn create(store: &Store, runs: &Cell<u32>) -> Result<idem::Outcome, idem::Error> {
+fn create(store: &Store, runs: &Cell<u32>) -> Result<idem::ExecuteAnswer, idem::Error> {
     store.execute(create_request(), |tx| {
         runs.set(runs.get() + 1);
         let mut payments = tx.open_table(PAYMENTS)?;
@@ -32,7 +32,7 @@ fn create(store: &Store, runs: &Cell<u32>) -> Result<idem::Outcome, idem::Error>
 
 /// Reads the payment's current status from a read snapshot.
 fn current_status(store: &Store) -> Option<String> {
-    let read = store.begin_read().expect("read txn");
+    let read = store.read_transaction().expect("read txn");
     let payments = read.open_table(PAYMENTS).expect("payments table");
     payments
         .get("pay-1")

@@ -7,7 +7,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::*;
-use idem::{Outcome, Response, RetentionPolicy, Scope, Store};
+use idem::{ExecuteAnswer, Response, RetentionPolicy, Scope, Store};
 
 const HOUR: Duration = Duration::from_secs(3600);
 const DAY: Duration = Duration::from_secs(24 * 3600);
@@ -73,7 +73,7 @@ fn the_longest_window_is_the_retention_and_the_horizon_follows_the_policy() {
         store.execute(req("t", "charge", "k", b"p"), |_| Ok(Response::new(
             500, "no"
         ))),
-        Ok(Outcome::Expired(_))
+        Ok(ExecuteAnswer::Expired(_))
     ));
 }
 

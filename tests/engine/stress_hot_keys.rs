@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 
 use common::*;
-use idem::{Outcome, Response};
+use idem::{ExecuteAnswer, Response};
 
 const THREADS: usize = 8;
 const REQUESTS: usize = 10_000;
@@ -41,11 +41,11 @@ fn eight_threads_on_one_hundred_hot_keys_one_effect_each() {
                         })
                         .unwrap_or_else(|e| panic!("thread {t}, request {i}, {key}: {e:?}"));
                     let response = match &outcome {
-                        Outcome::Executed(r) => {
+                        ExecuteAnswer::Ran(r) => {
                             executed.fetch_add(1, Ordering::Relaxed);
                             r
                         }
-                        Outcome::Replayed(r) => r,
+                        ExecuteAnswer::Replayed(r) => r,
                         other => panic!("thread {t}, request {i}, {key}: {other:?}"),
                     };
                     assert_eq!(response.status(), 201);

@@ -1,5 +1,5 @@
 //! Past its response window a finished record is a tombstone: a late retry gets
-//! `Outcome::Expired` / `Begin::Expired` (status and resource pointer, no body), its closure
+//! `ExecuteAnswer::Expired` / `BeginAnswer::Expired` (status and resource pointer, no body), its closure
 //! does not run and nothing is written; a different payload is still a mismatch. Past the
 //! tombstone horizon the key is free and the retry runs. The answers are the same whether the
 //! sweep has physically shrunk and deleted the record or not.
@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use common::*;
 use idem::format::State;
-use idem::{Abort, Begin, Error, Outcome, Response, Scope, Store, Tombstone};
+use idem::{Abort, BeginAnswer, Error, ExecuteAnswer, Response, Scope, Store, Tombstone};
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
 const MS: Duration = Duration::from_millis(1);
@@ -25,7 +25,7 @@ fn harness() -> Harness {
     Harness::with(|b| b.retention(DAY).tombstone_horizon(7 * DAY))
 }
 
-fn create(store: &Store, payload: &[u8], runs: &Cell<u32>) -> Result<Outcome, Error> {
+fn create(store: &Store, payload: &[u8], runs: &Cell<u32>) -> Result<ExecuteAnswer, Error> {
     store.execute(req("t1", "create_order", "order-1", payload), |tx| {
         runs.set(runs.get() + 1);
         bump(tx, "orders")?;
@@ -40,10 +40,10 @@ fn stored(store: &Store) -> Option<idem::format::Record> {
 }
 
 #[track_caller]
-fn expired(outcome: Result<Outcome, Error>) -> Tombstone {
+fn expired(outcome: Result<ExecuteAnswer, Error>) -> Tombstone {
     match outcome {
-        Ok(Outcome::Expired(t)) => t,
-        other => panic!("expected Outcome::Expired, got {other:?}"),
+        Ok(ExecuteAnswer::Expired(t)) => t,
+        other => panic!("expected ExecuteAnswer::Expired, got {other:?}"),
     }
 }
 
@@ -94,15 +94,15 @@ fn a_late_retry_gets_the_tombstone_then_runs_past_the_horizon_with_and_without_s
         assert_eq!(store.metrics().commits, commits, "nothing was written");
         // Flow B sees the same tombstone, and does not get a lease.
         match store.begin(req("t1", "create_order", "order-1", b"qty=2")) {
-            Ok(Begin::Expired(b)) => assert_eq!(b, t),
-            other => panic!("sweep={sweep}: expected Begin::Expired, got {other:?}"),
+            Ok(BeginAnswer::Expired(b)) => assert_eq!(b, t),
+            other => panic!("sweep={sweep}: expected BeginAnswer::Expired, got {other:?}"),
         }
         match store.begin_wait(
             req("t1", "create_order", "order-1", b"qty=2"),
             Duration::from_secs(1),
         ) {
-            Ok(Begin::Expired(b)) => assert_eq!(b, t),
-            other => panic!("sweep={sweep}: expected Begin::Expired, got {other:?}"),
+            Ok(BeginAnswer::Expired(b)) => assert_eq!(b, t),
+            other => panic!("sweep={sweep}: expected BeginAnswer::Expired, got {other:?}"),
         }
         // The key is still bound to its payload.
         assert!(matches!(
@@ -173,7 +173,7 @@ fn a_flow_b_completion_expires_to_a_tombstone_and_is_not_called_again() {
     h.clock.advance(DAY);
     store.sweep().expect("sweep");
     match store.begin(charge()) {
-        Ok(Begin::Expired(t)) => {
+        Ok(BeginAnswer::Expired(t)) => {
             assert_eq!(t.status(), 201);
             assert_eq!(t.resource().map(|r| r.id.as_str()), Some("ch_1"));
         }

@@ -7,9 +7,9 @@ use crate::common;
 use std::time::Duration;
 
 use common::{Harness, acquired, begin_in_flight, begin_replayed, req};
-use idem::{Begin, Error, Response};
+use idem::{BeginAnswer, Error, Response};
 
-fn claim(h: &Harness) -> Result<Begin, Error> {
+fn claim(h: &Harness) -> Result<BeginAnswer, Error> {
     h.store()
         .begin(req("worker-pool", "render-task", "task-42", b"spec"))
 }

@@ -7,7 +7,7 @@ use crate::common;
 use std::cell::Cell;
 
 use common::{Harness, req};
-use idem::store::Typed;
+use idem::store::ExecuteTypedAnswer;
 use idem::{Abort, Error, Response};
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -34,8 +34,8 @@ fn a_typed_answer_replays_decoded_on_the_file_store() {
                 Ok(reserved())
             })
     };
-    assert_eq!(run().unwrap(), Typed::Executed(reserved()));
-    assert_eq!(run().unwrap(), Typed::Replayed(reserved()));
+    assert_eq!(run().unwrap(), ExecuteTypedAnswer::Ran(reserved()));
+    assert_eq!(run().unwrap(), ExecuteTypedAnswer::Replayed(reserved()));
     assert_eq!(runs.get(), 1);
     let rejected = |replay| {
         let r = h
@@ -44,7 +44,7 @@ fn a_typed_answer_replays_decoded_on_the_file_store() {
                 Err(Abort::Terminal(Response::new(409, "out of stock")))
             });
         assert!(
-            matches!(&r, Ok(Typed::Rejected { replayed, response }) if *replayed == replay && response.status() == 409),
+            matches!(&r, Ok(ExecuteTypedAnswer::Rejected { replayed, response }) if *replayed == replay && response.status() == 409),
             "{r:?}"
         );
     };
@@ -74,7 +74,7 @@ fn a_typed_answer_replays_decoded_on_postgres() {
                 Ok(reserved())
             })
     };
-    assert_eq!(run().unwrap(), Typed::Executed(reserved()));
-    assert_eq!(run().unwrap(), Typed::Replayed(reserved()));
+    assert_eq!(run().unwrap(), ExecuteTypedAnswer::Ran(reserved()));
+    assert_eq!(run().unwrap(), ExecuteTypedAnswer::Replayed(reserved()));
     assert_eq!(runs.get(), 1);
 }

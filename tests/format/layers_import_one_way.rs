@@ -94,7 +94,7 @@ const ENGINE: &[&str] = &[
     "crate::StoreBuilder",
     "crate::ReadOnlyStore",
     "crate::Lease",
-    "crate::Begin",
+    "crate::BeginAnswer",
     "crate::Tx",
     "crate::Durability",
 ];

@@ -23,7 +23,7 @@ use idem::keys::Fingerprint;
 use idem::redb::{
     ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle,
 };
-use idem::{Begin, Error, Request, Resource, Response, Scope, Store, Timestamp, Tombstone};
+use idem::{BeginAnswer, Error, Request, Resource, Response, Scope, Store, Timestamp, Tombstone};
 
 /// 2026-01-01T00:00:00Z in milliseconds since the Unix epoch.
 const T0: u64 = 1_767_225_600_000;
@@ -645,7 +645,7 @@ fn downstream_key_is_pinned() {
             b"x",
         ))
         .expect("begin");
-    let Begin::Acquired(lease) = begin else {
+    let BeginAnswer::Acquired(lease) = begin else {
         panic!("a fresh key is acquired, got {begin:?}")
     };
     assert_eq!(
@@ -713,7 +713,10 @@ fn golden_event_ids() -> Vec<(&'static str, String, String, &'static str)> {
             },
         )
         .expect("execute");
-    assert!(matches!(outcome, idem::Outcome::Executed(_)), "{outcome:?}");
+    assert!(
+        matches!(outcome, idem::ExecuteAnswer::Ran(_)),
+        "{outcome:?}"
+    );
     store
         .process("t", SPELLING_MESSAGE_ID, |tx| {
             pushed.push(
@@ -802,7 +805,10 @@ fn stored_marks() -> Vec<(Vec<u8>, Vec<u8>)> {
                 ))
             })
             .expect("process");
-        assert!(matches!(r, idem::inbox::Processed::Rejected(_)), "{r:?}");
+        assert!(
+            matches!(r, idem::inbox::ProcessAnswer::Rejected(_)),
+            "{r:?}"
+        );
     });
     let read = db.begin_read().expect("read");
     let inbox = read.open_table(INBOX).expect("inbox table");
@@ -971,7 +977,7 @@ fn store_file_has_the_documented_tables_key_and_value() {
                 b"x",
             ))
             .expect("begin");
-        let Begin::Acquired(lease) = begin else {
+        let BeginAnswer::Acquired(lease) = begin else {
             panic!("a fresh key is acquired, got {begin:?}")
         };
         lease.complete(Response::new(200, "ok")).expect("complete");

@@ -26,7 +26,7 @@ fn try_reserved(
     store: &Store,
     key: &str,
     open: impl Fn(&idem::Tx<'_>) -> Result<(), Error>,
-) -> Result<idem::Outcome, Error> {
+) -> Result<idem::ExecuteAnswer, Error> {
     store.execute(req("t", "op", key, b"p"), |tx| {
         bump(tx, "attempts")?;
         open(tx)?;

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use common::{Harness, bump, effects, req};
 use idem::error::BoxError;
-use idem::inbox::Processed;
-use idem::outbox::{DispatcherOptions, Event, EventId, OutboxEvent};
+use idem::inbox::ProcessAnswer;
+use idem::outbox::{DispatcherOptions, Event, EventId, StoredEvent};
 use idem::{Error, Response, Store};
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -53,7 +53,7 @@ fn next(calls: &mpsc::Receiver<Call>) -> Call {
     calls.recv_timeout(WAIT).expect("a publish call")
 }
 
-fn payload(e: &OutboxEvent) -> String {
+fn payload(e: &StoredEvent) -> String {
     String::from_utf8_lossy(&e.payload).into_owned()
 }
 
@@ -65,7 +65,7 @@ fn a_commit_wakes_an_idle_dispatcher_at_once() {
     let handle = h
         .store()
         .start_dispatcher(
-            move |e: &OutboxEvent| -> Result<(), BoxError> {
+            move |e: &StoredEvent| -> Result<(), BoxError> {
                 let _ = tx.send(Call {
                     id: e.id,
                     payload: payload(e),
@@ -96,7 +96,7 @@ fn per_key_order_holds_while_the_first_event_is_retried() {
     let mut failures_left = 2;
     let handle = store
         .start_dispatcher(
-            move |e: &OutboxEvent| -> Result<(), BoxError> {
+            move |e: &StoredEvent| -> Result<(), BoxError> {
                 let p = payload(e);
                 let ok = !(p == "a1" && failures_left > 0);
                 if !ok {
@@ -167,7 +167,7 @@ fn a_crash_between_publish_and_mark_republishes_and_the_consumer_inbox_keeps_one
     let handle = producer
         .store()
         .start_dispatcher(
-            move |e: &OutboxEvent| -> Result<(), BoxError> {
+            move |e: &StoredEvent| -> Result<(), BoxError> {
                 // The broker delivers to the consumer, which processes it through its inbox.
                 let r = downstream.process("payments", e.id.to_hex(), |t| bump(t, "paid"))?;
                 let _ = tx.send(Call {
@@ -210,7 +210,7 @@ fn undelivered_events_are_published_by_the_next_process() {
     let handle = h
         .store()
         .start_dispatcher(
-            move |e: &OutboxEvent| -> Result<(), BoxError> {
+            move |e: &StoredEvent| -> Result<(), BoxError> {
                 let _ = tx.send(Call {
                     id: e.id,
                     payload: payload(e),
@@ -240,7 +240,7 @@ fn an_always_failing_event_is_dead_lettered_and_other_keys_go_on() {
     let is_broken = broken.clone();
     let handle = store
         .start_dispatcher(
-            move |e: &OutboxEvent| -> Result<(), BoxError> {
+            move |e: &StoredEvent| -> Result<(), BoxError> {
                 let p = payload(e);
                 let ok = !(p.starts_with('p') && is_broken.load(Ordering::SeqCst));
                 let _ = tx.send(Call {
@@ -305,7 +305,7 @@ fn an_always_failing_event_is_dead_lettered_and_other_keys_go_on() {
 #[test]
 fn one_dispatcher_at_a_time_and_shutdown_is_clean() {
     let h = Harness::new();
-    let publisher = |_: &OutboxEvent| -> Result<(), BoxError> { Ok(()) };
+    let publisher = |_: &StoredEvent| -> Result<(), BoxError> { Ok(()) };
     let first = h
         .store()
         .start_dispatcher(publisher, DispatcherOptions::new())
@@ -326,7 +326,7 @@ fn one_dispatcher_at_a_time_and_shutdown_is_clean() {
     assert!(matches!(bad, Err(Error::Config { .. })));
     // A consumer-side inbox answer for completeness of the contract.
     let r = h.store().process("s", "m", |_| Ok(())).unwrap();
-    assert_eq!(r, Processed::Processed(()));
+    assert_eq!(r, ProcessAnswer::Ran(()));
 }
 
 #[test]
@@ -353,7 +353,7 @@ fn concurrent_producers_on_one_key_are_published_in_commit_order() {
     let mut flaky = 0u32;
     let handle = store
         .start_dispatcher(
-            move |e: &OutboxEvent| -> Result<(), BoxError> {
+            move |e: &StoredEvent| -> Result<(), BoxError> {
                 flaky += 1;
                 // Every 7th attempt fails once: retries must not reorder the key.
                 if flaky.is_multiple_of(7) {
@@ -403,7 +403,7 @@ fn retries_are_woken_by_the_timer() {
     let mut first = true;
     let handle = store
         .start_dispatcher(
-            move |e: &OutboxEvent| -> Result<(), BoxError> {
+            move |e: &StoredEvent| -> Result<(), BoxError> {
                 let ok = !std::mem::replace(&mut first, false);
                 let _ = tx.send(Call {
                     id: e.id,
@@ -433,7 +433,7 @@ fn a_running_dispatcher_does_not_keep_the_store_open() {
     let handle = h
         .store()
         .start_dispatcher(
-            |_: &OutboxEvent| -> Result<(), BoxError> { Ok(()) },
+            |_: &StoredEvent| -> Result<(), BoxError> { Ok(()) },
             DispatcherOptions::new().idle_recheck(Duration::from_millis(5)),
         )
         .unwrap();
@@ -455,7 +455,7 @@ fn a_held_backlog_larger_than_a_batch_does_not_starve_other_keys() {
     let (tx, calls) = mpsc::channel();
     let handle = store
         .start_dispatcher(
-            move |e: &OutboxEvent| -> Result<(), BoxError> {
+            move |e: &StoredEvent| -> Result<(), BoxError> {
                 let p = payload(e);
                 let ok = !p.starts_with('p');
                 let _ = tx.send(Call {
@@ -497,7 +497,7 @@ fn power_loss_after_publish_before_the_mark_republishes_with_the_same_id() {
     let power = backend.failing.clone();
     let handle = producer
         .start_dispatcher(
-            move |e: &OutboxEvent| -> Result<(), BoxError> {
+            move |e: &StoredEvent| -> Result<(), BoxError> {
                 let r = downstream.process("payments", e.id.to_hex(), |t| bump(t, "paid"))?;
                 let _ = tx.send(Call {
                     id: e.id,
@@ -513,7 +513,7 @@ fn power_loss_after_publish_before_the_mark_republishes_with_the_same_id() {
         .unwrap();
     let first = next(&calls);
     assert!(first.payload.starts_with("Processed"));
-    wait_until("the failed mark", || producer.failure().is_some());
+    wait_until("the failed mark", || producer.fail_stop_cause().is_some());
     handle.shutdown().unwrap();
     drop(producer);
 
@@ -524,7 +524,7 @@ fn power_loss_after_publish_before_the_mark_republishes_with_the_same_id() {
     let downstream = consumer.store().clone();
     let handle = producer
         .start_dispatcher(
-            move |e: &OutboxEvent| -> Result<(), BoxError> {
+            move |e: &StoredEvent| -> Result<(), BoxError> {
                 let r = downstream.process("payments", e.id.to_hex(), |t| bump(t, "paid"))?;
                 let _ = tx.send(Call {
                     id: e.id,

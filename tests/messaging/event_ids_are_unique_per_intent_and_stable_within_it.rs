@@ -14,7 +14,7 @@ use std::thread;
 use std::time::Duration;
 
 use common::*;
-use idem::inbox::Processed;
+use idem::inbox::ProcessAnswer;
 use idem::outbox::{Event, EventId};
 use idem::{Abort, Response, Scope, Store, Tx};
 
@@ -39,8 +39,8 @@ fn execute_pushing(store: &Store, key: &str) -> Vec<EventId> {
 /// Processes message `id` for subscriber `sub`, pushing two events; returns their ids.
 fn process_pushing(store: &Store, sub: &str, id: &[u8]) -> Vec<EventId> {
     match store.process(sub, id, push_two).expect("process") {
-        Processed::Processed(ids) => ids,
-        other => panic!("expected Processed, got {other:?}"),
+        ProcessAnswer::Ran(ids) => ids,
+        other => panic!("expected ProcessAnswer, got {other:?}"),
     }
 }
 
@@ -110,7 +110,10 @@ fn a_new_intent_after_the_tombstone_horizon_gets_new_event_ids() {
     let late = store.execute(req("t", "op", "k", b"p"), |_| {
         unreachable!("an expired intent does not run")
     });
-    assert!(matches!(late, Ok(idem::Outcome::Expired(_))), "{late:?}");
+    assert!(
+        matches!(late, Ok(idem::ExecuteAnswer::Expired(_))),
+        "{late:?}"
+    );
     // Past the horizon the key is free: a new intent, with new ids (swept or not).
     h.clock.advance(hour);
     let second = execute_pushing(store, "k");
@@ -138,7 +141,7 @@ fn a_message_processed_again_after_its_mark_was_forgotten_or_purged_gets_new_eve
     disjoint(&second, &third);
     // The same for a webhook receipt.
     let hook = |store: &Store| match store.receive("github", "d-1", push_two).expect("receive") {
-        idem::inbox::Receipt::Accepted(ids) => ids,
+        idem::inbox::ReceiveAnswer::Ran(ids) => ids,
         other => panic!("expected Accepted, got {other:?}"),
     };
     let before = hook(store);
@@ -230,6 +233,9 @@ fn a_group_commit_rerun_pushes_the_same_ids_and_a_redelivery_pushes_none() {
             unreachable!("a duplicate does not run")
         })
         .expect("process");
-    assert!(matches!(again, Processed::Duplicate { .. }), "{again:?}");
+    assert!(
+        matches!(again, ProcessAnswer::Duplicate { .. }),
+        "{again:?}"
+    );
     assert_eq!(pending_ids(store), [runs[1].clone(), processed].concat());
 }

@@ -11,7 +11,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::{Harness, bump, effects};
-use idem::inbox::Processed;
+use idem::inbox::ProcessAnswer;
 use idem::{Abort, Error};
 
 #[test]
@@ -24,7 +24,7 @@ fn redelivery_after_a_crash_before_the_ack_is_a_duplicate() {
             Ok("charged")
         })
         .unwrap();
-    assert_eq!(first, Processed::Processed("charged"));
+    assert_eq!(first, ProcessAnswer::Ran("charged"));
     // The consumer dies before acking; the broker redelivers to a restarted process.
     h.reopen();
     let mut ran = false;
@@ -38,7 +38,7 @@ fn redelivery_after_a_crash_before_the_ack_is_a_duplicate() {
         .unwrap();
     assert!(!ran, "the closure must not run for a duplicate");
     assert!(
-        matches!(again, Processed::Duplicate { processed_at, rejection: None } if processed_at == common::T0)
+        matches!(again, ProcessAnswer::Duplicate { processed_at, rejection: None } if processed_at == common::T0)
     );
     assert_eq!(effects(h.store(), "charge"), 1);
 }
@@ -51,7 +51,7 @@ fn subscribers_are_independent() {
             .store()
             .process(sub, "msg-1", |tx| bump(tx, sub).map(|_| ()))
             .unwrap();
-        assert_eq!(r, Processed::Processed(()));
+        assert_eq!(r, ProcessAnswer::Ran(()));
     }
     assert_eq!(effects(h.store(), "billing"), 1);
     assert_eq!(effects(h.store(), "shipping"), 1);
@@ -75,7 +75,7 @@ fn a_failing_closure_leaves_neither_mark_nor_writes() {
         .store()
         .process("billing", "msg-2", |tx| bump(tx, "charge"))
         .unwrap();
-    assert_eq!(r, Processed::Processed(()));
+    assert_eq!(r, ProcessAnswer::Ran(()));
     assert_eq!(effects(h.store(), "charge"), 1);
 }
 
@@ -96,7 +96,7 @@ fn a_redelivered_rejected_message_answers_with_the_first_rejection() {
             ))
         })
         .unwrap();
-    let Processed::Rejected(rejected) = first else {
+    let ProcessAnswer::Rejected(rejected) = first else {
         panic!("expected Rejected, got {first:?}")
     };
     assert!(rejected.is_failure());
@@ -118,7 +118,7 @@ fn a_redelivered_rejected_message_answers_with_the_first_rejection() {
             .unwrap();
         assert_eq!(
             again,
-            Processed::Duplicate {
+            ProcessAnswer::Duplicate {
                 processed_at: common::T0,
                 rejection: Some(rejected.clone()),
             },
@@ -137,7 +137,7 @@ fn a_redelivered_rejected_message_answers_with_the_first_rejection() {
     assert!(
         matches!(
             dup,
-            Processed::Duplicate {
+            ProcessAnswer::Duplicate {
                 rejection: None,
                 ..
             }
@@ -164,7 +164,7 @@ fn an_oversized_rejection_is_kept_without_its_body_and_never_runs_again() {
         })
         .unwrap();
     match &first {
-        Processed::Rejected(r) => {
+        ProcessAnswer::Rejected(r) => {
             assert_eq!((r.status(), r.body()), (422, &[b'x'; 17][..]));
             assert!(r.is_failure());
         }
@@ -179,7 +179,7 @@ fn an_oversized_rejection_is_kept_without_its_body_and_never_runs_again() {
             })
             .unwrap();
         match again {
-            Processed::Duplicate {
+            ProcessAnswer::Duplicate {
                 rejection: Some(r), ..
             } => {
                 assert_eq!(r.status(), 422);
@@ -249,7 +249,7 @@ fn a_mark_written_before_rejections_were_kept_still_reads() {
         .unwrap();
     assert_eq!(
         again,
-        Processed::Duplicate {
+        ProcessAnswer::Duplicate {
             processed_at: common::T0,
             rejection: None
         }
@@ -268,13 +268,13 @@ fn a_terminal_rejection_consumes_the_message() {
             Err(Abort::terminal(idem::Response::new(422, "bad order")))
         })
         .unwrap();
-    assert!(matches!(r, Processed::Rejected(ref resp) if resp.status() == 422));
+    assert!(matches!(r, ProcessAnswer::Rejected(ref resp) if resp.status() == 422));
     assert_eq!(effects(h.store(), "audit"), 1);
     let again = h
         .store()
         .process("billing", "msg-3", |tx| bump(tx, "audit"))
         .unwrap();
-    assert!(matches!(again, Processed::Duplicate { .. }));
+    assert!(matches!(again, ProcessAnswer::Duplicate { .. }));
 }
 
 #[test]
@@ -293,7 +293,7 @@ fn marks_are_swept_after_the_inbox_retention() {
     store.check_expiry_index().unwrap();
     // Past the retention the message counts as new again.
     let r = store.process("billing", "old", |tx| bump(tx, "e")).unwrap();
-    assert_eq!(r, Processed::Processed(()));
+    assert_eq!(r, ProcessAnswer::Ran(()));
 }
 
 #[test]
@@ -314,7 +314,7 @@ fn concurrent_redeliveries_have_one_effect() {
     });
     let processed = outcomes
         .iter()
-        .filter(|o| matches!(o, Processed::Processed(())))
+        .filter(|o| matches!(o, ProcessAnswer::Ran(())))
         .count();
     assert_eq!(processed, 1);
     assert_eq!(effects(store, "hot"), 1);
@@ -384,7 +384,7 @@ fn a_damaged_mark_is_an_error_not_a_second_processing() {
     // Other messages are unaffected; a sweep leaves the damaged mark in place.
     assert!(matches!(
         store.process("billing", "msg-2", |_| Ok("again")).unwrap(),
-        Processed::Duplicate { .. }
+        ProcessAnswer::Duplicate { .. }
     ));
     store.sweep().unwrap();
     assert!(store.process("billing", "msg-1", |_| Ok("x")).is_err());
@@ -397,7 +397,7 @@ fn a_damaged_mark_is_an_error_not_a_second_processing() {
             bump(tx, "charge").map(|()| "charged")
         })
         .unwrap();
-    assert_eq!(again, Processed::Processed("charged"));
+    assert_eq!(again, ProcessAnswer::Ran("charged"));
     assert_eq!(effects(store, "charge"), 2);
     // (The clock did not move, so the new mark's index entry is the one the damaged mark left;
     // otherwise that entry would be an orphan until a sweep repairs it, as for a purged record.)
@@ -412,11 +412,11 @@ fn a_purged_webhook_receipt_runs_again() {
     let hook = |tx: &idem::Tx<'_>| bump(tx, "hook");
     assert!(matches!(
         s.receive("github", "d-1", hook).unwrap(),
-        idem::inbox::Receipt::Accepted(())
+        idem::inbox::ReceiveAnswer::Ran(())
     ));
     assert!(matches!(
         s.receive("github", "d-1", hook).unwrap(),
-        idem::inbox::Receipt::Duplicate { .. }
+        idem::inbox::ReceiveAnswer::Duplicate { .. }
     ));
     assert!(s.purge_webhook_receipt("github", "d-1").unwrap());
     assert!(
@@ -425,7 +425,7 @@ fn a_purged_webhook_receipt_runs_again() {
     );
     assert!(matches!(
         s.receive("github", "d-1", hook).unwrap(),
-        idem::inbox::Receipt::Accepted(())
+        idem::inbox::ReceiveAnswer::Ran(())
     ));
     assert_eq!(effects(s, "hook"), 2);
     s.check_expiry_index().unwrap();

@@ -5,7 +5,7 @@ use crate::common;
 
 use common::{Harness, bump, effects};
 use idem::Abort;
-use idem::inbox::Processed;
+use idem::inbox::ProcessAnswer;
 use idem::rules::VersionCheck;
 
 const STATUS: idem::redb::TableDefinition<&str, u64> =
@@ -24,13 +24,13 @@ fn deliver(h: &Harness, delivery: &str, version: u64) -> VersionCheck {
         })
         .unwrap();
     match r {
-        idem::inbox::Receipt::Accepted(c) => c,
+        idem::inbox::ReceiveAnswer::Ran(c) => c,
         other => panic!("unexpected {other:?}"),
     }
 }
 
 fn status(h: &Harness) -> u64 {
-    let read = h.store().begin_read().unwrap();
+    let read = h.store().read_transaction().unwrap();
     let t = read.open_table(STATUS).unwrap();
     idem::redb::ReadableTable::get(&t, "order-7")
         .unwrap()
@@ -75,6 +75,6 @@ fn an_aborted_closure_does_not_move_the_mark() {
         .unwrap();
     assert_eq!(
         r,
-        Processed::Processed(VersionCheck::Apply { previous: None })
+        ProcessAnswer::Ran(VersionCheck::Apply { previous: None })
     );
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::{Harness, bump, effects};
 use idem::Timestamp;
-use idem::inbox::Receipt;
+use idem::inbox::ReceiveAnswer;
 use idem::webhook::{StandardWebhooks, WebhookError, verify_github};
 
 const GH_SECRET: &[u8] = b"It's a Secret to Everybody";
@@ -206,7 +206,7 @@ fn handle(
     verifier: &StandardWebhooks,
     sig: &str,
     body: &[u8],
-) -> Result<Receipt<()>, String> {
+) -> Result<ReceiveAnswer<()>, String> {
     verifier
         .verify(Some(SW_ID), Some(SW_TS), Some(sig), body, at(1_614_265_330))
         .map_err(|e| e.to_string())?;
@@ -226,11 +226,11 @@ fn a_replayed_delivery_is_a_duplicate_and_a_forged_one_persists_nothing() {
     // No receipt was written for the forged request: the genuine one is accepted.
     assert_eq!(
         handle(store, &v, SW_SIG, SW_BODY),
-        Ok(Receipt::Accepted(()))
+        Ok(ReceiveAnswer::Ran(()))
     );
     assert!(matches!(
         handle(store, &v, SW_SIG, SW_BODY),
-        Ok(Receipt::Duplicate { .. })
+        Ok(ReceiveAnswer::Duplicate { .. })
     ));
     assert_eq!(effects(store, "webhook"), 1);
     // Receipts are scoped by source, and separate from consumer inbox marks.
@@ -238,13 +238,13 @@ fn a_replayed_delivery_is_a_duplicate_and_a_forged_one_persists_nothing() {
         store
             .receive("github", SW_ID, |tx| bump(tx, "webhook"))
             .unwrap(),
-        Receipt::Accepted(())
+        ReceiveAnswer::Ran(())
     );
     assert_eq!(store.inbox_mark("standard", SW_ID).unwrap(), None);
 }
 
 /// A redelivered webhook whose first delivery was rejected (terminal) is
-/// answered with the same response, not a 2xx: `Receipt::Duplicate` carries it. An accepted
+/// answered with the same response, not a 2xx: `ReceiveAnswer::Duplicate` carries it. An accepted
 /// delivery's duplicate carries none (answer 2xx).
 #[test]
 fn a_redelivered_rejected_webhook_answers_with_the_first_rejection() {
@@ -258,14 +258,14 @@ fn a_redelivered_rejected_webhook_answers_with_the_first_rejection() {
         )))
     };
     let first = store.receive("github", "d-rejected", reject).unwrap();
-    let Receipt::Rejected(response) = first else {
+    let ReceiveAnswer::Rejected(response) = first else {
         panic!("expected Rejected, got {first:?}")
     };
     assert_eq!(response.status(), 422);
     let again = store.receive("github", "d-rejected", reject).unwrap();
     assert_eq!(
         again,
-        Receipt::Duplicate {
+        ReceiveAnswer::Duplicate {
             received_at: common::T0,
             rejection: Some(response),
         }
@@ -274,11 +274,11 @@ fn a_redelivered_rejected_webhook_answers_with_the_first_rejection() {
     let accept = |tx: &idem::Tx<'_>| bump(tx, "webhook");
     assert_eq!(
         store.receive("github", "d-ok", accept).unwrap(),
-        Receipt::Accepted(())
+        ReceiveAnswer::Ran(())
     );
     assert!(matches!(
         store.receive("github", "d-ok", accept).unwrap(),
-        Receipt::Duplicate {
+        ReceiveAnswer::Duplicate {
             rejection: None,
             ..
         }

@@ -32,12 +32,12 @@ use super::effects::bump;
 use arbitrary::{Arbitrary, Unstructured};
 use idem::clock::ManualClock;
 use idem::format::State;
-use idem::inbox::Processed;
+use idem::inbox::ProcessAnswer;
 use idem::outbox::Event;
 use idem::redb::StorageBackend;
 use idem::{
-    Begin, Error, Outcome, Request, Response, RetentionPolicy, Scope, Store, StoreBuilder,
-    Timestamp,
+    BeginAnswer, Error, ExecuteAnswer, Request, Response, RetentionPolicy, Scope, Store,
+    StoreBuilder, Timestamp,
 };
 
 /// The manual clock's start (2023-11-14).
@@ -394,14 +394,16 @@ fn step(
                 Ok(Response::new(200, l.clone()))
             })?;
             match out {
-                Outcome::Executed(r) => {
+                ExecuteAnswer::Ran(r) => {
                     assert!(
                         !model.acked.contains(&l),
                         "{l}: executed again after an acknowledged answer"
                     );
                     assert_eq!(r.body(), l.as_bytes(), "{l}: executed body");
                 }
-                Outcome::Replayed(r) => assert_eq!(r.body(), l.as_bytes(), "{l}: replayed body"),
+                ExecuteAnswer::Replayed(r) => {
+                    assert_eq!(r.body(), l.as_bytes(), "{l}: replayed body")
+                }
                 other => panic!("{l}: unexpected outcome {other:?}"),
             }
             model.acked.insert(l);
@@ -416,41 +418,41 @@ fn step(
             // The latest acknowledged intent of this key, while it is bound, decides the answer.
             let bound = model.short.get(&k).map(|l| (l.clone(), short_time(l)));
             match (&out, &bound) {
-                (Outcome::Replayed(r) | Outcome::Executed(r), _) => {
+                (ExecuteAnswer::Replayed(r) | ExecuteAnswer::Ran(r), _) => {
                     let l = String::from_utf8(r.body().to_vec()).expect("utf-8 label");
                     assert!(l.starts_with(&format!("s:{k}@")), "{l}");
                     let t = short_time(&l);
                     if let Some((acked, at)) = &bound {
                         if now < at + ms(SHORT_RESPONSE) {
                             assert!(
-                                matches!(out, Outcome::Replayed(_)) && &l == acked,
+                                matches!(out, ExecuteAnswer::Replayed(_)) && &l == acked,
                                 "s:{k}: {out:?} within the response window of acknowledged {acked}"
                             );
                         } else if now < at + ms(SHORT_HORIZON) {
                             panic!("s:{k}: {out:?} within the horizon of acknowledged {acked}");
                         }
                     }
-                    if matches!(out, Outcome::Replayed(_)) {
+                    if matches!(out, ExecuteAnswer::Replayed(_)) {
                         assert!(now < t + ms(SHORT_RESPONSE), "{l} replayed at {now}");
                     } else {
                         assert_eq!(t, now, "{l}: executed now");
                     }
                     model.short.insert(k, l);
                 }
-                (Outcome::Expired(_), Some((acked, at))) => {
+                (ExecuteAnswer::Expired(_), Some((acked, at))) => {
                     assert!(
                         now >= at + ms(SHORT_RESPONSE),
                         "s:{k}: expired within the response window of {acked}"
                     );
                 }
-                (Outcome::Expired(_), None) => {}
+                (ExecuteAnswer::Expired(_), None) => {}
                 (other, _) => panic!("s:{k}: unexpected outcome {other:?}"),
             }
         }
         Op::FlowB(k) => {
             let l = label('b', k);
             match store.begin(req("b", k))? {
-                Begin::Acquired(lease) => {
+                BeginAnswer::Acquired(lease) => {
                     assert!(
                         !model.acked.contains(&l),
                         "{l}: lease acquired after an acknowledged completion"
@@ -461,8 +463,10 @@ fn step(
                     })?;
                     assert_eq!(r.body(), l.as_bytes(), "{l}: completed body");
                 }
-                Begin::Replayed(r) => assert_eq!(r.body(), l.as_bytes(), "{l}: replayed body"),
-                Begin::InFlight { .. } => {
+                BeginAnswer::Replayed(r) => {
+                    assert_eq!(r.body(), l.as_bytes(), "{l}: replayed body")
+                }
+                BeginAnswer::InFlight { .. } => {
                     assert!(
                         !model.acked.contains(&l),
                         "{l}: in flight after an acknowledged completion"
@@ -476,11 +480,11 @@ fn step(
         Op::Inbox(k) => {
             let l = label('i', k);
             match store.process(SUBSCRIBER, format!("m{k}"), |tx| bump(tx, &l))? {
-                Processed::Processed(()) => assert!(
+                ProcessAnswer::Ran(()) => assert!(
                     !model.acked.contains(&l),
                     "{l}: processed again after an acknowledged answer"
                 ),
-                Processed::Duplicate { .. } => {}
+                ProcessAnswer::Duplicate { .. } => {}
                 other => panic!("{l}: unexpected {other:?}"),
             }
             model.acked.insert(l);
@@ -506,7 +510,10 @@ fn expected_fault_error(e: &Error) -> bool {
 // The invariants
 
 fn check(store: &Store, model: &Model, ctx: &str) {
-    assert!(store.failure().is_none(), "{ctx}: latched after open");
+    assert!(
+        store.fail_stop_cause().is_none(),
+        "{ctx}: latched after open"
+    );
     let now = store.now().0;
     let effects = all_effects(store);
     for (l, n) in &effects {
@@ -677,7 +684,7 @@ pub fn run(data: &[u8]) {
                 );
                 if !disk.crashed() {
                     assert!(
-                        store.failure().is_some(),
+                        store.fail_stop_cause().is_some(),
                         "op {i} {op:?}: failed ({e:?}) but the store did not latch"
                     );
                 }

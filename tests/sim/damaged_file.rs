@@ -50,13 +50,13 @@ use arbitrary::{Arbitrary, Unstructured};
 use idem::backend::BackendLease;
 use idem::clock::{Clock, ManualClock};
 use idem::format::Record;
-use idem::inbox::{Mark, Processed};
-use idem::outbox::{DeadLetter, DispatcherOptions, Event, OutboxEvent, OutboxStats};
+use idem::inbox::{Mark, ProcessAnswer};
+use idem::outbox::{DeadLetter, DispatcherOptions, Event, OutboxStats, StoredEvent};
 use idem::rules::{Decision, InboxDecision, decide, inbox_decide};
 use idem::store::{ReadOnlyStore, Stats};
 use idem::{
-    Abort, Begin, Error, Outcome, Request, Response, RetentionPolicy, Scope, Store, StoreBuilder,
-    Timestamp,
+    Abort, BeginAnswer, Error, ExecuteAnswer, Request, Response, RetentionPolicy, Scope, Store,
+    StoreBuilder, Timestamp,
 };
 
 /// redb's page size (the default, which idem uses).
@@ -92,7 +92,7 @@ struct View {
     all_records: Option<Result<AllRecords, String>>,
     stats: Option<Result<Stats, String>>,
     outbox: Option<Result<OutboxStats, String>>,
-    pending: Option<Result<Vec<OutboxEvent>, String>>,
+    pending: Option<Result<Vec<StoredEvent>, String>>,
     dead: Option<Result<Vec<DeadLetter>, String>>,
 }
 
@@ -154,7 +154,7 @@ fn fill(store: &Store, clock: &ManualClock, n: usize) -> (Vec<Probe>, Vec<String
     // the file's layout are the same on every run.
     let dispatcher = store
         .start_dispatcher(
-            |_: &OutboxEvent| -> Result<(), idem::error::BoxError> { Err("broker down".into()) },
+            |_: &StoredEvent| -> Result<(), idem::error::BoxError> { Err("broker down".into()) },
             DispatcherOptions::new()
                 .max_attempts(1)
                 .backoff(Duration::from_millis(1), Duration::from_millis(2)),
@@ -168,7 +168,7 @@ fn fill(store: &Store, clock: &ManualClock, n: usize) -> (Vec<Probe>, Vec<String
                 Ok(Response::new(202, "queued"))
             })
             .expect("push a doomed event");
-        assert!(matches!(out, Outcome::Executed(_)), "{out:?}");
+        assert!(matches!(out, ExecuteAnswer::Ran(_)), "{out:?}");
         let deadline = Instant::now() + Duration::from_secs(20);
         while store.dead_letters(usize::MAX).expect("dead letters").len() <= i {
             assert!(Instant::now() < deadline, "the event was not dead-lettered");
@@ -186,13 +186,13 @@ fn fill(store: &Store, clock: &ManualClock, n: usize) -> (Vec<Probe>, Vec<String
                 Ok(Response::new(201, body(i)).with_resource("thing", key.clone()))
             }
         });
-        assert!(matches!(out, Ok(Outcome::Executed(_))), "{out:?}");
+        assert!(matches!(out, Ok(ExecuteAnswer::Ran(_))), "{out:?}");
         probe(&ops, key);
     }
     for i in 0..n / 10 {
         let key = format!("lease-{i:03}");
         match store.begin(req(&leases, &key)).expect("begin") {
-            Begin::Acquired(mut lease) => {
+            BeginAnswer::Acquired(mut lease) => {
                 // The holder dies: its lease stays in the file.
                 lease.lapse_on_drop(true);
             }
@@ -203,7 +203,7 @@ fn fill(store: &Store, clock: &ManualClock, n: usize) -> (Vec<Probe>, Vec<String
     for i in 0..n / 6 {
         let key = format!("short-{i:03}");
         let out = store.execute(req(&short, &key), |_| Ok(Response::new(200, body(i))));
-        assert!(matches!(out, Ok(Outcome::Executed(_))), "{out:?}");
+        assert!(matches!(out, Ok(ExecuteAnswer::Ran(_))), "{out:?}");
         probe(&short, key);
     }
     clock.advance(SHORT_WINDOW + Duration::from_secs(1));
@@ -223,7 +223,7 @@ fn fill(store: &Store, clock: &ManualClock, n: usize) -> (Vec<Probe>, Vec<String
             Ok(())
         });
         assert!(
-            matches!(processed, Ok(Processed::Processed(()))),
+            matches!(processed, Ok(ProcessAnswer::Ran(()))),
             "{processed:?}"
         );
         messages.push(id);
@@ -778,18 +778,18 @@ fn execute_agrees(ctx: &str, store: &Store, probe: &Probe, read: &Result<Option<
         (Ok(read), Ok(out)) => (read, out),
     };
     match (decide(read.as_ref(), &fingerprint, now), &out) {
-        (Decision::Claim | Decision::Takeover { .. }, Outcome::Executed(r)) => {
+        (Decision::Claim | Decision::Takeover { .. }, ExecuteAnswer::Ran(r)) => {
             assert_eq!(r, &ran, "{what}")
         }
         // A lease of an earlier process is taken over at once (the restart rule).
-        (Decision::InFlight { .. }, Outcome::InFlight { .. } | Outcome::Executed(_)) => {}
-        (Decision::Replay(stored), Outcome::Replayed(r)) => {
+        (Decision::InFlight { .. }, ExecuteAnswer::InFlight { .. } | ExecuteAnswer::Ran(_)) => {}
+        (Decision::Replay(stored), ExecuteAnswer::Replayed(r)) => {
             assert_eq!(
                 r, stored,
                 "{what}: replayed another response than the stored one"
             )
         }
-        (d @ Decision::Expired { .. }, Outcome::Expired(t)) => {
+        (d @ Decision::Expired { .. }, ExecuteAnswer::Expired(t)) => {
             assert_eq!(Some(t), d.tombstone().as_ref(), "{what}")
         }
         (d, out) => panic!("{what}: the record {read:?} decides {d:?}, execute answered {out:?}"),
@@ -806,10 +806,10 @@ fn process_agrees(ctx: &str, store: &Store, message: &str, read: &Result<Option<
         (_, Err(_)) => {}
         (Err(e), Ok(out)) => panic!("{what}: inbox_mark failed ({e}) but process answered {out:?}"),
         (Ok(mark), Ok(out)) => match (inbox_decide(mark.as_ref(), store.now()), &out) {
-            (InboxDecision::Process, Processed::Processed(())) => {}
+            (InboxDecision::Process, ProcessAnswer::Ran(())) => {}
             (
                 InboxDecision::Duplicate { processed_at },
-                Processed::Duplicate {
+                ProcessAnswer::Duplicate {
                     processed_at: p, ..
                 },
             ) if processed_at == *p => {}
@@ -885,12 +885,14 @@ fn phase_checked(
         })
     });
     assert!(
-        matches!(&executed, Ok(Outcome::Executed(r)) if *r == fresh),
+        matches!(&executed, Ok(ExecuteAnswer::Ran(r)) if *r == fresh),
         "{ctx}: a new key on an accepted file: {executed:?}"
     );
     let leased = call(ctx, "begin + complete", || {
         match store.begin(req(&scope, "fresh-2")) {
-            Ok(Begin::Acquired(lease)) => lease.complete(Response::new(201, "leased")).map(|_| ()),
+            Ok(BeginAnswer::Acquired(lease)) => {
+                lease.complete(Response::new(201, "leased")).map(|_| ())
+            }
             Ok(other) => panic!("{ctx}: begin of a new key: {other:?}"),
             Err(e) => Err(e),
         }
@@ -903,7 +905,7 @@ fn phase_checked(
         store.process(SUBSCRIBER, "fresh-msg", |_| -> Result<(), Abort> { Ok(()) })
     });
     assert!(
-        matches!(processed, Ok(Processed::Processed(()))),
+        matches!(processed, Ok(ProcessAnswer::Ran(()))),
         "{ctx}: a new message on an accepted file: {processed:?}"
     );
     if let Some(p) = image.probes.first() {
@@ -929,7 +931,11 @@ fn phase_checked(
         index.is_ok(),
         "{ctx}: the expiry index after the writes: {index:?}"
     );
-    assert_eq!(store.failure(), None, "{ctx}: latched on an accepted file");
+    assert_eq!(
+        store.fail_stop_cause(),
+        None,
+        "{ctx}: latched on an accepted file"
+    );
     let fresh_record = call(ctx, "get (new key)", || store.get(&scope, "fresh-1"));
     call(ctx, "closing the store", || drop(store));
 

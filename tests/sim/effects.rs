@@ -17,7 +17,7 @@ pub fn bump(tx: &Tx<'_>, label: &str) -> Result<(), Abort> {
 
 /// Every effect counter (label → count), in label order, through the open store's read snapshot.
 pub fn all_effects(store: &Store) -> Vec<(String, u64)> {
-    let read = store.begin_read().expect("read txn");
+    let read = store.read_transaction().expect("read txn");
     let table = match read.open_table(EFFECTS) {
         Ok(t) => t,
         Err(idem::redb::TableError::TableDoesNotExist(_)) => return Vec::new(),

@@ -14,7 +14,7 @@
 //! or forget instant, give or take 1 ms). The handler's answer is part of the schedule too:
 //! status, body (small, empty, over the store's 64 KiB answer cap), `Content-Type`, `Location`,
 //! whether it waits for the schedule to let it go, and how it ends (plain, panic, a response
-//! body that fails, or [`Idempotency::complete_with`] with an effect written in its
+//! body that fails, or [`IdempotencyHandle::complete_with`] with an effect written in its
 //! transaction: ok, terminal, retryable, panic). The layer's own settings come from the input
 //! too: how bodies compare (by label, raw, canonical JSON) and what a missing key gets.
 //!
@@ -89,7 +89,7 @@ use http_body::Frame;
 use idem::clock::{Clock, ManualClock};
 use idem::format::{HolderToken, Record, State};
 use idem::http::{
-    IDEMPOTENT_BODY_OMITTED, IDEMPOTENT_REPLAYED, Idempotency, IdempotencyLayer, MissingKey,
+    IDEMPOTENT_BODY_OMITTED, IDEMPOTENT_REPLAYED, IdempotencyHandle, IdempotencyLayer, MissingKey,
     PROBLEM_JSON, Recorded, problem,
 };
 use idem::{Abort, Scope, Store, Timestamp, Tx};
@@ -1123,7 +1123,7 @@ async fn handler(shared: Arc<Shared>, req: Request<Body>) -> http::Response<Body
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok())
         .expect("every request carries its id");
-    let handle = req.extensions().get::<Idempotency>().cloned();
+    let handle = req.extensions().get::<IdempotencyHandle>().cloned();
     let (spec, run) = shared.enter(id);
     // A handler reads its body.
     let _ = axum::body::to_bytes(req.into_body(), usize::MAX).await;

@@ -20,7 +20,7 @@ use std::time::Duration;
 use idem::clock::{Clock, ManualClock};
 use idem::format::{HolderToken, Record, State};
 use idem::keys::DownstreamKey;
-use idem::{Begin, Error, Outcome, Request, Response, Timestamp, Tombstone};
+use idem::{BeginAnswer, Error, ExecuteAnswer, Request, Response, Timestamp, Tombstone};
 
 use super::model::{Early, Expect, Model, View, live};
 use super::schedule::{
@@ -74,26 +74,26 @@ impl Answer {
         }
     }
 
-    pub fn of_outcome(result: Result<Outcome, Error>) -> Answer {
+    pub fn of_outcome(result: Result<ExecuteAnswer, Error>) -> Answer {
         match result {
-            Ok(Outcome::Executed(r)) => Answer::Executed(r),
-            Ok(Outcome::Replayed(r)) => Answer::Replayed(r),
-            Ok(Outcome::Expired(t)) => Answer::Expired(t),
-            Ok(Outcome::InFlight { retry_after }) => Answer::InFlight(retry_after),
+            Ok(ExecuteAnswer::Ran(r)) => Answer::Executed(r),
+            Ok(ExecuteAnswer::Replayed(r)) => Answer::Replayed(r),
+            Ok(ExecuteAnswer::Expired(t)) => Answer::Expired(t),
+            Ok(ExecuteAnswer::InFlight { retry_after }) => Answer::InFlight(retry_after),
             Err(e) => Answer::of_error(e),
         }
     }
 
     /// `begin`'s answer; `acquired` keeps the lease and describes it.
     pub fn of_begin<L>(
-        result: Result<Begin<L>, Error>,
+        result: Result<BeginAnswer<L>, Error>,
         acquired: impl FnOnce(L) -> Answer,
     ) -> Answer {
         match result {
-            Ok(Begin::Acquired(lease)) => acquired(lease),
-            Ok(Begin::Replayed(r)) => Answer::Replayed(r),
-            Ok(Begin::Expired(t)) => Answer::Expired(t),
-            Ok(Begin::InFlight { retry_after }) => Answer::InFlight(retry_after),
+            Ok(BeginAnswer::Acquired(lease)) => acquired(lease),
+            Ok(BeginAnswer::Replayed(r)) => Answer::Replayed(r),
+            Ok(BeginAnswer::Expired(t)) => Answer::Expired(t),
+            Ok(BeginAnswer::InFlight { retry_after }) => Answer::InFlight(retry_after),
             Err(e) => Answer::of_error(e),
         }
     }

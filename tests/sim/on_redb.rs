@@ -217,7 +217,10 @@ impl Engine for RedbEngine {
             Err(
                 Error::OutcomeUnknown { .. } | Error::Storage { .. } | Error::FailStopped { .. },
             ) => {
-                assert!(self.store().failure().is_some(), "the failure must latch");
+                assert!(
+                    self.store().fail_stop_cause().is_some(),
+                    "the failure must latch"
+                );
                 (Answer::Unacknowledged, runs)
             }
             other => (Answer::of_outcome(other), runs),
@@ -238,9 +241,9 @@ impl Engine for RedbEngine {
             .check_expiry_index()
             .unwrap_or_else(|e| panic!("expiry index: {e}"));
         assert!(
-            store.failure().is_none(),
+            store.fail_stop_cause().is_none(),
             "the store latched: {:?}",
-            store.failure()
+            store.fail_stop_cause()
         );
         Observed { records, effects }
     }

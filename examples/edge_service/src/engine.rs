@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use idem::http::{Backend, BackendLease};
 use idem::outbox::{
-    DeadLetter, DispatcherHandle, DispatcherOptions, Event, OutboxEvent, Publisher,
+    DeadLetter, DispatcherHandle, DispatcherOptions, Event, Publisher, StoredEvent,
 };
 use idem::redb::ReadableTable;
 use idem::{Abort, Store, Tx};
@@ -25,7 +25,7 @@ pub trait Engine: Backend {
     /// The tenant's ledger: its number of entries and their sum (`None` if it leaves `i64`).
     fn ledger(&self, tenant: &str) -> Result<(u64, Option<i64>), idem::error::BoxError>;
     /// The oldest `limit` undelivered events.
-    fn pending_events(&self, limit: usize) -> Result<Vec<OutboxEvent>, idem::Error>;
+    fn pending_events(&self, limit: usize) -> Result<Vec<StoredEvent>, idem::Error>;
     /// The oldest `limit` dead letters.
     fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, idem::Error>;
     /// Starts the store's outbox dispatcher.
@@ -36,7 +36,7 @@ pub trait Engine: Backend {
     ) -> Result<DispatcherHandle, idem::Error>;
     /// The failure the store stopped after, if it did (the file store's fail-stop: every write
     /// fails until the service restarts). `None` by default: an engine without a latch.
-    fn failure(&self) -> Option<String> {
+    fn fail_stop_cause(&self) -> Option<String> {
         None
     }
 }
@@ -90,7 +90,7 @@ impl Books for &Tx<'_> {
 
 impl Engine for Store {
     fn payment(&self, id: &str) -> Result<Option<String>, idem::error::BoxError> {
-        let txn = self.begin_read()?;
+        let txn = self.read_transaction()?;
         let table = match txn.open_table(PAYMENTS) {
             Ok(t) => t,
             Err(idem::redb::TableError::TableDoesNotExist(_)) => return Ok(None),
@@ -100,7 +100,7 @@ impl Engine for Store {
     }
 
     fn ledger(&self, tenant: &str) -> Result<(u64, Option<i64>), idem::error::BoxError> {
-        let txn = self.begin_read()?;
+        let txn = self.read_transaction()?;
         let table = match txn.open_table(LEDGER) {
             Ok(t) => t,
             Err(idem::redb::TableError::TableDoesNotExist(_)) => return Ok((0, Some(0))),
@@ -117,7 +117,7 @@ impl Engine for Store {
         Ok((entries, total))
     }
 
-    fn pending_events(&self, limit: usize) -> Result<Vec<OutboxEvent>, idem::Error> {
+    fn pending_events(&self, limit: usize) -> Result<Vec<StoredEvent>, idem::Error> {
         Store::pending_events(self, limit)
     }
 
@@ -133,8 +133,8 @@ impl Engine for Store {
         Store::start_dispatcher(self, publisher, options)
     }
 
-    fn failure(&self) -> Option<String> {
-        Store::failure(self)
+    fn fail_stop_cause(&self) -> Option<String> {
+        Store::fail_stop_cause(self)
     }
 }
 

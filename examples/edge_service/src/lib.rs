@@ -37,7 +37,7 @@
 //! where a crash after its write and before the layer recorded the answer lets a retry book the
 //! payment twice. So both POST handlers write the payment row and its ledger entry *inside*
 //! the transaction that records the answer
-//! ([`Idempotency::complete_with`](idem::http::Idempotency::complete_with)), together with an
+//! ([`IdempotencyHandle::complete_with`](idem::http::IdempotencyHandle::complete_with)), together with an
 //! outbox event (topic `payments`, ordering key = the payment id, payload = the payment JSON,
 //! headers `type` = `payment.captured` / `payment.refunded` and `tenant`): a kill -9 at any
 //! moment either leaves the effect, its event and the answer, or none of them (the lease lapses

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use idem::outbox::{DispatcherHandle, DispatcherOptions, Event, OutboxEvent};
+use idem::outbox::{DispatcherHandle, DispatcherOptions, Event, StoredEvent};
 use serde_json::Value;
 
 use crate::*;
@@ -36,7 +36,7 @@ pub(crate) fn payment_event(kind: &str, tenant: &str, id: &str, payment: &Value)
         .header("tenant", tenant)
 }
 
-pub(crate) fn header<'a>(event: &'a OutboxEvent, name: &str) -> Option<&'a str> {
+pub(crate) fn header<'a>(event: &'a StoredEvent, name: &str) -> Option<&'a str> {
     event
         .headers
         .iter()
@@ -45,7 +45,7 @@ pub(crate) fn header<'a>(event: &'a OutboxEvent, name: &str) -> Option<&'a str> 
 }
 
 /// One line per published event (no broker here: stdout stands in for it).
-pub fn describe(event: &OutboxEvent) -> String {
+pub fn describe(event: &StoredEvent) -> String {
     format!(
         "published seq={} id={} topic={} tenant={} key={} type={} payload={}",
         event.seq,
@@ -67,7 +67,7 @@ pub fn start_dispatcher<E: Engine>(
 ) -> Result<DispatcherHandle, idem::Error> {
     Engine::start_dispatcher(
         store,
-        move |event: &OutboxEvent| -> Result<(), idem::error::BoxError> {
+        move |event: &StoredEvent| -> Result<(), idem::error::BoxError> {
             use std::io::Write;
             let mut out = std::io::stdout().lock();
             writeln!(out, "edge_service: {}", describe(event))?;

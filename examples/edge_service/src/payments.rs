@@ -18,7 +18,7 @@ pub(crate) struct NewPayment {
     pub(crate) currency: String,
 }
 
-/// A problem answer recorded by [`Idempotency::complete_with`] (replayed as it is, with its
+/// A problem answer recorded by [`IdempotencyHandle::complete_with`] (replayed as it is, with its
 /// `application/problem+json` content type).
 pub(crate) fn recorded_problem(
     status: StatusCode,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use idem::Abort;
 use idem::outbox::{
-    DeadLetter, DispatcherHandle, DispatcherOptions, Event, OutboxEvent, Publisher,
+    DeadLetter, DispatcherHandle, DispatcherOptions, Event, Publisher, StoredEvent,
 };
 use idem::postgres::{PgStore, PgTx};
 
@@ -136,7 +136,7 @@ impl Engine for PgStore {
         Ok((u64::try_from(row.get::<_, i64>(0)).unwrap_or(0), row.get(1)))
     }
 
-    fn pending_events(&self, limit: usize) -> Result<Vec<OutboxEvent>, idem::Error> {
+    fn pending_events(&self, limit: usize) -> Result<Vec<StoredEvent>, idem::Error> {
         PgStore::pending_events(self, limit)
     }
 

@@ -7,8 +7,8 @@ use axum::http::{HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use idem::http::{Backend, Idempotency, IdempotencyLayer, problem_response};
-use idem::outbox::OutboxEvent;
+use idem::http::{Backend, IdempotencyHandle, IdempotencyLayer, problem_response};
+use idem::outbox::StoredEvent;
 use serde_json::{Value, json};
 
 use crate::*;
@@ -122,13 +122,13 @@ impl<S: Send + Sync> FromRequestParts<S> for PaymentId {
 
 /// The layer's handle. It is always there on the routes under the layer; answered as a 500
 /// problem (nothing booked) if a route were ever served without it.
-pub(crate) struct Claimed<E: Backend>(pub(crate) Idempotency<E>);
+pub(crate) struct Claimed<E: Backend>(pub(crate) IdempotencyHandle<E>);
 
 impl<S: Send + Sync, E: Backend> FromRequestParts<S> for Claimed<E> {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        match parts.extensions.get::<Idempotency<E>>() {
+        match parts.extensions.get::<IdempotencyHandle<E>>() {
             Some(idem) => Ok(Claimed(idem.clone())),
             None => Err(problem_response(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -184,7 +184,7 @@ pub(crate) async fn get_payment<E: Engine>(
 /// `GET /v1/health`: 200 `{"status": "ok"}` while the store takes writes; 503 problem+json
 /// naming the failure once it stopped after an I/O failure (restart the service to reopen it).
 pub(crate) async fn health<E: Engine>(State(app): State<AppState<E>>) -> Response {
-    match app.store.failure() {
+    match app.store.fail_stop_cause() {
         None => Json(json!({"status": "ok"})).into_response(),
         Some(cause) => problem_response(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -204,7 +204,7 @@ pub(crate) async fn health<E: Engine>(State(app): State<AppState<E>>) -> Respons
 pub(crate) async fn log_store_failure<E: Engine>(store: E, every: std::time::Duration) {
     loop {
         tokio::time::sleep(every).await;
-        if let Some(cause) = store.failure() {
+        if let Some(cause) = store.fail_stop_cause() {
             eprintln!(
                 "edge_service: the store stopped after an I/O failure ({cause}): every write \
                  fails until the service is restarted (GET /v1/health answers 503)"
@@ -246,7 +246,7 @@ pub(crate) async fn outbox<E: Engine>(
 ) -> Response {
     let delivered = app.delivered.of(&tenant);
     let counted = read(move || {
-        let ours = |e: &OutboxEvent| header(e, "tenant") == Some(tenant.as_str());
+        let ours = |e: &StoredEvent| header(e, "tenant") == Some(tenant.as_str());
         let pending = app.store.pending_events(OUTBOX_SCAN + 1)?;
         let dead = app.store.dead_letters(OUTBOX_SCAN + 1)?;
         let truncated = pending.len() > OUTBOX_SCAN || dead.len() > OUTBOX_SCAN;

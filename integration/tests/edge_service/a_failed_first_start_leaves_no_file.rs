@@ -13,10 +13,10 @@
 use crate::edge_example;
 use crate::tmpfs;
 
-use idem::{Outcome, Request, Response, Scope, Store};
+use idem::{ExecuteAnswer, Request, Response, Scope, Store};
 use tmpfs::Tmpfs;
 
-fn claim(store: &Store) -> Outcome {
+fn claim(store: &Store) -> ExecuteAnswer {
     let req = Request::from_canonical_bytes(Scope::new("t", "op"), "k", b"p");
     store
         .execute(req, |_| Ok(Response::new(201, "done")))
@@ -50,10 +50,10 @@ fn a_store_created_on_a_full_disk_leaves_nothing_and_opens_once_space_is_back() 
 
     std::fs::remove_file(&filler).expect("space is back");
     let store = Store::open(&path).expect("the store opens once space is back");
-    assert!(matches!(claim(&store), Outcome::Executed(_)));
+    assert!(matches!(claim(&store), ExecuteAnswer::Ran(_)));
     drop(store);
     let store = Store::open(&path).expect("and reopens");
-    assert!(matches!(claim(&store), Outcome::Replayed(_)));
+    assert!(matches!(claim(&store), ExecuteAnswer::Replayed(_)));
 }
 
 #[cfg(feature = "http")]

@@ -169,7 +169,7 @@ async fn outbox(addr: SocketAddr, tenant: &str) -> (u64, u64, u64) {
     (n("pending"), n("dead"), n("delivered"))
 }
 
-fn header<'a>(event: &'a idem::outbox::OutboxEvent, name: &str) -> Option<&'a str> {
+fn header<'a>(event: &'a idem::outbox::StoredEvent, name: &str) -> Option<&'a str> {
     event
         .headers
         .iter()
@@ -417,7 +417,7 @@ fn seed(store: &idem::Store, f: impl Fn(&idem::Tx<'_>) -> Result<(), idem::error
             Ok(idem::Response::new(200, "seeded"))
         })
         .unwrap();
-    assert!(matches!(outcome, idem::Outcome::Executed(_)));
+    assert!(matches!(outcome, idem::ExecuteAnswer::Ran(_)));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -936,7 +936,7 @@ fn sigterm_with_nothing_in_flight_stops_with_status_0_and_closes_the_store() {
     assert!(stderr.contains("edge_service: stopped"), "{stderr}");
     // The file is closed and whole: it opens, and the payment is there.
     let store = idem::Store::open(dir.path().join("idem.redb")).unwrap();
-    let txn = store.begin_read().unwrap();
+    let txn = store.read_transaction().unwrap();
     let table = txn
         .open_table(idem::redb::TableDefinition::<&str, i64>::new("ledger"))
         .unwrap();

@@ -15,8 +15,8 @@ use std::time::Duration;
 use idem::asynchronous::{AsyncPublisher, AsyncStore, start_dispatcher};
 use idem::backend::Backend;
 use idem::error::BoxError;
-use idem::outbox::{DispatcherOptions, Event, OutboxEvent};
-use idem::{Begin, Claim, Error, Outcome, Request, Response, Scope, Store};
+use idem::outbox::{DispatcherOptions, Event, StoredEvent};
+use idem::{BeginAnswer, Claim, Error, ExecuteAnswer, Request, Response, Scope, Store};
 
 fn req(key: &str) -> Request {
     Request::from_canonical_bytes(Scope::new("t", "op"), key, b"p")
@@ -36,7 +36,7 @@ async fn flows<B: Backend>(store: AsyncStore<B>) {
         .execute(req("a"), |_| Ok(Response::new(201, "one")))
         .await
         .unwrap();
-    assert!(matches!(first, Outcome::Executed(_)));
+    assert!(matches!(first, ExecuteAnswer::Ran(_)));
     let again = store
         .execute(req("a"), |_| Ok(Response::new(201, "two")))
         .await
@@ -44,7 +44,7 @@ async fn flows<B: Backend>(store: AsyncStore<B>) {
     assert_eq!(again.response().map(Response::body), Some(&b"one"[..]));
 
     // begin_wait on one thread: the waiter sleeps while the holder's task completes.
-    let Begin::Acquired(lease) = store.begin(req("b")).await.unwrap() else {
+    let BeginAnswer::Acquired(lease) = store.begin(req("b")).await.unwrap() else {
         panic!("a fresh key is acquired");
     };
     let holder = tokio::spawn(async move {
@@ -56,19 +56,19 @@ async fn flows<B: Backend>(store: AsyncStore<B>) {
         .await
         .unwrap();
     assert!(
-        matches!(&waited, Begin::Replayed(r) if r.body() == b"done"),
+        matches!(&waited, BeginAnswer::Replayed(r) if r.body() == b"done"),
         "{waited:?}"
     );
     holder.await.unwrap();
 
     // Dropped inside the runtime: released off the worker, the key free again soon.
-    let Begin::Acquired(lease) = store.begin(req("c")).await.unwrap() else {
+    let BeginAnswer::Acquired(lease) = store.begin(req("c")).await.unwrap() else {
         panic!("a fresh key is acquired");
     };
     drop(lease);
     let mut freed = false;
     for _ in 0..200 {
-        if let Begin::Acquired(l) = store.begin(req("c")).await.unwrap() {
+        if let BeginAnswer::Acquired(l) = store.begin(req("c")).await.unwrap() {
             l.release().await.unwrap();
             freed = true;
             break;
@@ -80,15 +80,15 @@ async fn flows<B: Backend>(store: AsyncStore<B>) {
     // A claim's retry takes back the lease its earlier call took (whose answer is forgotten
     // here, as if it never arrived); anyone else sees the key in flight.
     let mut claim = Claim::new(req("d"));
-    let Begin::Acquired(lost) = store.begin_claim(&mut claim).await.unwrap() else {
+    let BeginAnswer::Acquired(lost) = store.begin_claim(&mut claim).await.unwrap() else {
         panic!("a fresh key is acquired");
     };
     std::mem::forget(lost);
     assert!(matches!(
         store.begin(req("d")).await.unwrap(),
-        Begin::InFlight { .. }
+        BeginAnswer::InFlight { .. }
     ));
-    let Begin::Acquired(lease) = store.begin_claim(&mut claim).await.unwrap() else {
+    let BeginAnswer::Acquired(lease) = store.begin_claim(&mut claim).await.unwrap() else {
         panic!("the claim's retry takes its own lease at once");
     };
     lease.complete(Response::new(200, "d")).await.unwrap();
@@ -166,12 +166,12 @@ fn admissions_beyond_the_bound_are_busy_at_once() {
             "refused at once"
         );
         release_tx.send(()).unwrap();
-        assert!(matches!(slow.await.unwrap(), Ok(Outcome::Executed(_))));
+        assert!(matches!(slow.await.unwrap(), Ok(ExecuteAnswer::Ran(_))));
         // The permit is back.
         let after = store
             .execute(req("other"), |_| Ok(Response::new(200, "x")))
             .await;
-        assert!(matches!(after, Ok(Outcome::Executed(_))));
+        assert!(matches!(after, Ok(ExecuteAnswer::Ran(_))));
     });
 }
 
@@ -179,7 +179,7 @@ fn admissions_beyond_the_bound_are_busy_at_once() {
 struct Channel(tokio::sync::mpsc::UnboundedSender<String>);
 
 impl AsyncPublisher for Channel {
-    async fn publish(&mut self, event: &OutboxEvent) -> Result<(), BoxError> {
+    async fn publish(&mut self, event: &StoredEvent) -> Result<(), BoxError> {
         tokio::task::yield_now().await;
         self.0
             .send(String::from_utf8_lossy(&event.payload).into_owned())?;
@@ -212,7 +212,7 @@ fn the_dispatcher_publishes_through_an_async_publisher() {
                 Ok(Response::new(201, "ok"))
             })
             .unwrap();
-        assert!(matches!(outcome, Outcome::Executed(_)));
+        assert!(matches!(outcome, ExecuteAnswer::Ran(_)));
     }
     let got: Vec<String> = rt.block_on(async {
         let mut got = Vec::new();

@@ -114,6 +114,6 @@ async fn a_500_recorded_through_complete_with_commits_with_its_writes_and_is_rep
     assert_eq!(h["idempotent-replayed"], "true");
     assert_eq!(again, first);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
-    let read = store.begin_read().unwrap();
+    let read = store.read_transaction().unwrap();
     assert_eq!(read.open_table(ROWS).unwrap().len().unwrap(), 1);
 }

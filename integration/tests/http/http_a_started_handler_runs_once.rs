@@ -16,7 +16,7 @@ use axum::extract::Extension;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::post;
-use idem::http::{IDEMPOTENT_BODY_OMITTED, Idempotency, IdempotencyLayer, Recorded};
+use idem::http::{IDEMPOTENT_BODY_OMITTED, IdempotencyHandle, IdempotencyLayer, Recorded};
 use idem::redb::ReadableTableMetadata;
 use tower::{Layer, ServiceExt};
 
@@ -128,7 +128,7 @@ async fn an_oversized_answer_recorded_by_the_handler_commits_its_effect_once() {
         replayed_without_its_body(&app, "/rows", "", StatusCode::OK, "/rows/0").await;
     }
     assert_eq!(calls.load(Ordering::SeqCst), 1);
-    let read = store.begin_read().unwrap();
+    let read = store.read_transaction().unwrap();
     assert_eq!(read.open_table(ROWS).unwrap().len().unwrap(), 1, "one row");
     assert_eq!(layer.metrics().bodies_not_kept, 1);
 }
@@ -226,7 +226,7 @@ async fn a_panic_inside_complete_with_rolls_its_writes_back_and_is_recorded_as_a
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     assert_eq!(layer.metrics().handler_failures, 1);
     // The transaction's writes went with the panic.
-    let read = store.begin_read().unwrap();
+    let read = store.read_transaction().unwrap();
     assert!(
         read.open_table(ROWS).map_or(0, |t| t.len().unwrap()) == 0,
         "the panicked transaction's write was rolled back"
@@ -246,7 +246,7 @@ async fn a_terminal_abort_from_complete_with_is_a_first_answer_fitted_into_the_c
             "/charge/{size}",
             post(
                 move |axum::extract::Path(size): axum::extract::Path<usize>,
-                      Extension(idem): Extension<Idempotency>| {
+                      Extension(idem): Extension<IdempotencyHandle>| {
                     c.fetch_add(1, Ordering::SeqCst);
                     async move {
                         idem.complete_with(move |tx| {
@@ -290,7 +290,7 @@ async fn a_terminal_abort_from_complete_with_is_a_first_answer_fitted_into_the_c
     }
     assert_eq!(calls.load(Ordering::SeqCst), 2, "one execution per key");
     assert_eq!(layer.metrics().bodies_not_kept, 1);
-    let read = store.begin_read().unwrap();
+    let read = store.read_transaction().unwrap();
     assert_eq!(read.open_table(ROWS).unwrap().len().unwrap(), 2);
 }
 

@@ -24,7 +24,7 @@ use axum::http::{HeaderName, HeaderValue, Request, StatusCode};
 use axum::routing::any;
 use idem::format::State;
 use idem::http::IdempotencyLayer;
-use idem::{Begin, Scope, Store};
+use idem::{BeginAnswer, Scope, Store};
 
 use crate::http_fixtures;
 use http_fixtures::send;
@@ -495,8 +495,12 @@ async fn fingerprints_are_pinned_through_the_layer() {
         let stored = stored_fingerprint(&store, "t1", &fp.operation(), &key);
         // The public function is what the layer stores under its default body mode.
         let (parts, _) = fp.request(&key, "t1").into_parts();
-        let public =
-            idem::http::fingerprint(&parts, &fp.operation(), &fp.selected(), fp.body.as_bytes());
+        let public = idem::http::request_fingerprint(
+            &parts,
+            &fp.operation(),
+            &fp.selected(),
+            fp.body.as_bytes(),
+        );
         if matches!(fp.mode, Mode::Default) {
             assert_eq!(public.to_hex(), stored, "{}", fp.what);
         }
@@ -564,7 +568,7 @@ async fn an_operation_override_is_the_operation_hashed() {
     let (parts, _) = fp.request("k1", "t1").into_parts();
     assert_eq!(
         stored,
-        idem::http::fingerprint(&parts, "pay", &[], fp.body.as_bytes()).to_hex()
+        idem::http::request_fingerprint(&parts, "pay", &[], fp.body.as_bytes()).to_hex()
     );
     assert_eq!(
         stored,
@@ -1097,9 +1101,9 @@ async fn records_written_before_are_replayed_as_documented() {
         let request = idem::Request::with_fingerprint(
             Scope::new("t1", fp.operation()),
             key.as_str(),
-            idem::http::fingerprint(&parts, &fp.operation(), &[], fp.body.as_bytes()),
+            idem::http::request_fingerprint(&parts, &fp.operation(), &[], fp.body.as_bytes()),
         );
-        let Begin::Acquired(lease) = store.begin(request).unwrap() else {
+        let BeginAnswer::Acquired(lease) = store.begin(request).unwrap() else {
             panic!("{what}: not claimed");
         };
         lease
@@ -1134,10 +1138,10 @@ async fn a_json_request_recorded_by_its_bytes_is_matched_under_raw_body_only() {
     // The same request without its label: the body as sent, under `idem-http-v1`.
     let unlabelled = &fingerprint_table()[0];
     let (parts, _) = unlabelled.request("old", "t1").into_parts();
-    let as_sent = idem::http::fingerprint(&parts, &fp.operation(), &[], fp.body.as_bytes());
+    let as_sent = idem::http::request_fingerprint(&parts, &fp.operation(), &[], fp.body.as_bytes());
     assert_eq!(as_sent.to_hex(), unlabelled.pinned);
     let request = idem::Request::with_fingerprint(Scope::new("t1", fp.operation()), "old", as_sent);
-    let Begin::Acquired(lease) = store.begin(request).unwrap() else {
+    let BeginAnswer::Acquired(lease) = store.begin(request).unwrap() else {
         panic!("not claimed");
     };
     lease

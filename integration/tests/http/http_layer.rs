@@ -356,7 +356,7 @@ const ROWS: idem::redb::TableDefinition<&str, u64> = idem::redb::TableDefinition
 #[tokio::test]
 async fn complete_with_commits_the_handlers_writes_with_the_answer_or_neither() {
     use axum::extract::Extension;
-    use idem::http::{Idempotency, Recorded};
+    use idem::http::{IdempotencyHandle, Recorded};
     use idem::redb::ReadableTableMetadata;
 
     let dir = tempfile::tempdir().unwrap();
@@ -366,7 +366,7 @@ async fn complete_with_commits_the_handlers_writes_with_the_answer_or_neither() 
     let app = Router::new()
         .route(
             "/rows",
-            post(move |Extension(idem): Extension<Idempotency>| {
+            post(move |Extension(idem): Extension<IdempotencyHandle>| {
                 let f = Arc::clone(&f);
                 async move {
                     idem.complete_with(move |tx| {
@@ -390,7 +390,7 @@ async fn complete_with_commits_the_handlers_writes_with_the_answer_or_neither() 
             "x-tenant-id",
         ));
     let count = |store: &Store| {
-        let read = store.begin_read().unwrap();
+        let read = store.read_transaction().unwrap();
         read.open_table(ROWS).map_or(0, |t| t.len().unwrap())
     };
 

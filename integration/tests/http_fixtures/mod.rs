@@ -16,7 +16,7 @@ use axum::response::IntoResponse;
 use axum::routing::post;
 use http_body_util::BodyExt;
 use idem::Store;
-use idem::http::{Idempotency, IdempotencyLayer, Recorded};
+use idem::http::{IdempotencyHandle, IdempotencyLayer, Recorded};
 use tokio::sync::Notify;
 use tower::ServiceExt;
 
@@ -125,7 +125,7 @@ pub fn slow_route(
 }
 
 /// A router (no layer yet) with one POST `path` that records its answer (`201 {}`) with
-/// `Idempotency::complete_with` in a transaction that waits for the test: it notifies `holding`
+/// `IdempotencyHandle::complete_with` in a transaction that waits for the test: it notifies `holding`
 /// once it runs, and holds the store's single writer until the test sends one message on the
 /// returned sender (one message ends one such transaction).
 pub fn hold_route(path: &str, holding: &Arc<Notify>) -> (Router, mpsc::Sender<()>) {
@@ -135,7 +135,7 @@ pub fn hold_route(path: &str, holding: &Arc<Notify>) -> (Router, mpsc::Sender<()
     let router = Router::new().route(
         path,
         post(
-            move |axum::extract::Extension(idem): axum::extract::Extension<Idempotency>| {
+            move |axum::extract::Extension(idem): axum::extract::Extension<IdempotencyHandle>| {
                 let (h, wait) = (Arc::clone(&h), Arc::clone(&wait));
                 async move {
                     idem.complete_with(move |_tx| {
@@ -215,7 +215,7 @@ impl http_body::Body for Breaks {
 }
 
 /// A router with one POST `path` under `layer` whose handler counts its calls in `calls` and
-/// records its answer itself, with `Idempotency::complete_with(f)`.
+/// records its answer itself, with `IdempotencyHandle::complete_with(f)`.
 pub fn complete_with_route<F>(
     path: &str,
     layer: &IdempotencyLayer,
@@ -235,7 +235,7 @@ where
             path,
             post(
                 move |axum::extract::Extension(idem): axum::extract::Extension<
-                    idem::http::Idempotency,
+                    idem::http::IdempotencyHandle,
                 >| {
                     calls.fetch_add(1, Ordering::SeqCst);
                     let f = f.clone();

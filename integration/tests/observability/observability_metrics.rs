@@ -19,7 +19,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use idem::{Begin, Error, Outcome, Request, Response, Scope};
+use idem::{BeginAnswer, Error, ExecuteAnswer, Request, Response, Scope};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use metrics_util::{CompositeKey, MetricKind};
 
@@ -160,21 +160,24 @@ fn outcome_counters_count_executed_vs_replayed_and_batches_are_recorded() {
                 Ok(Response::new(201, "created"))
             })
         };
-        assert!(matches!(order("o-1", "p").unwrap(), Outcome::Executed(_)));
-        assert!(matches!(order("o-1", "p").unwrap(), Outcome::Replayed(_)));
-        assert!(matches!(order("o-2", "p").unwrap(), Outcome::Executed(_)));
+        assert!(matches!(order("o-1", "p").unwrap(), ExecuteAnswer::Ran(_)));
+        assert!(matches!(
+            order("o-1", "p").unwrap(),
+            ExecuteAnswer::Replayed(_)
+        ));
+        assert!(matches!(order("o-2", "p").unwrap(), ExecuteAnswer::Ran(_)));
         assert!(matches!(
             order("o-1", "other"),
             Err(Error::PayloadMismatch { .. })
         ));
 
         let charge = || store.begin(request("charge", "c-1", "p")).unwrap();
-        let Begin::Acquired(mut stale) = charge() else {
+        let BeginAnswer::Acquired(mut stale) = charge() else {
             panic!("the first claim acquires the key");
         };
-        assert!(matches!(charge(), Begin::InFlight { .. }));
+        assert!(matches!(charge(), BeginAnswer::InFlight { .. }));
         h.clock.advance(Duration::from_secs(6));
-        let Begin::Acquired(fresh) = charge() else {
+        let BeginAnswer::Acquired(fresh) = charge() else {
             panic!("a lapsed lease is taken over");
         };
         assert!(matches!(stale.heartbeat(), Err(Error::LeaseLost { .. })));
@@ -183,7 +186,7 @@ fn outcome_counters_count_executed_vs_replayed_and_batches_are_recorded() {
             Err(Error::LeaseLost { .. })
         ));
         fresh.complete(Response::new(200, "charged")).unwrap();
-        assert!(matches!(charge(), Begin::Replayed(_)));
+        assert!(matches!(charge(), BeginAnswer::Replayed(_)));
 
         store.outbox_stats().unwrap();
         store.sweep().unwrap();
@@ -200,7 +203,7 @@ fn an_open_that_repairs_a_crashed_file_is_counted_with_its_time() {
         let claimed = store.execute(request("repaired", "r-1", "p"), |_| {
             Ok(Response::new(201, "created"))
         });
-        assert!(matches!(claimed.unwrap(), Outcome::Executed(_)));
+        assert!(matches!(claimed.unwrap(), ExecuteAnswer::Ran(_)));
     });
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("crashed.redb");
@@ -236,21 +239,24 @@ fn the_postgres_engine_records_the_same_figures() {
                 Ok(Response::new(201, "created"))
             })
         };
-        assert!(matches!(order("o-1", "p").unwrap(), Outcome::Executed(_)));
-        assert!(matches!(order("o-1", "p").unwrap(), Outcome::Replayed(_)));
-        assert!(matches!(order("o-2", "p").unwrap(), Outcome::Executed(_)));
+        assert!(matches!(order("o-1", "p").unwrap(), ExecuteAnswer::Ran(_)));
+        assert!(matches!(
+            order("o-1", "p").unwrap(),
+            ExecuteAnswer::Replayed(_)
+        ));
+        assert!(matches!(order("o-2", "p").unwrap(), ExecuteAnswer::Ran(_)));
         assert!(matches!(
             order("o-1", "other"),
             Err(Error::PayloadMismatch { .. })
         ));
 
         let charge = || store.begin(request("charge", "c-1", "p")).unwrap();
-        let Begin::Acquired(mut stale) = charge() else {
+        let BeginAnswer::Acquired(mut stale) = charge() else {
             panic!("the first claim acquires the key");
         };
-        assert!(matches!(charge(), Begin::InFlight { .. }));
+        assert!(matches!(charge(), BeginAnswer::InFlight { .. }));
         h.clock.advance(Duration::from_secs(6));
-        let Begin::Acquired(fresh) = charge() else {
+        let BeginAnswer::Acquired(fresh) = charge() else {
             panic!("a lapsed lease is taken over");
         };
         assert!(matches!(stale.heartbeat(), Err(Error::LeaseLost { .. })));
@@ -259,7 +265,7 @@ fn the_postgres_engine_records_the_same_figures() {
             Err(Error::LeaseLost { .. })
         ));
         fresh.complete(Response::new(200, "charged")).unwrap();
-        assert!(matches!(charge(), Begin::Replayed(_)));
+        assert!(matches!(charge(), BeginAnswer::Replayed(_)));
 
         store.outbox_stats().unwrap();
         store.sweep().unwrap();

@@ -21,7 +21,7 @@ use crate::common;
 use common::pg::PgHarness;
 use idem::keys::derive_key;
 use idem::postgres::{CommitLoss, PgStore};
-use idem::{Begin, Claim, Error, Request, Response, Scope};
+use idem::{BeginAnswer, Claim, Error, Request, Response, Scope};
 
 fn scope() -> Scope {
     Scope::new("t", "ship")
@@ -60,12 +60,12 @@ fn a_begin_whose_claim_landed_but_whose_answer_was_lost_is_taken_at_once_by_its_
     );
     assert!(matches!(
         store.begin(req("parcel-1")),
-        Ok(Begin::InFlight { .. })
+        Ok(BeginAnswer::InFlight { .. })
     ));
 
     // The retry with the same claim takes it at once.
     let lease = match store.begin_claim(&mut claim) {
-        Ok(Begin::Acquired(lease)) => lease,
+        Ok(BeginAnswer::Acquired(lease)) => lease,
         other => panic!("the retry must take its own claim at once, got {other:?}"),
     };
     assert_eq!((lease.attempt(), lease.takeover_of()), (1, None));
@@ -82,7 +82,7 @@ fn a_begin_whose_claim_landed_but_whose_answer_was_lost_is_taken_at_once_by_its_
         .complete(Response::new(200, "label"))
         .expect("the resumed lease completes");
     match store.begin_claim(&mut claim) {
-        Ok(Begin::Replayed(r)) => assert_eq!(r, label),
+        Ok(BeginAnswer::Replayed(r)) => assert_eq!(r, label),
         other => panic!("expected the replay, got {other:?}"),
     }
 }
@@ -101,7 +101,7 @@ fn a_begin_whose_claim_did_not_land_is_claimed_again_by_its_retry() {
     }
     assert_eq!(store.get(&scope(), "parcel-2").expect("get"), None);
     match store.begin_claim(&mut claim) {
-        Ok(Begin::Acquired(lease)) => {
+        Ok(BeginAnswer::Acquired(lease)) => {
             assert_eq!(lease.attempt(), 1);
             lease.release().expect("release");
         }

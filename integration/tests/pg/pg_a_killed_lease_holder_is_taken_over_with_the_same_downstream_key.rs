@@ -11,8 +11,8 @@
 //! prints what it holds and is SIGKILLed before completing anything. The parent is the other
 //! node, with its own store:
 //! - until a key's lease deadline (the child's, on the server's clock) it gets
-//!   `Begin::InFlight` — checked against the server's clock read just before each `begin` —
-//!   and never before the deadline `Begin::Acquired`;
+//!   `BeginAnswer::InFlight` — checked against the server's clock read just before each `begin` —
+//!   and never before the deadline `BeginAnswer::Acquired`;
 //! - after it, `begin` takes the key over: `takeover_of() == Some(1)`, attempt 2, and the SAME
 //!   downstream key the killed process sent;
 //! - it calls the provider again and completes: the provider holds exactly one charge per key
@@ -37,7 +37,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use idem::postgres::{PgLease, PgStore};
-use idem::{Begin, Outcome, Request, Response, Scope};
+use idem::{BeginAnswer, ExecuteAnswer, Request, Response, Scope};
 
 use pg_fleet::{ChildGuard, Schema, answer_text, child_command, server_now_ms};
 
@@ -178,7 +178,7 @@ fn a_killed_lease_holder_is_taken_over_with_the_same_downstream_key() {
             let begin = store.begin(request(&key)).expect("begin");
             let after = server_now_ms(&mut clock);
             match begin {
-                Begin::InFlight { .. } => {
+                BeginAnswer::InFlight { .. } => {
                     assert!(
                         before < h.deadline,
                         "{key}: still in flight at {before} ms, past its lease deadline {}",
@@ -186,7 +186,7 @@ fn a_killed_lease_holder_is_taken_over_with_the_same_downstream_key() {
                     );
                     *in_flight_seen.entry(key.clone()).or_default() += 1;
                 }
-                Begin::Acquired(lease) => {
+                BeginAnswer::Acquired(lease) => {
                     assert!(
                         after >= h.deadline,
                         "{key}: taken over at {after} ms, before its lease deadline {}",
@@ -275,11 +275,13 @@ fn a_killed_lease_holder_is_taken_over_with_the_same_downstream_key() {
         let key = key_of(i);
         for s in [&store, &fresh] {
             match s.begin(request(&key)).expect("begin") {
-                Begin::Replayed(r) => assert_eq!(answer_text(&r), answers[&key], "{key}"),
+                BeginAnswer::Replayed(r) => assert_eq!(answer_text(&r), answers[&key], "{key}"),
                 other => panic!("{key}: expected a replay, got {other:?}"),
             }
             match s.execute(request(&key), |_| panic!("{key} runs again")) {
-                Ok(Outcome::Replayed(r)) => assert_eq!(answer_text(&r), answers[&key], "{key}"),
+                Ok(ExecuteAnswer::Replayed(r)) => {
+                    assert_eq!(answer_text(&r), answers[&key], "{key}")
+                }
                 other => panic!("{key}: expected a replay, got {other:?}"),
             }
         }
@@ -309,7 +311,7 @@ fn child_process_entry() {
     for i in 0..KEYS {
         let key = key_of(i);
         let lease = match store.begin(request(&key)).expect("begin") {
-            Begin::Acquired(lease) => lease,
+            BeginAnswer::Acquired(lease) => lease,
             other => panic!("{key}: expected Acquired, got {other:?}"),
         };
         assert_eq!(lease.attempt(), 1);

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use common::pg::PgHarness;
 use idem::postgres::{CommitLoss, PgStore};
-use idem::{Begin, Error, Outcome, Request, Response, Scope};
+use idem::{BeginAnswer, Error, ExecuteAnswer, Request, Response, Scope};
 
 fn req(key: &str, payload: &str) -> Request {
     Request::from_canonical_bytes(Scope::new("t", "lost-commit"), key, payload.as_bytes())
@@ -44,21 +44,21 @@ fn word<T: std::fmt::Debug>(
     }
 }
 
-fn outcome_word(result: &Result<Outcome, Error>) -> String {
+fn outcome_word(result: &Result<ExecuteAnswer, Error>) -> String {
     word(result, |o| match o {
-        Outcome::Executed(_) => "executed",
-        Outcome::Replayed(_) => "replayed",
-        Outcome::InFlight { .. } => "in-flight",
-        Outcome::Expired(_) => "expired",
+        ExecuteAnswer::Ran(_) => "executed",
+        ExecuteAnswer::Replayed(_) => "replayed",
+        ExecuteAnswer::InFlight { .. } => "in-flight",
+        ExecuteAnswer::Expired(_) => "expired",
     })
 }
 
-fn begin_word<L: std::fmt::Debug>(result: &Result<Begin<L>, Error>) -> String {
+fn begin_word<L: std::fmt::Debug>(result: &Result<BeginAnswer<L>, Error>) -> String {
     word(result, |b| match b {
-        Begin::Acquired(_) => "acquired",
-        Begin::Replayed(_) => "replayed",
-        Begin::InFlight { .. } => "in-flight",
-        Begin::Expired(_) => "expired",
+        BeginAnswer::Acquired(_) => "acquired",
+        BeginAnswer::Replayed(_) => "replayed",
+        BeginAnswer::InFlight { .. } => "in-flight",
+        BeginAnswer::Expired(_) => "expired",
     })
 }
 
@@ -108,7 +108,7 @@ fn gate<'s, 'e>(
     store: &'e PgStore,
 ) -> (
     mpsc::Sender<()>,
-    ScopedJoinHandle<'s, Result<Outcome, Error>>,
+    ScopedJoinHandle<'s, Result<ExecuteAnswer, Error>>,
 ) {
     let (release_tx, release_rx) = mpsc::channel::<()>();
     let (held_tx, held_rx) = mpsc::channel::<()>();
@@ -148,10 +148,10 @@ fn calls_that_only_read_get_their_answers_when_their_batch_loses_its_commit() {
         outcome_word(&store.execute(req("done", "p"), |_| Ok(Response::new(201, "done")))),
         "executed"
     );
-    let Ok(Begin::Acquired(held)) = store.begin(req("held", "p")) else {
+    let Ok(BeginAnswer::Acquired(held)) = store.begin(req("held", "p")) else {
         panic!("the key is free")
     };
-    let Ok(Begin::Acquired(lost)) = store.begin(req("lost", "p")) else {
+    let Ok(BeginAnswer::Acquired(lost)) = store.begin(req("lost", "p")) else {
         panic!("the key is free")
     };
     assert!(

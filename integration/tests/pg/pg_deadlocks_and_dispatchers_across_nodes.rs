@@ -13,9 +13,9 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use common::pg::{PgHarness, pg_url};
-use idem::outbox::{DispatcherOptions, Event, OutboxEvent};
+use idem::outbox::{DispatcherOptions, Event, StoredEvent};
 use idem::postgres::PgStore;
-use idem::{Outcome, Request, Response, Scope};
+use idem::{ExecuteAnswer, Request, Response, Scope};
 
 fn request(key: &str) -> Request {
     Request::from_canonical_bytes(Scope::new("t", "transfer"), key, key.as_bytes())
@@ -81,8 +81,8 @@ fn opposite_lock_orders_across_nodes_are_retried_inside_and_finish_once() {
         let b = s.spawn(|| transfer(&node_b, "t2", "y", "x"));
         (a.join().unwrap(), b.join().unwrap())
     });
-    assert!(matches!(a, Ok(Outcome::Executed(_))), "{a:?}");
-    assert!(matches!(b, Ok(Outcome::Executed(_))), "{b:?}");
+    assert!(matches!(a, Ok(ExecuteAnswer::Ran(_))), "{a:?}");
+    assert!(matches!(b, Ok(ExecuteAnswer::Ran(_))), "{b:?}");
     let runs = runs.lock().unwrap().clone();
     let refusals = refusals.lock().unwrap().clone();
     // The first runs deadlock (the barrier holds both until each has its first row), so one of
@@ -142,14 +142,14 @@ fn two_dispatchers_share_the_outbox_and_keep_each_keys_order() {
                     Ok(Response::new(201, "ok"))
                 })
                 .unwrap();
-            assert!(matches!(outcome, Outcome::Executed(_)));
+            assert!(matches!(outcome, ExecuteAnswer::Ran(_)));
         }
     }
     let published: Arc<Mutex<Vec<Published>>> = Arc::default();
     let publisher = |name: &'static str| {
         let published = Arc::clone(&published);
         let mut calls = 0u64;
-        move |e: &OutboxEvent| -> Result<(), idem::error::BoxError> {
+        move |e: &StoredEvent| -> Result<(), idem::error::BoxError> {
             calls += 1;
             // Each node fails now and then: retries must not let a later event of the key out
             // before the one that failed.

@@ -27,7 +27,7 @@ use std::thread;
 use std::time::Instant;
 
 use idem::postgres::PgStore;
-use idem::{Outcome, Request, Response, Scope};
+use idem::{ExecuteAnswer, Request, Response, Scope};
 
 use pg_fleet::{ChildGuard, Schema, answer_text, bump, child_command, shuffled};
 
@@ -167,7 +167,7 @@ fn two_processes_racing_on_one_database_cause_one_effect_per_key() {
             );
         }
         match third.execute(request(&key), |_| panic!("{key} runs again")) {
-            Ok(Outcome::Replayed(r)) => assert_eq!(answer_text(&r), first.answer, "{key}"),
+            Ok(ExecuteAnswer::Replayed(r)) => assert_eq!(answer_text(&r), first.answer, "{key}"),
             other => panic!("{key}: expected a replay, got {other:?}"),
         }
     }
@@ -214,8 +214,8 @@ fn child_process_entry() {
                             })
                             .unwrap_or_else(|e| panic!("{key}: execute: {e:?}"));
                         let (kind, r) = match &outcome {
-                            Outcome::Executed(r) => ("E", r),
-                            Outcome::Replayed(r) => ("R", r),
+                            ExecuteAnswer::Ran(r) => ("E", r),
+                            ExecuteAnswer::Replayed(r) => ("R", r),
                             other => panic!("{key}: flow A answered {other:?}"),
                         };
                         lines.push(format!("{key} {kind} {pid} {}", answer_text(r)));

@@ -11,7 +11,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use idem::postgres::{PgStore, PgStoreBuilder, PgTx};
-use idem::{Abort, Error, Outcome, Request, Response};
+use idem::{Abort, Error, ExecuteAnswer, Request, Response};
 
 use crate::common::pg::{client, fresh_schema};
 
@@ -272,14 +272,14 @@ pub fn execute_until_settled<F>(
     mut f: F,
     pause: Duration,
     give_up: Instant,
-) -> (Outcome, Met)
+) -> (ExecuteAnswer, Met)
 where
     F: for<'t> FnMut(&'t mut PgTx<'t>) -> Result<Response, Abort>,
 {
     let mut met = Met::default();
     loop {
         match store.execute(request.clone(), &mut f) {
-            Ok(o @ (Outcome::Executed(_) | Outcome::Replayed(_))) => return (o, met),
+            Ok(o @ (ExecuteAnswer::Ran(_) | ExecuteAnswer::Replayed(_))) => return (o, met),
             Ok(other) => panic!("flow A on a live store answered {other:?}"),
             Err(Error::OutcomeUnknown { .. }) => met.outcome_unknown += 1,
             Err(Error::Storage { .. }) => met.storage += 1,
@@ -354,8 +354,8 @@ impl Load<'_> {
             self.settled
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let (executed, r) = match &outcome {
-                Outcome::Executed(r) => (true, r),
-                Outcome::Replayed(r) => (false, r),
+                ExecuteAnswer::Ran(r) => (true, r),
+                ExecuteAnswer::Replayed(r) => (false, r),
                 other => unreachable!("settled outcomes only, not {other:?}"),
             };
             seen.push((key, executed, answer_text(r)));
@@ -414,7 +414,7 @@ pub fn check_converged(
             assert_eq!(a, first, "{key}: two callers got different answers");
         }
         match replayer.execute(request(&key), |_| panic!("{key} runs again")) {
-            Ok(Outcome::Replayed(r)) => assert_eq!(&answer_text(&r), first, "{key}"),
+            Ok(ExecuteAnswer::Replayed(r)) => assert_eq!(&answer_text(&r), first, "{key}"),
             other => panic!("{key}: expected a replay, got {other:?}"),
         }
     }

@@ -30,7 +30,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::XorShift;
-use idem::{Outcome, Request, Response, Scope};
+use idem::{ExecuteAnswer, Request, Response, Scope};
 
 use pg_fleet::{
     Calls, Converged, Load, Met, Schema, bump, check_converged, execute_until_settled,
@@ -131,7 +131,7 @@ fn terminated_backends_give_typed_errors_and_retries_converge() {
         );
         after.add(m);
         assert!(
-            matches!(outcome, Outcome::Executed(_)),
+            matches!(outcome, ExecuteAnswer::Ran(_)),
             "{key}: {outcome:?}"
         );
     }
@@ -184,7 +184,7 @@ fn an_idle_store_whose_backends_were_all_terminated_answers_its_next_call() {
                         bump(tx, schema, &key)?;
                         Ok(Response::new(201, key.clone()))
                     });
-                    assert!(matches!(outcome, Ok(Outcome::Executed(_))), "{outcome:?}");
+                    assert!(matches!(outcome, Ok(ExecuteAnswer::Ran(_))), "{outcome:?}");
                 }
             });
         }
@@ -223,7 +223,7 @@ fn an_idle_store_whose_backends_were_all_terminated_answers_its_next_call() {
         }
     };
     assert!(
-        matches!(outcome, Ok(Outcome::Executed(_))),
+        matches!(outcome, Ok(ExecuteAnswer::Ran(_))),
         "after {} failures: {outcome:?}",
         failed.len()
     );
@@ -234,7 +234,7 @@ fn an_idle_store_whose_backends_were_all_terminated_answers_its_next_call() {
         failed
     );
     match store.execute(request("warm-0-0"), |_| panic!("runs again")) {
-        Ok(Outcome::Replayed(r)) => assert_eq!(r.body(), b"warm-0-0"),
+        Ok(ExecuteAnswer::Replayed(r)) => assert_eq!(r.body(), b"warm-0-0"),
         other => panic!("expected a replay, got {other:?}"),
     }
 }

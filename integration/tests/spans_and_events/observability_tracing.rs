@@ -19,9 +19,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use idem::error::BoxError;
-use idem::inbox::Processed;
-use idem::outbox::{DispatcherOptions, Event, OutboxEvent};
-use idem::{Abort, Begin, Error, Outcome, Request, Response, Scope};
+use idem::inbox::ProcessAnswer;
+use idem::outbox::{DispatcherOptions, Event, StoredEvent};
+use idem::{Abort, BeginAnswer, Error, ExecuteAnswer, Request, Response, Scope};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event as TracingEvent, Level, Subscriber};
@@ -206,8 +206,8 @@ fn a_replay_is_recorded_as_replayed_and_no_key_or_payload_is_recorded() {
             Ok(Response::new(201, format!("created {PAYLOAD}")))
         })
     };
-    assert!(matches!(run(PAYLOAD).unwrap(), Outcome::Executed(_)));
-    assert!(matches!(run(PAYLOAD).unwrap(), Outcome::Replayed(_)));
+    assert!(matches!(run(PAYLOAD).unwrap(), ExecuteAnswer::Ran(_)));
+    assert!(matches!(run(PAYLOAD).unwrap(), ExecuteAnswer::Replayed(_)));
     assert!(matches!(
         run("another payload"),
         Err(Error::PayloadMismatch { .. })
@@ -233,17 +233,17 @@ fn flow_b_and_the_inbox_record_their_decisions() {
     let h = common::Harness::new();
     let store = h.store();
     let op = "trace_flow_b";
-    let Begin::Acquired(lease) = store.begin(request(op, PAYLOAD)).unwrap() else {
+    let BeginAnswer::Acquired(lease) = store.begin(request(op, PAYLOAD)).unwrap() else {
         panic!("a first claim acquires the key");
     };
     assert!(matches!(
         store.begin(request(op, PAYLOAD)).unwrap(),
-        Begin::InFlight { .. }
+        BeginAnswer::InFlight { .. }
     ));
     lease.complete(Response::new(200, PAYLOAD)).unwrap();
     assert!(matches!(
         store.begin(request(op, PAYLOAD)).unwrap(),
-        Begin::Replayed(_)
+        BeginAnswer::Replayed(_)
     ));
     assert_eq!(
         spans_of(op),
@@ -257,15 +257,18 @@ fn flow_b_and_the_inbox_record_their_decisions() {
 
     let subscriber = "trace_inbox";
     let process = || store.process(subscriber, KEY, |_| Ok::<_, Abort>(()));
-    assert!(matches!(process().unwrap(), Processed::Processed(())));
-    assert!(matches!(process().unwrap(), Processed::Duplicate { .. }));
+    assert!(matches!(process().unwrap(), ProcessAnswer::Ran(())));
+    assert!(matches!(
+        process().unwrap(),
+        ProcessAnswer::Duplicate { .. }
+    ));
     assert!(matches!(
         store
             .receive("trace_webhooks", KEY, |_| Err::<(), _>(Abort::Terminal(
                 Response::new(400, "bad")
             )))
             .unwrap(),
-        idem::inbox::Receipt::Rejected(_)
+        idem::inbox::ReceiveAnswer::Rejected(_)
     ));
     assert_eq!(
         spans_of(subscriber),
@@ -291,8 +294,8 @@ fn a_dead_letter_in_the_dispatcher_thread_is_a_warning() {
             .push(Event::new("topic", PAYLOAD.as_bytes().to_vec()).ordering_key(KEY))?;
         Ok(Response::new(200, ""))
     });
-    assert!(matches!(pushed.unwrap(), Outcome::Executed(_)));
-    let publisher = |_: &OutboxEvent| -> Result<(), BoxError> { Err("broker down".into()) };
+    assert!(matches!(pushed.unwrap(), ExecuteAnswer::Ran(_)));
+    let publisher = |_: &StoredEvent| -> Result<(), BoxError> { Err("broker down".into()) };
     let dispatcher = store
         .start_dispatcher(publisher, DispatcherOptions::new().max_attempts(1))
         .unwrap();
@@ -319,7 +322,7 @@ fn the_repair_of_a_crashed_file_is_a_warning_when_it_begins_and_when_it_ends_and
         let claimed = store.execute(request("trace_repair", PAYLOAD), |_| {
             Ok(Response::new(201, ""))
         });
-        assert!(matches!(claimed.unwrap(), Outcome::Executed(_)));
+        assert!(matches!(claimed.unwrap(), ExecuteAnswer::Ran(_)));
     });
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("crashed.redb");
@@ -395,8 +398,8 @@ mod pg {
                 Ok(Response::new(201, format!("created {PAYLOAD}")))
             })
         };
-        assert!(matches!(run().unwrap(), Outcome::Executed(_)));
-        assert!(matches!(run().unwrap(), Outcome::Replayed(_)));
+        assert!(matches!(run().unwrap(), ExecuteAnswer::Ran(_)));
+        assert!(matches!(run().unwrap(), ExecuteAnswer::Replayed(_)));
         assert_eq!(
             spans_of(op),
             [
@@ -406,13 +409,13 @@ mod pg {
         );
 
         let op = "trace_pg_flow_b";
-        let Begin::Acquired(lease) = store.begin(request(op, PAYLOAD)).unwrap() else {
+        let BeginAnswer::Acquired(lease) = store.begin(request(op, PAYLOAD)).unwrap() else {
             panic!("a first claim acquires the key");
         };
         lease.complete(Response::new(200, PAYLOAD)).unwrap();
         assert!(matches!(
             store.begin(request(op, PAYLOAD)).unwrap(),
-            Begin::Replayed(_)
+            BeginAnswer::Replayed(_)
         ));
         assert_eq!(
             spans_of(op),
@@ -425,8 +428,11 @@ mod pg {
 
         let subscriber = "trace_pg_inbox";
         let process = || store.process(subscriber, KEY, |_| Ok::<_, Abort>(()));
-        assert!(matches!(process().unwrap(), Processed::Processed(())));
-        assert!(matches!(process().unwrap(), Processed::Duplicate { .. }));
+        assert!(matches!(process().unwrap(), ProcessAnswer::Ran(())));
+        assert!(matches!(
+            process().unwrap(),
+            ProcessAnswer::Duplicate { .. }
+        ));
         assert_eq!(
             spans_of(subscriber),
             [

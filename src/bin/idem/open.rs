@@ -184,7 +184,9 @@ pub(crate) fn copy_of_file(cli: &Cli, bypass: &str) -> Result<(Removed, bool), F
         Err(_) => None,
     };
     // Without it (it failed to begin) the copy is made as before: a damage it shows is checked.
-    let _snapshot = lock.as_ref().and_then(|store| store.begin_read().ok());
+    let _snapshot = lock
+        .as_ref()
+        .and_then(|store| store.read_transaction().ok());
     let path = cli
         .file
         .with_extension(format!("idem-check-{}.redb", std::process::id()));

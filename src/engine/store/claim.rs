@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use crate::engine::commit::{Durable, Step};
-use crate::engine::lease::{Begin, Lease};
+use crate::engine::lease::{BeginAnswer, Lease};
 use crate::engine::open::Open;
 use crate::engine::store::decide::Claimed;
 use crate::engine::store::{ENGINE, Store};
@@ -23,9 +23,9 @@ const WAIT_POLL: Duration = Duration::from_millis(20);
 
 impl Store {
     /// Flow B: claims the key with a lease for work that calls the outside world. Returns
-    /// `Begin::Acquired` with a [`Lease`] (the attempt may now make the external call, using
-    /// [`Lease::downstream_key`]), or the stored result (`Begin::Replayed`, or
-    /// `Begin::Expired` past the retention), or `Begin::InFlight`; a different
+    /// `BeginAnswer::Acquired` with a [`Lease`] (the attempt may now make the external call, using
+    /// [`Lease::downstream_key`]), or the stored result (`BeginAnswer::Replayed`, or
+    /// `BeginAnswer::Expired` past the retention), or `BeginAnswer::InFlight`; a different
     /// payload is [`Error::PayloadMismatch`]. Fails fast; see [`Store::begin_wait`] to wait.
     ///
     /// # Example
@@ -36,7 +36,7 @@ impl Store {
     ///
     /// ```
     /// use std::collections::HashMap;
-    /// use idem::{Begin, Request, Response, Scope, Store};
+    /// use idem::{BeginAnswer, Request, Response, Scope, Store};
     ///
     /// /// A payment provider that honours idempotency keys (a stand-in for a real API).
     /// #[derive(Default)]
@@ -62,7 +62,7 @@ impl Store {
     /// let mut pay = |invoice: &str, cents: u64| -> Result<Option<Response>, Box<dyn std::error::Error>> {
     ///     let request = Request::new(Scope::new("tenant-42", "pay_invoice"), invoice, &cents)?;
     ///     match store.begin(request)? {
-    ///         Begin::Acquired(lease) => {
+    ///         BeginAnswer::Acquired(lease) => {
     ///             let key = lease.downstream_key().to_hex();
     ///             keys_sent.push(key.clone());
     ///             match provider.charge(&key, cents) {
@@ -74,8 +74,8 @@ impl Store {
     ///                 }
     ///             }
     ///         }
-    ///         Begin::Replayed(stored) => Ok(Some(stored)),
-    ///         Begin::InFlight { .. } | Begin::Expired(_) => Ok(None),
+    ///         BeginAnswer::Replayed(stored) => Ok(Some(stored)),
+    ///         BeginAnswer::InFlight { .. } | BeginAnswer::Expired(_) => Ok(None),
     ///     }
     /// };
     ///
@@ -89,7 +89,7 @@ impl Store {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn begin(&self, request: Request) -> Result<Begin, Error> {
+    pub fn begin(&self, request: Request) -> Result<BeginAnswer, Error> {
         Call::of(ENGINE, Kind::Begin, request.scope()).observe(|_| {
             let mut claim = Claim::new(request);
             let claimed = self.claim_key(&mut claim)?;
@@ -116,7 +116,7 @@ impl Store {
     /// its claim takes the lease at once.
     ///
     /// ```
-    /// use idem::{Begin, Claim, Request, Response, Scope, Store};
+    /// use idem::{BeginAnswer, Claim, Request, Response, Scope, Store};
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let dir = tempfile::tempdir()?;
@@ -124,18 +124,18 @@ impl Store {
     /// let request = Request::new(Scope::new("tenant-42", "ship_parcel"), "parcel-5", "express")?;
     /// let mut claim = Claim::new(request.clone());
     ///
-    /// let Begin::Acquired(lease) = store.begin_claim(&mut claim)? else { unreachable!() };
+    /// let BeginAnswer::Acquired(lease) = store.begin_claim(&mut claim)? else { unreachable!() };
     /// std::mem::forget(lease); // the answer is lost: nothing releases the key
-    /// assert!(matches!(store.begin(request)?, Begin::InFlight { .. }));
+    /// assert!(matches!(store.begin(request)?, BeginAnswer::InFlight { .. }));
     ///
-    /// let Begin::Acquired(lease) = store.begin_claim(&mut claim)? else { unreachable!() };
+    /// let BeginAnswer::Acquired(lease) = store.begin_claim(&mut claim)? else { unreachable!() };
     /// assert_eq!(lease.attempt(), 1); // the same attempt, taken back at once
     /// lease.complete(Response::new(200, "label"))?;
-    /// assert!(matches!(store.begin_claim(&mut claim)?, Begin::Replayed(_)));
+    /// assert!(matches!(store.begin_claim(&mut claim)?, BeginAnswer::Replayed(_)));
     /// # Ok(())
     /// # }
     /// ```
-    pub fn begin_claim(&self, claim: &mut Claim) -> Result<Begin, Error> {
+    pub fn begin_claim(&self, claim: &mut Claim) -> Result<BeginAnswer, Error> {
         Call::of(ENGINE, Kind::Begin, claim.request().scope()).observe(|_| {
             let claimed = self.claim_key(claim)?;
             self.begun(claim.request().clone(), claimed)
@@ -145,9 +145,9 @@ impl Store {
     /// The lease of a committed claim for `request`, or the answer given instead. The Lease is
     /// built only after the commit: a Lease releases its key on drop, so one must never exist
     /// for a claim that did not commit.
-    fn begun(&self, request: Request, claimed: ClaimedKey) -> Result<Begin, Error> {
+    fn begun(&self, request: Request, claimed: ClaimedKey) -> Result<BeginAnswer, Error> {
         match claimed {
-            Ok((key, holder, deadline, attempt)) => Ok(Begin::Acquired(Lease::new(
+            Ok((key, holder, deadline, attempt)) => Ok(BeginAnswer::Acquired(Lease::new(
                 self.clone(),
                 request,
                 key,
@@ -205,7 +205,7 @@ impl Store {
 
     /// Like [`Store::begin`], but when another attempt is in flight, waits up to `max_wait` for
     /// it to finish (returning its result), release (acquiring the key) or lapse (taking it
-    /// over). Returns `Begin::InFlight` if it is still in flight after `max_wait`. Woken at
+    /// over). Returns `BeginAnswer::InFlight` if it is still in flight after `max_wait`. Woken at
     /// once when a lease of this store is finished, released or purged; re-checks every 20 ms
     /// to notice a lapsing lease or another process's commit. `Duration::MAX` waits without a
     /// deadline. Refused with [`Error::Reentrant`] inside a closure of the same store (the
@@ -218,37 +218,41 @@ impl Store {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem::{Begin, Request, Response, Scope, Store};
+    /// use idem::{BeginAnswer, Request, Response, Scope, Store};
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let dir = tempfile::tempdir()?;
     /// let store = Store::open(dir.path().join("idem.redb"))?;
     /// let job = || Request::new(Scope::new("tenant-42", "render_report"), "report-9", "q3");
     ///
-    /// let Begin::Acquired(lease) = store.begin(job()?)? else { unreachable!() };
-    /// assert!(matches!(store.begin(job()?)?, Begin::InFlight { .. }));
+    /// let BeginAnswer::Acquired(lease) = store.begin(job()?)? else { unreachable!() };
+    /// assert!(matches!(store.begin(job()?)?, BeginAnswer::InFlight { .. }));
     ///
-    /// let second = std::thread::scope(|s| -> Result<Begin, idem::Error> {
+    /// let second = std::thread::scope(|s| -> Result<BeginAnswer, idem::Error> {
     ///     let waiter = s.spawn(|| store.begin_wait(job()?, Duration::from_secs(10)));
     ///     // The first worker finishes; the waiter is woken at once.
     ///     lease.complete(Response::new(200, "report.pdf"))?;
     ///     waiter.join().expect("the waiter does not panic")
     /// })?;
     /// match second {
-    ///     Begin::Replayed(answer) => assert_eq!(answer.body(), b"report.pdf"),
+    ///     BeginAnswer::Replayed(answer) => assert_eq!(answer.body(), b"report.pdf"),
     ///     other => panic!("expected the first worker's answer, got {other:?}"),
     /// }
     /// # Ok(())
     /// # }
     /// ```
-    pub fn begin_wait(&self, request: Request, max_wait: Duration) -> Result<Begin, Error> {
+    pub fn begin_wait(&self, request: Request, max_wait: Duration) -> Result<BeginAnswer, Error> {
         // One observed call however many claims the wait makes.
         Call::of(ENGINE, Kind::Begin, request.scope())
             .observe(|_| self.begin_wait_observed(request, max_wait))
     }
 
     /// [`Store::begin_wait`], inside its observed call (`runtime/observe/`).
-    fn begin_wait_observed(&self, request: Request, max_wait: Duration) -> Result<Begin, Error> {
+    fn begin_wait_observed(
+        &self,
+        request: Request,
+        max_wait: Duration,
+    ) -> Result<BeginAnswer, Error> {
         if self.in_closure() {
             return Err(Error::Reentrant);
         }
@@ -262,7 +266,7 @@ impl Store {
                 Err(Early::InFlight { retry_after }) => {
                     let now = Instant::now();
                     let slice = match give_up {
-                        Some(t) if now >= t => return Ok(Begin::InFlight { retry_after }),
+                        Some(t) if now >= t => return Ok(BeginAnswer::InFlight { retry_after }),
                         Some(t) => (t - now).min(WAIT_POLL),
                         None => WAIT_POLL,
                     };

@@ -1,4 +1,4 @@
-//! Flow A: `execute` and `execute_send`, and the step either runs inside a batch's write
+//! Flow A: `execute` and `execute_on_writer`, and the step either runs inside a batch's write
 //! transaction (decide again under the writer, run the closure, record the settled result).
 
 use crate::engine::commit::{Durable, Step};
@@ -10,7 +10,7 @@ use crate::error::Error;
 use crate::model::clock::Timestamp;
 use crate::model::outbox::Origin;
 use crate::model::response::Abort;
-use crate::model::response::{Outcome, Response};
+use crate::model::response::{ExecuteAnswer, Response};
 use crate::model::retention::Windows;
 use crate::model::rules::instants;
 use crate::model::scope::Request;
@@ -27,8 +27,8 @@ impl Store {
     ///   `Ok(response)` → Completed; [`Abort::Terminal`] → Failed (replayed later);
     ///   [`Abort::Retryable`] / [`Abort::Store`] → nothing, not even `f`'s own writes;
     /// - an intent that finished longer ago than its retention, within the tombstone horizon →
-    ///   [`Outcome::Expired`]: `f` does not run (the intent already happened);
-    /// - another attempt's live lease → [`Outcome::InFlight`];
+    ///   [`ExecuteAnswer::Expired`]: `f` does not run (the intent already happened);
+    /// - another attempt's live lease → [`ExecuteAnswer::InFlight`];
     /// - the key used with a different payload → [`Error::PayloadMismatch`].
     ///
     /// `f` may be called more than once per call: concurrent calls share one write transaction
@@ -49,7 +49,7 @@ impl Store {
     /// ```
     /// use std::cell::Cell;
     /// use idem::redb::{ReadableTable, TableDefinition};
-    /// use idem::{Error, Outcome, Request, Response, Scope, Store};
+    /// use idem::{Error, ExecuteAnswer, Request, Response, Scope, Store};
     ///
     /// const ORDERS: TableDefinition<&str, u32> = TableDefinition::new("orders");
     ///
@@ -58,7 +58,7 @@ impl Store {
     /// let store = Store::open(dir.path().join("idem.redb"))?;
     /// let scope = Scope::new("tenant-42", "create_order");
     /// let runs = Cell::new(0);
-    /// let create = |quantity: u32| -> Result<Outcome, Error> {
+    /// let create = |quantity: u32| -> Result<ExecuteAnswer, Error> {
     ///     let request = Request::new(scope.clone(), "order-123", &("sku-1", quantity))?;
     ///     store.execute(request, |tx| {
     ///         runs.set(runs.get() + 1);
@@ -69,13 +69,13 @@ impl Store {
     ///
     /// let first = create(2)?;
     /// let retry = create(2)?;
-    /// assert!(matches!(&first, Outcome::Executed(r) if r.status() == 201));
+    /// assert!(matches!(&first, ExecuteAnswer::Ran(r) if r.status() == 201));
     /// assert!(retry.is_replay());
     /// assert_eq!(first.response(), retry.response()); // the same status and body
     /// assert_eq!(runs.get(), 1); // the closure ran once
     ///
     /// // The order row committed with the record.
-    /// let orders = store.begin_read()?.open_table(ORDERS)?;
+    /// let orders = store.read_transaction()?.open_table(ORDERS)?;
     /// assert_eq!(orders.get("order-123")?.map(|q| q.value()), Some(2));
     ///
     /// // The key is bound to its first payload.
@@ -84,7 +84,7 @@ impl Store {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn execute<F>(&self, request: Request, mut f: F) -> Result<Outcome, Error>
+    pub fn execute<F>(&self, request: Request, mut f: F) -> Result<ExecuteAnswer, Error>
     where
         F: FnMut(&Tx<'_>) -> Result<Response, Abort>,
     {
@@ -93,7 +93,12 @@ impl Store {
     }
 
     /// [`Store::execute`], inside its observed `call` (`runtime/observe/`).
-    fn execute_observed<F>(&self, request: Request, mut f: F, call: &Call) -> Result<Outcome, Error>
+    fn execute_observed<F>(
+        &self,
+        request: Request,
+        mut f: F,
+        call: &Call,
+    ) -> Result<ExecuteAnswer, Error>
     where
         F: FnMut(&Tx<'_>) -> Result<Response, Abort>,
     {
@@ -116,7 +121,7 @@ impl Store {
     /// fsync. The async face and the HTTP layer's closures are `Send + 'static`.
     /// Use [`Store::execute`] when `f` borrows from the caller's stack or must run on the
     /// caller's thread (thread-locals).
-    pub fn execute_send<F>(&self, request: Request, mut f: F) -> Result<Outcome, Error>
+    pub fn execute_on_writer<F>(&self, request: Request, mut f: F) -> Result<ExecuteAnswer, Error>
     where
         F: FnMut(&Tx<'_>) -> Result<Response, Abort> + Send + 'static,
     {
@@ -170,7 +175,7 @@ impl Store {
         );
         match self.put_open(open, key, &record) {
             Ok(()) => Step::Done(FlowA {
-                outcome: Ok(Outcome::Executed(response)),
+                outcome: Ok(ExecuteAnswer::Ran(response)),
                 took_over: attempt.number > 1,
                 announced,
             }),
@@ -180,7 +185,7 @@ impl Store {
 
     /// After flow A's transaction ended: wake the dispatcher if events were pushed, and the
     /// waiters of a lapsed lease this intent finished.
-    fn flow_a_done(&self, done: FlowA, call: &Call) -> Result<Outcome, Error> {
+    fn flow_a_done(&self, done: FlowA, call: &Call) -> Result<ExecuteAnswer, Error> {
         if done.announced && done.outcome.is_ok() {
             self.announce_work();
         }
@@ -195,7 +200,7 @@ impl Store {
 
 /// What flow A's work in a write decided: the answer, and what to do once it committed.
 struct FlowA {
-    outcome: Result<Outcome, Error>,
+    outcome: Result<ExecuteAnswer, Error>,
     took_over: bool,
     announced: bool,
 }

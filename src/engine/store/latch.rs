@@ -9,7 +9,7 @@ use crate::error::{Error, StorageError};
 
 impl Store {
     /// The first I/O or commit failure, if the store is fail-stopped.
-    pub fn failure(&self) -> Option<String> {
+    pub fn fail_stop_cause(&self) -> Option<String> {
         self.inner.failure.lock().clone()
     }
 

@@ -7,11 +7,11 @@
 //! | file | owns |
 //! |---|---|
 //! | `mod.rs` | the [`Store`] and its shared state (private fields, `new`, small accessors, the settings it reports), closing the file on the last drop, [`WeakStore`], the extension slot |
-//! | `flow_a.rs` | flow A: `execute`, `execute_send`, the step each runs inside a batch's write transaction |
+//! | `flow_a.rs` | flow A: `execute`, `execute_on_writer`, the step each runs inside a batch's write transaction |
 //! | `claim.rs` | the claim half of flow B: `begin`, `begin_claim`, `begin_wait`, and the lease events that wake a waiter |
 //! | `decide.rs` | admitting a request and deciding it: on the lock-free read path, and again under the writer |
-//! | `records.rs` | record I/O: `get`, `for_each_record`, `begin_read`, `purge`; the read path (`Store::read`, `read_record`), the record's load/put/remove |
-//! | `latch.rs` | the fail-stop latch: `failure`, `storage`, `observe`, `latch`, which redb errors are I/O failures |
+//! | `records.rs` | record I/O: `get`, `for_each_record`, `read_transaction`, `purge`; the read path (`Store::read`, `read_record`), the record's load/put/remove |
+//! | `latch.rs` | the fail-stop latch: `fail_stop_cause`, `storage`, `observe`, `latch`, which redb errors are I/O failures |
 //! | `txn.rs` | a batch's write transaction: begun in the store's durability mode, committed or aborted, any failure latched |
 //! | `closure.rs` | the closure boundary: running the caller's closure (`run_closure`, reentrancy), on a `Tx`, settling its result, the work it announces |
 

@@ -1,4 +1,4 @@
-//! Record I/O: the public reads (`get`, `for_each_record`, `begin_read`) and `purge`; the read
+//! Record I/O: the public reads (`get`, `for_each_record`, `read_transaction`) and `purge`; the read
 //! path every stored byte is read through (`Store::read`, `Store::read_record`, at the storage
 //! boundary, every error observed by the latch); the record's load, put and remove inside a
 //! write, with its expiry-index entry.
@@ -47,7 +47,7 @@ impl Store {
     /// `GET` of a resource a flow-A closure created). It sees a consistent snapshot. What you
     /// read through it is outside idem's storage boundary: on a damaged page, redb may panic in
     /// your code (idem's own reads return [`Error::CorruptStore`] instead).
-    pub fn begin_read(&self) -> Result<redb::ReadTransaction, Error> {
+    pub fn read_transaction(&self) -> Result<redb::ReadTransaction, Error> {
         let db = self.inner.db.get().map_err(|e| self.storage(e))?;
         db.begin_read().map_err(|e| self.storage(e))
     }

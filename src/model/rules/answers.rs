@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::error::Error;
 use crate::model::clock::Timestamp;
 use crate::model::record::State;
-use crate::model::response::{Abort, Begin, Outcome, Response, Tombstone};
+use crate::model::response::{Abort, BeginAnswer, ExecuteAnswer, Response, Tombstone};
 use crate::model::rules::decide::Decision;
 use crate::model::scope::Request;
 
@@ -28,22 +28,22 @@ pub(crate) enum Early {
 
 impl Early {
     /// The answer of flow A.
-    pub(crate) fn into_outcome(self) -> Result<Outcome, Error> {
+    pub(crate) fn into_outcome(self) -> Result<ExecuteAnswer, Error> {
         match self {
-            Early::Replay(r) => Ok(Outcome::Replayed(r)),
-            Early::Expired(t) => Ok(Outcome::Expired(t)),
+            Early::Replay(r) => Ok(ExecuteAnswer::Replayed(r)),
+            Early::Expired(t) => Ok(ExecuteAnswer::Expired(t)),
             Early::Error(e) => Err(e),
-            Early::InFlight { retry_after } => Ok(Outcome::InFlight { retry_after }),
+            Early::InFlight { retry_after } => Ok(ExecuteAnswer::InFlight { retry_after }),
         }
     }
 
     /// The answer of a flow-B claim.
-    pub(crate) fn into_begin<L>(self) -> Result<Begin<L>, Error> {
+    pub(crate) fn into_begin<L>(self) -> Result<BeginAnswer<L>, Error> {
         match self {
-            Early::Replay(r) => Ok(Begin::Replayed(r)),
-            Early::Expired(t) => Ok(Begin::Expired(t)),
+            Early::Replay(r) => Ok(BeginAnswer::Replayed(r)),
+            Early::Expired(t) => Ok(BeginAnswer::Expired(t)),
             Early::Error(e) => Err(e),
-            Early::InFlight { retry_after } => Ok(Begin::InFlight { retry_after }),
+            Early::InFlight { retry_after } => Ok(BeginAnswer::InFlight { retry_after }),
         }
     }
 }

@@ -40,7 +40,7 @@ use crate::error::Error;
 use crate::model::marks::Consumed;
 use crate::model::outbox::OutboxStats;
 use crate::model::reports::Stats;
-use crate::model::response::{Begin, Outcome, Response};
+use crate::model::response::{BeginAnswer, ExecuteAnswer, Response};
 use crate::model::scope::Scope;
 
 pub(crate) use self::metrics::{Every, QueueWait, with_metrics};
@@ -163,25 +163,25 @@ pub(crate) trait Attempted {
     fn attempt_number(&self) -> u32;
 }
 
-impl Decided for Outcome {
+impl Decided for ExecuteAnswer {
     fn decision(&self) -> Decision {
         match self {
-            Outcome::Executed(_) => Decision::Executed,
-            Outcome::Replayed(_) => Decision::Replayed,
-            Outcome::InFlight { .. } => Decision::InFlight,
-            Outcome::Expired(_) => Decision::Expired,
+            ExecuteAnswer::Ran(_) => Decision::Executed,
+            ExecuteAnswer::Replayed(_) => Decision::Replayed,
+            ExecuteAnswer::InFlight { .. } => Decision::InFlight,
+            ExecuteAnswer::Expired(_) => Decision::Expired,
         }
     }
 }
 
-impl<L: Attempted> Decided for Begin<L> {
+impl<L: Attempted> Decided for BeginAnswer<L> {
     fn decision(&self) -> Decision {
         match self {
-            Begin::Acquired(lease) if lease.attempt_number() > 1 => Decision::Takeover,
-            Begin::Acquired(_) => Decision::Acquired,
-            Begin::Replayed(_) => Decision::Replayed,
-            Begin::InFlight { .. } => Decision::InFlight,
-            Begin::Expired(_) => Decision::Expired,
+            BeginAnswer::Acquired(lease) if lease.attempt_number() > 1 => Decision::Takeover,
+            BeginAnswer::Acquired(_) => Decision::Acquired,
+            BeginAnswer::Replayed(_) => Decision::Replayed,
+            BeginAnswer::InFlight { .. } => Decision::InFlight,
+            BeginAnswer::Expired(_) => Decision::Expired,
         }
     }
 }
@@ -428,7 +428,13 @@ mod tests {
                 self.0
             }
         }
-        assert_eq!(Begin::Acquired(Attempt(1)).decision(), Decision::Acquired);
-        assert_eq!(Begin::Acquired(Attempt(2)).decision(), Decision::Takeover);
+        assert_eq!(
+            BeginAnswer::Acquired(Attempt(1)).decision(),
+            Decision::Acquired
+        );
+        assert_eq!(
+            BeginAnswer::Acquired(Attempt(2)).decision(),
+            Decision::Takeover
+        );
     }
 }
