@@ -174,13 +174,13 @@ fn show(what: &str, result: &Result<ExecuteAnswer, Error>) {
     match result {
         Ok(ExecuteAnswer::Ran(r)) if r.is_failure() => {
             println!(
-                "  {what:<38} -> Executed (failed)  {} {}",
+                "  {what:<38} -> Ran (failed)       {} {}",
                 r.status(),
                 text(r)
             )
         }
         Ok(ExecuteAnswer::Ran(r)) => println!(
-            "  {what:<38} -> Executed           {} {}",
+            "  {what:<38} -> Ran                {} {}",
             r.status(),
             text(r)
         ),

@@ -264,7 +264,7 @@ pub fn queue_callers<'s, 'e, T: Send + 's>(
 /// arrives meanwhile queues, and joins the gate's batch when it is released (a batch admits
 /// the callers queued while it ran before it commits). Only the gate's first run holds: a
 /// re-run (a failing member behind it in the batch) goes straight through. The gate must end
-/// `Executed`. Returns once the gate holds the writer.
+/// `Ran`. Returns once the gate holds the writer.
 pub fn gate<'s, 'e>(
     s: &'s std::thread::Scope<'s, 'e>,
     store: &'e Store,

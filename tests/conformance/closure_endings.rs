@@ -115,7 +115,7 @@ pub fn panic_unwinds_to_the_caller_and_stores_nothing<E: Engine>(e: &mut E) {
     assert_eq!(e.effects("boom"), 3, "the store still works");
 }
 
-/// `Abort::Terminal` → `Executed` with `is_failure`, the record Failed, the closure's writes
+/// `Abort::Terminal` → `Ran` with `is_failure`, the record Failed, the closure's writes
 /// committed; every retry replays the failure (`execute` and `begin`) without running.
 pub fn terminal_abort_is_a_failure_with_its_writes_committed<E: Engine>(e: &mut E) {
     let decline =
@@ -258,7 +258,7 @@ pub fn failure_flag_follows_the_stored_state<E: Engine>(e: &mut E) {
 }
 
 /// Concurrent callers (8 threads at a barrier, 5 rounds: the engines group-commit them) whose
-/// closures end in every way: each caller gets its own outcome — the answering ones `Executed` with their
+/// closures end in every way: each caller gets its own outcome — the answering ones `Ran` with their
 /// effect committed, the failing ones their error (or their panic) with nothing stored — and
 /// no caller's failure changes a neighbour's outcome.
 pub fn a_failing_caller_leaves_its_neighbours_outcomes_alone<E: Engine>(e: &mut E) {

@@ -55,7 +55,7 @@ pub fn lost_response_retry_replays_byte_for_byte<E: Engine>(e: &mut E) {
 }
 
 /// (2) Eight threads send the same request at once: exactly one closure run commits, one
-/// effect, one `Executed`, seven `Replayed`, and all eight answers are the winner's, byte for
+/// effect, one `Ran`, seven `Replayed`, and all eight answers are the winner's, byte for
 /// byte (each thread's closure would answer its own body).
 pub fn racing_identical_requests_cause_one_effect_and_one_answer<E: Engine>(e: &mut E) {
     const THREADS: usize = 8;
@@ -88,7 +88,7 @@ pub fn racing_identical_requests_cause_one_effect_and_one_answer<E: Engine>(e: &
             _ => None,
         })
         .collect();
-    assert_eq!(executed.len(), 1, "exactly one Executed: {answers:?}");
+    assert_eq!(executed.len(), 1, "exactly one Ran: {answers:?}");
     let winner = executed[0].clone();
     for (outcome, _) in &answers {
         match outcome {

@@ -62,7 +62,7 @@ fn racing_execute_runs_the_effect_exactly_once() {
                 other => panic!("round {round}: unexpected outcome {other:?}"),
             }
         }
-        assert_eq!(executed_count, 1, "round {round}: exactly one Executed");
+        assert_eq!(executed_count, 1, "round {round}: exactly one Ran");
         assert_eq!(
             replayed_count,
             THREADS - 1,

@@ -1,7 +1,7 @@
 //! Real-thread stress: 8 threads × 10,000 flow-A requests over 100 hot keys,
 //! through the group-commit path (`Store::execute` with a caller write via `bump`), on a real
-//! file with the default `Durability::Immediate`. Every answer is `Executed` or `Replayed`
-//! with the key's body, exactly one answer per key is `Executed`, and there is exactly one
+//! file with the default `Durability::Immediate`. Every answer is `Ran` or `Replayed`
+//! with the key's body, exactly one answer per key is `Ran`, and there is exactly one
 //! effect per key.
 
 // White-box hooks (`Store::check_expiry_index`): compiled only with the internal feature, which

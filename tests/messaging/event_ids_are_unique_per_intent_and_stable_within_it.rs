@@ -142,7 +142,7 @@ fn a_message_processed_again_after_its_mark_was_forgotten_or_purged_gets_new_eve
     // The same for a webhook receipt.
     let hook = |store: &Store| match store.receive("github", "d-1", push_two).expect("receive") {
         idem::inbox::ReceiveAnswer::Ran(ids) => ids,
-        other => panic!("expected Accepted, got {other:?}"),
+        other => panic!("expected Ran, got {other:?}"),
     };
     let before = hook(store);
     assert!(store.purge_webhook_receipt("github", "d-1").expect("purge"));

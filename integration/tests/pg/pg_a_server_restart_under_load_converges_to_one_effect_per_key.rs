@@ -5,8 +5,8 @@
 //!
 //! Proves, for calls that settled before the restart and calls that ran across it: the store
 //! survives the restart (it reconnects by itself, no reopen); every error a caller sees is one
-//! of those two typed variants; every call converges to `Executed` or `Replayed`; every key
-//! ends with exactly one effect; at most one caller saw `Executed`; and every caller got the
+//! of those two typed variants; every call converges to `Ran` or `Replayed`; every key
+//! ends with exactly one effect; at most one caller saw `Ran`; and every caller got the
 //! same answer for a key (the one a fresh store replays).
 //!
 //! **This test restarts the shared test server**, which other tests use concurrently: every

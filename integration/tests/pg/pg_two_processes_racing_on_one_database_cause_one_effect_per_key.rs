@@ -6,7 +6,7 @@
 //! answers a body naming the key and the process that ran it.
 //!
 //! Proves, across processes: exactly 1,000 closures committed (every key's effect count is 1,
-//! and exactly one `Executed` per key over both processes), and every answer any thread of
+//! and exactly one `Ran` per key over both processes), and every answer any thread of
 //! either process got for a key, executed or replayed, is byte for byte the answer of the one
 //! run that executed it (and the one a third store replays afterwards).
 //!

@@ -261,7 +261,7 @@ impl Met {
     }
 }
 
-/// Runs `execute` with the same request until it settles (`Executed` or `Replayed`), as a
+/// Runs `execute` with the same request until it settles (`Ran` or `Replayed`), as a
 /// caller of a fleet does: an [`Error::OutcomeUnknown`] or [`Error::Storage`] is retried
 /// after `pause` (same key, same payload), any other error or outcome fails the test, and so
 /// does a call that has not settled by `give_up`. Returns the settled outcome and the errors
@@ -374,7 +374,7 @@ pub struct Converged {
 }
 
 /// The checks after [`run_caller`]s converged: every key `k0..k{keys}` has exactly one effect,
-/// at most one caller saw `Executed`, every caller got the same answer, a caller's, and a fresh
+/// at most one caller saw `Ran`, every caller got the same answer, a caller's, and a fresh
 /// store on `schema` replays it byte for byte.
 pub fn check_converged(
     schema: &Schema,

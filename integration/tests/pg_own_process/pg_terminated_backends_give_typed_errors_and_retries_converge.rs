@@ -6,9 +6,9 @@
 //!
 //! Proves: every error a caller sees is a typed `Error::OutcomeUnknown` or
 //! `Error::Storage` (no panic, no other variant); retries with the same key converge to
-//! `Executed` or `Replayed`; every key ends with exactly one effect (a commit that landed
+//! `Ran` or `Replayed`; every key ends with exactly one effect (a commit that landed
 //! behind an `OutcomeUnknown` is replayed on retry, never run again), at most one caller saw
-//! `Executed` and every caller got the same answer for a key; and the store keeps working once
+//! `Ran` and every caller got the same answer for a key; and the store keeps working once
 //! the terminations stop (it reconnects by itself).
 //!
 //! A second test terminates every pooled backend of an idle store at once (nothing in flight,

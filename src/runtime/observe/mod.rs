@@ -253,7 +253,7 @@ impl Call {
         self.finish(result)
     }
 
-    /// The call ran over a lapsed lease: an `Executed` answer is recorded as a takeover.
+    /// The call ran over a lapsed lease: an `Ran` answer is recorded as a takeover.
     #[inline]
     pub(crate) fn took_over(&self) {
         if ENABLED {
