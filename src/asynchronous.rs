@@ -22,8 +22,8 @@
 //! `spawn_blocking(move || handle.shutdown())`.
 //!
 //! ```
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
 //! # let dir = tempfile::tempdir()?;
 //! use idem::asynchronous::AsyncStore;
 //! use idem::redb::TableDefinition;
@@ -43,7 +43,8 @@
 //! };
 //! assert!(matches!(place().await?, ExecuteAnswer::Ran(_)));
 //! assert!(matches!(place().await?, ExecuteAnswer::Replayed(_)));
-//! # Ok(())
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # })
 //! # }
 //! ```
 

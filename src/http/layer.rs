@@ -132,7 +132,7 @@ impl<B: Backend> Clone for Config<B> {
 ///
 /// # Example
 ///
-/// An axum route behind the layer, driven with tower's `oneshot` (no socket). The retry of a
+/// An axum route behind the layer, driven through tower's `Service::call` (no socket). The retry of a
 /// request whose answer was lost gets the recorded answer without running the handler; the
 /// same key with another body is refused.
 ///
@@ -144,10 +144,10 @@ impl<B: Backend> Clone for Config<B> {
 /// use axum::http::{Request, StatusCode};
 /// use axum::routing::post;
 /// use idem::http::IdempotencyLayer;
-/// use tower::ServiceExt; // `oneshot`
+/// use tower::Service; // a Router is always ready: `call` it directly
 ///
-/// #[tokio::main(flavor = "current_thread")]
-/// async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
 /// #   let dir = tempfile::tempdir()?;
 ///     let store = idem::Store::open(dir.path().join("idem.redb"))?;
 ///     let orders = Arc::new(AtomicU32::new(0));
@@ -167,21 +167,22 @@ impl<B: Backend> Clone for Config<B> {
 ///             .body(Body::from(body))
 ///     };
 ///
-///     let first = app.clone().oneshot(post_order("k-1", "2 x sku-1")?).await?;
+///     let first = app.clone().call(post_order("k-1", "2 x sku-1")?).await?;
 ///     assert_eq!(first.status(), StatusCode::CREATED);
 ///     let first_body = to_bytes(first.into_body(), 1 << 20).await?;
 ///
-///     let retry = app.clone().oneshot(post_order("k-1", "2 x sku-1")?).await?;
+///     let retry = app.clone().call(post_order("k-1", "2 x sku-1")?).await?;
 ///     assert_eq!(retry.status(), StatusCode::CREATED);
 ///     assert_eq!(retry.headers()["idempotent-replayed"], "true");
 ///     assert_eq!(to_bytes(retry.into_body(), 1 << 20).await?, first_body);
 ///     assert_eq!(orders.load(Ordering::SeqCst), 1); // the handler ran once
 ///
-///     let reused = app.oneshot(post_order("k-1", "9 x sku-1")?).await?;
+///     let reused = app.clone().call(post_order("k-1", "9 x sku-1")?).await?;
 ///     assert_eq!(reused.status(), StatusCode::UNPROCESSABLE_ENTITY);
 ///     assert_eq!(orders.load(Ordering::SeqCst), 1);
-///     Ok(())
-/// }
+/// #   Ok::<(), Box<dyn std::error::Error>>(())
+/// # })
+/// # }
 /// ```
 #[derive(Clone)]
 pub struct IdempotencyLayer<B: Backend = Store> {
