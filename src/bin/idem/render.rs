@@ -5,12 +5,34 @@ use std::io::Write;
 use std::path::Path;
 
 use idem::format::{HttpEnvelope, Record, State, to_hex};
-use idem::outbox::DeadLetter;
+use idem::outbox::{DeadLetter, OutboxStats};
+use idem::store::Stats;
 use idem::{Error, Scope, Timestamp};
 
 #[cfg(doc)]
 use crate::args::RECORD_JSON_FIELDS;
 use crate::{Failure, Out};
+
+/// `stats --json`'s counts, the same for a file and for PostgreSQL; each command adds where
+/// the store is.
+pub(crate) fn stats_json(
+    s: &Stats,
+    ob: &OutboxStats,
+) -> serde_json::Map<String, serde_json::Value> {
+    [
+        ("records", s.records),
+        ("pending", s.pending),
+        ("completed", s.completed),
+        ("failed", s.failed),
+        ("tombstones", s.tombstones),
+        ("due", s.due),
+        ("outbox_pending", ob.pending),
+        ("dead_letters", ob.dead),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.into()))
+    .collect()
+}
 
 /// The size of the file at `path` in bytes, or why it is unknown.
 pub(crate) fn file_size(path: &Path) -> String {

@@ -6,7 +6,7 @@ use idem::{Error, Scope};
 
 use crate::args::{PgArgs, PgCommand};
 use crate::commands::write::purge_unconfirmed;
-use crate::render::{print_record, record_json};
+use crate::render::{print_record, record_json, stats_json};
 use crate::{Failure, Out};
 
 /// `idem pg ...`: a store on a PostgreSQL database. Only `migrate` creates the schema; the
@@ -33,18 +33,9 @@ pub(crate) fn pg<W: Write>(
             let s = store.stats().map_err(failed)?;
             let ob = store.outbox_stats().map_err(failed)?;
             if *json {
-                let stats = serde_json::json!({
-                    "schema": db.schema,
-                    "records": s.records,
-                    "pending": s.pending,
-                    "completed": s.completed,
-                    "failed": s.failed,
-                    "tombstones": s.tombstones,
-                    "due": s.due,
-                    "outbox_pending": ob.pending,
-                    "dead_letters": ob.dead,
-                });
-                out!(o, "{stats}");
+                let mut stats = stats_json(&s, &ob);
+                stats.insert("schema".into(), db.schema.clone().into());
+                out!(o, "{}", serde_json::Value::Object(stats));
                 return Ok(());
             }
             out!(o, "schema      {}", db.schema);

@@ -7,7 +7,7 @@ use idem::Scope;
 
 use crate::args::{Cli, KeyArgs};
 use crate::open::{failed, open_read_only};
-use crate::render::{export_line, file_size, print_record, record_json};
+use crate::render::{export_line, file_size, print_record, record_json, stats_json};
 use crate::{Failure, Out};
 
 /// `idem stats`: counts by state, the outbox backlog and the file size.
@@ -18,19 +18,10 @@ pub(crate) fn stats<W: Write>(cli: &Cli, o: &mut Out<W>, json: bool) -> Result<(
     let ob = store.outbox_stats().map_err(&failed)?;
     if json {
         let file_bytes = std::fs::metadata(&cli.file).ok().map(|m| m.len());
-        let stats = serde_json::json!({
-            "file": cli.file.display().to_string(),
-            "file_bytes": file_bytes,
-            "records": s.records,
-            "pending": s.pending,
-            "completed": s.completed,
-            "failed": s.failed,
-            "tombstones": s.tombstones,
-            "due": s.due,
-            "outbox_pending": ob.pending,
-            "dead_letters": ob.dead,
-        });
-        out!(o, "{stats}");
+        let mut stats = stats_json(&s, &ob);
+        stats.insert("file".into(), cli.file.display().to_string().into());
+        stats.insert("file_bytes".into(), file_bytes.into());
+        out!(o, "{}", serde_json::Value::Object(stats));
         return Ok(());
     }
     out!(o, "file        {}", cli.file.display());
