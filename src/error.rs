@@ -91,6 +91,7 @@ impl std::fmt::Display for Field {
 /// | [`CorruptStore`](Error::CorruptStore) | the file is damaged or not an idem store | `idem check`; docs/OPERATIONS.md | no |
 /// | [`ExpiryIndexMismatch`](Error::ExpiryIndexMismatch) | `check_integrity`: the expiry index disagrees with the records | `sweep`; answers are unaffected | no |
 /// | [`UnsupportedFormat`](Error::UnsupportedFormat) | a record from a newer idem | open with that release | no |
+/// | [`UnsupportedJournal`](Error::UnsupportedJournal) | a journal from another idem build | open with that release and close cleanly | no |
 /// | [`NeedsRecovery`](Error::NeedsRecovery) | a read-only open of a file that needs crash recovery | open it for writing once, or `idem recover` | no |
 /// | [`RepairAborted`](Error::RepairAborted) | the `on_repair` callback abandoned the repair | open again without aborting | no |
 /// | [`Internal`](Error::Internal) | a broken invariant: a bug in idem | report it | no |
@@ -207,6 +208,18 @@ pub enum Error {
         /// The version byte found.
         found: u8,
         /// The version this build supports.
+        supported: u8,
+    },
+
+    /// The store's journal (or its checkpoint row) was written by an idem build of another
+    /// journal format version.
+    #[error(
+        "the store's journal has format version {found}, but this build reads version {supported}: open the store with the idem release that wrote it, and close it cleanly there (the journal is then empty)"
+    )]
+    UnsupportedJournal {
+        /// The version byte found.
+        found: u8,
+        /// The version this build reads.
         supported: u8,
     },
 

@@ -199,6 +199,9 @@ pub use redb;
 /// read-only view of a file.
 pub mod store {
     pub use crate::engine::builder::{DEFAULT_CACHE_SIZE, Durability, StoreBuilder};
+    pub use crate::engine::journal::{
+        DEFAULT_CAPACITY as DEFAULT_JOURNAL_CAPACITY, DEFAULT_CHECKPOINT_BYTES, Table, journal_path,
+    };
     pub use crate::engine::maintenance::Metrics;
     pub use crate::engine::read_only::ReadOnlyStore;
     pub use crate::engine::repair::RepairProgress;

@@ -10,6 +10,12 @@ use redb::{ReadableDatabase, ReadableTable, StorageBackend};
 
 use crate::engine::boundary::{catch_storage_panic, unlatched};
 use crate::engine::commit::GroupConfig;
+use crate::engine::journal::{
+    self,
+    apply::Registry,
+    journal_path,
+    recover::{self, Place},
+};
 use crate::engine::probe::{self, ReadOnlyLook, SharedBackend, Shutdown};
 use crate::engine::read_only::ReadOnlyStore;
 use crate::engine::repair::{Mode, RepairHook, RepairProgress, Watch};
@@ -118,6 +124,9 @@ pub struct StoreBuilder {
     on_repair: Option<RepairHook>,
     prefetch_on_repair: bool,
     verify_on_open: bool,
+    journal: journal::recover::Settings,
+    /// The tables a journal's entries may write: idem's and those of `journal_table`.
+    registry: Registry,
 }
 
 /// When a committed answer is on disk.
@@ -160,6 +169,12 @@ impl Default for StoreBuilder {
             on_repair: None,
             prefetch_on_repair: true,
             verify_on_open: true,
+            journal: journal::recover::Settings {
+                enabled: false,
+                capacity: journal::DEFAULT_CAPACITY,
+                checkpoint_bytes: journal::DEFAULT_CHECKPOINT_BYTES,
+            },
+            registry: Registry::with_idem_tables(),
         }
     }
 }
@@ -316,7 +331,76 @@ impl StoreBuilder {
         self
     }
 
+    /// Journal mode (default off): a batch's writes are appended to a write-ahead journal
+    /// beside the store file (its path with `.journal` appended, [`crate::store::journal_path`]) and
+    /// synced with one `fdatasync`, and redb commits without an fsync; a durable redb commit
+    /// (a checkpoint) every [`checkpoint_bytes`](Self::checkpoint_bytes) of journal, and an
+    /// open after a crash replays the journal's entries after the last one redb holds. Every
+    /// promise of [`Durability::Immediate`] holds: no answer before its writes are on disk.
+    ///
+    /// Needs [`Durability::Immediate`], a path ([`open`](Self::open) or
+    /// [`open_existing`](Self::open_existing)) and not [`multi_process`](Self::multi_process);
+    /// every table a closure opens must be registered with
+    /// [`journal_table`](Self::journal_table), and multimap tables are not available. A store
+    /// opened later without journal mode first replays what its journal holds.
+    pub fn journal(mut self, enabled: bool) -> Self {
+        self.journal.enabled = enabled;
+        self
+    }
+
+    /// The journal file's size in bytes, fixed when it is created (written with zeros, so a
+    /// sync never changes the file's metadata). Default [`crate::store::DEFAULT_JOURNAL_CAPACITY`]
+    /// (64 MiB); at least 64 KiB, a multiple of 4 KiB. An entry larger than a quarter of it is
+    /// committed to redb durably instead of journaled.
+    pub fn journal_capacity(mut self, bytes: u64) -> Self {
+        self.journal.capacity = bytes;
+        self
+    }
+
+    /// Journal bytes between two checkpoints (durable redb commits with quick-repair): what an
+    /// open after a crash replays at most, and what `Store` applies to redb's file in one
+    /// fsync. Default [`crate::store::DEFAULT_CHECKPOINT_BYTES`] (8 MiB); at most half the
+    /// journal's capacity.
+    pub fn checkpoint_bytes(mut self, bytes: u64) -> Self {
+        self.journal.checkpoint_bytes = bytes;
+        self
+    }
+
+    /// Registers one of the caller's tables for journal mode: an open after a crash applies the
+    /// journal's writes to it with these types. Required for every table a closure opens in
+    /// journal mode ([`crate::Tx::open_table`] refuses others with [`Error::Config`]).
+    pub fn journal_table<K: redb::Key + 'static, V: redb::Value + 'static>(
+        mut self,
+        definition: redb::TableDefinition<'static, K, V>,
+    ) -> Self {
+        self.registry.add(definition);
+        self
+    }
+
     fn validate(&self) -> Result<(), Error> {
+        if self.journal.enabled {
+            let j = &self.journal;
+            let reason = if self.multi_process {
+                Some("journal mode is not available with multi_process: the journal belongs to one process".to_owned())
+            } else if self.durability != Durability::Immediate {
+                Some("journal mode needs Durability::Immediate (its sync is what makes an answer durable)".to_owned())
+            } else if j.capacity < (64 << 10) || !j.capacity.is_multiple_of(4096) {
+                Some(format!(
+                    "journal_capacity({}) must be at least 64 KiB and a multiple of 4 KiB",
+                    j.capacity
+                ))
+            } else if j.checkpoint_bytes == 0 || j.checkpoint_bytes > j.capacity / 2 {
+                Some(format!(
+                    "checkpoint_bytes({}) must be above 0 and at most half the journal capacity ({})",
+                    j.checkpoint_bytes, j.capacity
+                ))
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                return Err(Error::Config { reason });
+            }
+        }
         if self.group.max_batch == 0 || self.group.max_queue == 0 {
             return Err(Error::Config {
                 reason: "max_batch and max_queue must be at least 1".into(),
@@ -414,7 +498,13 @@ impl StoreBuilder {
                 refuse_unchecked(self.redb_builder().open_read_only(path))?;
             }
             let (db, repair_time) = watched(&watch, redb.create(path), &path.display())?;
-            Store::init(db, self, create, repair_time)
+            Store::init(
+                db,
+                self,
+                create,
+                repair_time,
+                Some(Place::Beside(journal_path(path))),
+            )
         });
         if let Err(e) = &opened {
             fresh.undo(path, e);
@@ -443,7 +533,13 @@ impl StoreBuilder {
                 check_marker(&db.begin_read().map_err(unlatched)?)?;
             }
             let (db, repair_time) = watched(&watch, redb.open(path), &path.display())?;
-            Store::init(db, self, Create::No, repair_time)
+            Store::init(
+                db,
+                self,
+                Create::No,
+                repair_time,
+                Some(Place::Beside(journal_path(path))),
+            )
         });
         watch.resume_caller_panic();
         opened
@@ -479,6 +575,7 @@ impl StoreBuilder {
                 .open_read_only(path)
                 .map_err(|e| open_error(e, &path.display()))?;
             check_marker(&db.begin_read().map_err(unlatched)?)?;
+            recover::check_read_only(&db.begin_read().map_err(unlatched)?)?;
             Ok(ReadOnlyStore::new(db, self.clock, self.config.limits))
         })
     }
@@ -486,6 +583,25 @@ impl StoreBuilder {
     /// Opens (or creates) a store on a custom redb storage backend (an in-memory or
     /// fault-injecting backend in tests).
     pub fn open_with_backend(self, backend: impl StorageBackend) -> Result<Store, Error> {
+        self.open_on_backends(backend, None)
+    }
+
+    /// [`open_with_backend`](Self::open_with_backend) with the journal on a second backend:
+    /// how journal mode runs on simulated and fault-injecting disks. An empty journal backend
+    /// gets a new journal.
+    pub fn open_with_backends(
+        self,
+        store: impl StorageBackend,
+        journal: impl StorageBackend,
+    ) -> Result<Store, Error> {
+        self.open_on_backends(store, Some(Place::Backend(Box::new(journal))))
+    }
+
+    fn open_on_backends(
+        self,
+        backend: impl StorageBackend,
+        journal: Option<Place>,
+    ) -> Result<Store, Error> {
         self.validate()?;
         let backend = Arc::new(backend);
         let shutdown = if self.verify_on_open && !self.multi_process {
@@ -505,7 +621,7 @@ impl StoreBuilder {
                 redb.create_with_backend(SharedBackend(backend)),
                 &"the storage backend",
             )?;
-            Store::init(db, self, create, repair_time)
+            Store::init(db, self, create, repair_time, journal)
         });
         watch.resume_caller_panic();
         opened
@@ -803,6 +919,7 @@ impl Store {
         b: StoreBuilder,
         create: Create,
         repair_time: Option<Duration>,
+        journal: Option<Place>,
     ) -> Result<Store, Error> {
         let mut instance = [0u8; 8];
         getrandom::fill(&mut instance).map_err(|e| Error::Random {
@@ -815,7 +932,7 @@ impl Store {
         // A store that has its tables and marker is opened without a write: an open writes
         // only what a new store lacks.
         match tables_present(&db.begin_read().map_err(unlatched)?)? {
-            Present::All => return Self::started(db, b, instance, repair_time),
+            Present::All => return Self::started(db, b, instance, repair_time, journal),
             Present::None if create == Create::Unchecked => return Err(unchecked_new()),
             Present::None => {}
             Present::Some { missing } => return Err(partial(missing)),
@@ -844,7 +961,7 @@ impl Store {
         drop(txn.open_table(RECORDS).map_err(unlatched)?);
         drop(txn.open_table(EXPIRY).map_err(unlatched)?);
         txn.commit().map_err(unlatched)?;
-        Self::started(db, b, instance, repair_time)
+        Self::started(db, b, instance, repair_time, journal)
     }
 
     /// The store on an initialised file, with its background threads started.
@@ -853,7 +970,26 @@ impl Store {
         b: StoreBuilder,
         instance: [u8; 8],
         repair_time: Option<Duration>,
+        journal_at: Option<Place>,
     ) -> Result<Store, Error> {
+        let journal = match journal_at {
+            Some(place) if b.journal.enabled => {
+                Some(recover::attach(&db, place, b.journal, &b.registry)?)
+            }
+            None if b.journal.enabled => {
+                return Err(Error::Config {
+                    reason: "journal mode needs the store's path (StoreBuilder::open); open_with_backend opens without it".into(),
+                });
+            }
+            Some(place) if !b.multi_process => {
+                recover::detach(&db, place, b.journal, &b.registry)?;
+                None
+            }
+            _ => {
+                recover::check_read_only(&db.begin_read().map_err(unlatched)?)?;
+                None
+            }
+        };
         let store = Store::new(
             db,
             b.config,
@@ -866,6 +1002,8 @@ impl Store {
                 multi_process: b.multi_process,
                 repair_time,
             },
+            journal,
+            b.registry,
         );
         store.start_background()?;
         Ok(store)

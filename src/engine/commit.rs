@@ -14,6 +14,8 @@ use std::sync::Arc;
 
 use redb::WriteTransaction;
 
+use crate::engine::journal::{Capture, Wtx};
+
 use crate::engine::boundary::{Panicked, catch_storage_panic, damaged};
 use crate::engine::open::Open;
 use crate::engine::store::ENGINE;
@@ -45,6 +47,19 @@ pub(crate) enum Durable {
     Forced,
 }
 
+/// A batch's redb write transaction and, in journal mode, the entry its writes make.
+pub(crate) struct Batch {
+    txn: WriteTransaction,
+    capture: Option<Capture>,
+}
+
+impl Batch {
+    /// The handle members write through.
+    pub(crate) fn wtx(&self) -> Wtx<'_> {
+        Wtx::new(&self.txn, self.capture.as_ref())
+    }
+}
+
 impl Store {
     /// Runs `work` in a write transaction shared with concurrent callers, and returns its value
     /// only after that transaction committed. `work` may run more than once (when another
@@ -53,7 +68,7 @@ impl Store {
     pub(crate) fn write<T>(
         &self,
         durable: Durable,
-        mut work: impl FnMut(&WriteTransaction, Timestamp) -> Step<T>,
+        mut work: impl FnMut(&Wtx<'_>, Timestamp) -> Step<T>,
     ) -> Result<T, Error> {
         let value = RefCell::new(None);
         self.run_member(durable, Detached::none(), |txn, now| {
@@ -93,13 +108,13 @@ impl Store {
         &self,
         durable: Durable,
         detached: Detached<DetachedWork>,
-        mut own: impl FnMut(&WriteTransaction, Timestamp) -> Step<()>,
+        mut own: impl FnMut(&Wtx<'_>, Timestamp) -> Step<()>,
     ) -> Result<(), Error> {
         if self.in_closure() {
             return Err(Error::Reentrant);
         }
-        driver::run_member(self, durable == Durable::Forced, detached, |txn| {
-            own(txn, self.now_in_section())
+        driver::run_member(self, durable == Durable::Forced, detached, |batch| {
+            own(&batch.wtx(), self.now_in_section())
         })
     }
 }
@@ -107,7 +122,7 @@ impl Store {
 /// redb's steps of the driver: every storage-level failure latches (engine/store/txn.rs).
 impl BatchEngine for Store {
     const ENGINE: observe::Engine = ENGINE;
-    type Txn = WriteTransaction;
+    type Txn = Batch;
     type Run<'t> = Open<'t>;
     type Work = DetachedWork;
 
@@ -119,19 +134,25 @@ impl BatchEngine for Store {
         Store::check_writable(self)
     }
 
-    fn begin_txn(&self) -> Result<WriteTransaction, Error> {
-        self.begin_batch_txn()
+    fn begin_txn(&self) -> Result<Batch, Error> {
+        let txn = self.begin_batch_txn()?;
+        let capture = self.journal().map(|_| Capture::default());
+        Ok(Batch { txn, capture })
     }
 
-    fn open_run<'t>(&self, txn: &'t WriteTransaction) -> Open<'t> {
-        Open::new(txn)
+    fn open_run<'t>(&self, batch: &'t Batch) -> Open<'t> {
+        Open::new(batch.wtx())
     }
 
     fn run_detached(&self, run: &mut Open<'_>, work: &mut DetachedWork) -> Step<()> {
         work(run, self.now_in_section())
     }
 
-    fn commit_txn(&self, mut txn: WriteTransaction, durable: bool) -> Result<(), Error> {
+    fn commit_txn(&self, batch: Batch, durable: bool) -> Result<u64, Error> {
+        let Batch { mut txn, capture } = batch;
+        if let Some(capture) = capture {
+            return self.commit_journaled(txn, capture, durable);
+        }
         let relaxed = !durable && self.relaxed_durability();
         if durable {
             self.force_durable(&mut txn);
@@ -142,11 +163,23 @@ impl BatchEngine for Store {
             // persists every earlier one, a relaxed one leaves work for the flusher.
             self.set_unflushed(relaxed);
         }
-        result
+        result.map(|()| 0)
     }
 
-    fn abort_txn(&self, txn: WriteTransaction) {
-        self.abort(txn);
+    fn abort_txn(&self, batch: Batch) {
+        self.abort(batch.txn);
+    }
+
+    fn pipelined(&self) -> bool {
+        self.journal().is_some()
+    }
+
+    fn clean_lsn(&self) -> u64 {
+        self.journal().map_or(0, |j| j.sealed())
+    }
+
+    fn wait_durable(&self, lsn: u64) -> Result<(), Error> {
+        self.journal_durable(lsn)
     }
 
     fn observe(&self, e: Error) -> Error {

@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use redb::{ReadableTable, ReadableTableMetadata, StorageError, Table};
+use redb::{ReadableTable, ReadableTableMetadata, StorageError};
 
 use crate::engine::boundary::unlatched;
 use crate::engine::marks::{KIND_MARK, expected_mark_entries};
@@ -31,8 +31,8 @@ pub(crate) const KIND_RECORD: u8 = 0x01;
 /// Bytes before the target key: the due instant and the kind.
 const ENTRY_HEADER: usize = 9;
 
-pub(crate) type RecordsTable<'t> = Table<'t, &'static [u8], &'static [u8]>;
-pub(crate) type ExpiryTable<'t> = Table<'t, &'static [u8], u8>;
+pub(crate) type RecordsTable<'t> = crate::engine::journal::Table<'t, &'static [u8], &'static [u8]>;
+pub(crate) type ExpiryTable<'t> = crate::engine::journal::Table<'t, &'static [u8], u8>;
 
 /// `u64be(due) ‖ kind ‖ key`.
 pub(crate) fn entry_key(due: Timestamp, kind: u8, key: &[u8]) -> Vec<u8> {

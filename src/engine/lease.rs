@@ -1,6 +1,7 @@
 //! Flow B's fenced lease.
 
 use crate::engine::commit::{Durable, Step};
+use crate::engine::journal::Wtx;
 use crate::engine::store::ENGINE;
 use crate::engine::store::Store;
 use crate::engine::tx::Tx;
@@ -283,7 +284,7 @@ impl Lease {
     }
 
     /// Reads the record inside `txn` and returns it if this lease still holds the key.
-    fn held(&self, txn: &redb::WriteTransaction, now: Timestamp) -> Result<Record, Error> {
+    fn held(&self, txn: &Wtx<'_>, now: Timestamp) -> Result<Record, Error> {
         match self.store.load(txn, &self.key)? {
             Some(r) if holds_lease(Some(&r), &self.holder, now) => Ok(r),
             _ => Err(Error::LeaseLost {

@@ -12,10 +12,11 @@
 //! forgotten too (`model/rules/inbox.rs`); the inbox and webhook-receipt API is built on it in
 //! `messaging/inbox.rs`.
 
-use redb::{ReadableTable, WriteTransaction};
+use redb::ReadableTable;
 
 use crate::engine::boundary::unlatched;
 use crate::engine::expiry::{ExpiryTable, entry_key};
+use crate::engine::journal::Wtx;
 use crate::engine::store::Store;
 use crate::engine::tables::{EXPIRY, INBOX, open_optional};
 use crate::error::Error;
@@ -42,23 +43,14 @@ impl Store {
     }
 
     /// The mark stored under `key`, inside `txn`.
-    pub(crate) fn load_mark(
-        &self,
-        txn: &WriteTransaction,
-        key: &[u8],
-    ) -> Result<Option<Mark>, Error> {
+    pub(crate) fn load_mark(&self, txn: &Wtx<'_>, key: &[u8]) -> Result<Option<Mark>, Error> {
         let table = txn.open_table(INBOX).map_err(|e| self.storage(e))?;
         let value = table.get(key).map_err(|e| self.storage(e))?;
         value.map(|v| Mark::decode(v.value())).transpose()
     }
 
     /// Writes a mark and moves its expiry-index entry, in `txn`.
-    pub(crate) fn put_mark(
-        &self,
-        txn: &WriteTransaction,
-        key: &[u8],
-        mark: &Mark,
-    ) -> Result<(), Error> {
+    pub(crate) fn put_mark(&self, txn: &Wtx<'_>, key: &[u8], mark: &Mark) -> Result<(), Error> {
         self.with_latch(|| {
             let mut inbox = txn.open_table(INBOX)?;
             let mut expiry = txn.open_table(EXPIRY)?;
@@ -80,7 +72,7 @@ impl Store {
     /// Removes the mark under `key`, whatever it holds, and its expiry-index entry if the mark
     /// decodes (an undecodable mark's entry is dropped by the sweep); returns whether one
     /// existed.
-    pub(crate) fn remove_mark(&self, txn: &WriteTransaction, key: &[u8]) -> Result<bool, Error> {
+    pub(crate) fn remove_mark(&self, txn: &Wtx<'_>, key: &[u8]) -> Result<bool, Error> {
         self.with_latch(|| {
             let mut inbox = txn.open_table(INBOX)?;
             let old = inbox.remove(key)?.map(|v| v.value().to_vec());
@@ -106,7 +98,7 @@ pub(crate) enum MarkSweep {
 
 /// Handles one due expiry-index entry of kind [`KIND_MARK`] at `now`.
 pub(crate) fn sweep_mark_entry(
-    txn: &WriteTransaction,
+    txn: &Wtx<'_>,
     expiry: &mut ExpiryTable<'_>,
     raw: &[u8],
     key: &[u8],

@@ -31,6 +31,7 @@ pub(crate) mod boundary;
 pub(crate) mod builder;
 pub(crate) mod commit;
 pub(crate) mod expiry;
+pub(crate) mod journal;
 pub(crate) mod lease;
 pub(crate) mod maintenance;
 pub(crate) mod marks;

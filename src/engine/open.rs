@@ -7,21 +7,22 @@
 //! thread, a commit, an abort). No caller code opens these tables (the reserved prefix,
 //! `engine/tx.rs`), so holding them open while a caller's closure runs conflicts with nothing.
 
-use redb::{TableError, WriteTransaction};
+use redb::TableError;
 
 use crate::engine::expiry::{ExpiryTable, RecordsTable};
+use crate::engine::journal::Wtx;
 use crate::engine::tables::{EXPIRY, RECORDS};
 
 /// A batch's write transaction with its record and expiry tables, each opened on first use.
 pub(crate) struct Open<'t> {
-    txn: &'t WriteTransaction,
+    txn: Wtx<'t>,
     records: Option<RecordsTable<'t>>,
     expiry: Option<ExpiryTable<'t>>,
 }
 
 impl<'t> Open<'t> {
     /// Nothing opened yet.
-    pub(crate) fn new(txn: &'t WriteTransaction) -> Self {
+    pub(crate) fn new(txn: Wtx<'t>) -> Self {
         Open {
             txn,
             records: None,
@@ -30,7 +31,7 @@ impl<'t> Open<'t> {
     }
 
     /// The transaction, for everything else (the caller's tables, the outbox).
-    pub(crate) fn txn(&self) -> &'t WriteTransaction {
+    pub(crate) fn txn(&self) -> Wtx<'t> {
         self.txn
     }
 

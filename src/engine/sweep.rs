@@ -9,11 +9,12 @@
 
 use std::time::{Duration, Instant};
 
-use redb::{ReadableTable, WriteTransaction};
+use redb::ReadableTable;
 
 use crate::engine::boundary::unlatched;
 use crate::engine::commit::{Durable, Step};
 use crate::engine::expiry::{KIND_RECORD, parse_entry, put_in, record_entry, remove_in};
+use crate::engine::journal::Wtx;
 use crate::engine::marks::{KIND_MARK, MarkSweep, sweep_mark_entry};
 use crate::engine::store::Store;
 use crate::engine::tables::{EXPIRY, RECORDS};
@@ -141,7 +142,7 @@ impl Store {
     /// One batch: the first `limit` index entries due at `cutoff`, acted on at `now`.
     fn sweep_batch(
         &self,
-        txn: &WriteTransaction,
+        txn: &Wtx<'_>,
         cutoff: Timestamp,
         now: Timestamp,
         limit: usize,

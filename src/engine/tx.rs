@@ -3,10 +3,11 @@
 use std::cell::Cell;
 
 use redb::{
-    Key, MultimapTable, MultimapTableDefinition, MultimapTableHandle, Table, TableDefinition,
-    TableHandle, Value, WriteTransaction,
+    Key, MultimapTable, MultimapTableDefinition, MultimapTableHandle, TableDefinition, TableHandle,
+    Value,
 };
 
+use crate::engine::journal::{Table, Wtx};
 use crate::engine::store::Store;
 use crate::engine::tables::RESERVED_PREFIX;
 use crate::error::Error;
@@ -17,12 +18,15 @@ use crate::model::response::Abort;
 /// The write transaction that will also commit the idempotency record. Open your own tables
 /// on it: your writes and the record commit together or not at all.
 ///
-/// idem's own tables (names starting with [`RESERVED_PREFIX`]) cannot be opened here.
+/// idem's own tables (names starting with [`RESERVED_PREFIX`]) cannot be opened here. In
+/// journal mode ([`crate::StoreBuilder::journal`]) a table must be registered on the builder
+/// ([`crate::StoreBuilder::journal_table`]), so that an open after a crash can replay its
+/// writes, and multimap tables are not available.
 pub struct Tx<'t> {
     /// The store whose write runs this closure: an I/O failure met through this handle latches
     /// its fail-stop at once, whatever the closure then makes of the error.
     store: &'t Store,
-    txn: &'t WriteTransaction,
+    txn: Wtx<'t>,
     now: Timestamp,
     /// What this transaction commits (a record, an inbox mark, and which generation of it):
     /// the root of the stable ids of the outbox events it pushes.
@@ -33,12 +37,7 @@ pub struct Tx<'t> {
 }
 
 impl<'t> Tx<'t> {
-    pub(crate) fn new(
-        store: &'t Store,
-        txn: &'t WriteTransaction,
-        now: Timestamp,
-        origin: Origin<'t>,
-    ) -> Self {
+    pub(crate) fn new(store: &'t Store, txn: Wtx<'t>, now: Timestamp, origin: Origin<'t>) -> Self {
         Tx {
             store,
             txn,
@@ -48,8 +47,9 @@ impl<'t> Tx<'t> {
         }
     }
 
-    /// The redb transaction, for the layers built on the engine (the outbox, version marks).
-    pub(crate) fn raw(&self) -> &'t WriteTransaction {
+    /// The batch's write handle, for the layers built on the engine (the outbox, version
+    /// marks).
+    pub(crate) fn raw(&self) -> Wtx<'t> {
         self.txn
     }
 
@@ -76,12 +76,17 @@ impl<'t> Tx<'t> {
         self.announced.get() > 0
     }
 
-    /// Opens (creating if needed) one of the caller's tables in this transaction.
+    /// Opens (creating if needed) one of the caller's tables in this transaction. Reads are
+    /// redb's (`redb::ReadableTable`); `insert`, `remove`, `pop_first`, `pop_last`, `retain`
+    /// and `retain_in` are redb's too, recorded in the batch's journal entry in journal mode.
     pub fn open_table<K: Key + 'static, V: Value + 'static>(
         &self,
         definition: TableDefinition<K, V>,
     ) -> Result<Table<'t, K, V>, Error> {
         check_name(definition.name())?;
+        if self.txn.journaled() {
+            self.store.check_journal_table::<K, V>(definition.name())?;
+        }
         self.txn.open_table(definition).map_err(|e| self.storage(e))
     }
 
@@ -91,7 +96,16 @@ impl<'t> Tx<'t> {
         definition: MultimapTableDefinition<K, V>,
     ) -> Result<MultimapTable<'t, K, V>, Error> {
         check_name(definition.name())?;
+        if self.txn.journaled() {
+            return Err(Error::Config {
+                reason: format!(
+                    "the multimap table `{}` cannot be opened in journal mode (its writes would bypass the journal): use a plain table, or open the store with StoreBuilder::journal(false)",
+                    definition.name()
+                ),
+            });
+        }
         self.txn
+            .redb()
             .open_multimap_table(definition)
             .map_err(|e| self.storage(e))
     }

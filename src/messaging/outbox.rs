@@ -7,10 +7,11 @@
 //! holds dead letters under their original sequence number, so a requeued event goes back to
 //! its original place in its ordering key's stream.
 
-use redb::{ReadableTable, ReadableTableMetadata, WriteTransaction};
+use redb::{ReadableTable, ReadableTableMetadata};
 
 use crate::engine::boundary::unlatched;
 use crate::engine::commit::{Durable, Step};
+use crate::engine::journal::Wtx;
 use crate::engine::read_only::ReadOnlyStore;
 use crate::engine::store::Store;
 use crate::engine::tables::{META, META_OUTBOX_SEQ, OUTBOX, OUTBOX_DEAD, open_optional};
@@ -261,7 +262,7 @@ impl ReadOnlyStore {
 
 impl Store {
     /// Moves the dead letter `seq` back into the outbox, inside `txn`.
-    fn requeue_in(&self, txn: &WriteTransaction, seq: u64) -> Result<bool, Error> {
+    fn requeue_in(&self, txn: &Wtx<'_>, seq: u64) -> Result<bool, Error> {
         let mut dead = txn.open_table(OUTBOX_DEAD).map_err(|e| self.storage(e))?;
         let removed = dead.remove(seq).map_err(|e| self.storage(e))?;
         let Some(bytes) = removed.map(|v| v.value().to_vec()) else {

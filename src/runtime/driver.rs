@@ -98,8 +98,23 @@ pub(crate) trait BatchEngine: Sized {
     /// Runs a member's detached work.
     fn run_detached(&self, run: &mut Self::Run<'_>, work: &mut Self::Work) -> Step<()>;
     /// Commits, made durable whatever the durability mode when `durable` (a failure latches
-    /// and is `OutcomeUnknown`).
-    fn commit_txn(&self, txn: Self::Txn, durable: bool) -> Result<(), Error>;
+    /// and is `OutcomeUnknown`). Returns the LSN the members' answers wait for
+    /// ([`wait_durable`](Self::wait_durable)); 0 when the commit itself is durable.
+    fn commit_txn(&self, txn: Self::Txn, durable: bool) -> Result<u64, Error>;
+    /// Whether a commit returns before it is durable: leadership is then handed on before the
+    /// members' answers wait for durability, so the next batch runs during the sync.
+    fn pipelined(&self) -> bool {
+        false
+    }
+    /// The LSN a batch in which nobody wrote waits for: what its members may have read.
+    fn clean_lsn(&self) -> u64 {
+        0
+    }
+    /// Returns once everything up to `lsn` is durable (a failure latches and is
+    /// `OutcomeUnknown`).
+    fn wait_durable(&self, _lsn: u64) -> Result<(), Error> {
+        Ok(())
+    }
     /// Aborts (a failure latches).
     fn abort_txn(&self, txn: Self::Txn);
     /// Latches fail-stop if `e` reports a storage-level failure; returns `e`.
@@ -376,9 +391,10 @@ fn commit_batch<E: BatchEngine>(
     let n = batch.len() as u64;
     let mut committed = None;
     let result = if !dirty && !durable {
-        // Nobody wrote: nothing to make durable, and every answer is already final.
+        // Nobody wrote: nothing to make durable, and every answer is final once what the
+        // members read is durable.
         engine.abort_txn(txn);
-        engine.check_writable()
+        engine.check_writable().map(|()| engine.clean_lsn())
     } else if let Err(e) = engine.check_writable() {
         // A member's work latched (a storage failure it met and answered without, e.g. a read
         // whose error became its answer): nothing commits after the latch. One check per
@@ -392,8 +408,32 @@ fn commit_batch<E: BatchEngine>(
         result
     };
     let counters = &engine.group().counters;
+    // Pipelined: the next batch runs while this one's answers wait for durability. Nobody is
+    // answered before `wait_durable` returned, and a failure there answers every member with
+    // it (`OutcomeUnknown`: the commit may or may not survive).
+    let result = match result {
+        Ok(lsn) if engine.pipelined() => {
+            engine.group().hand_off();
+            match engine.wait_durable(lsn) {
+                Ok(()) => {
+                    observe::batch(E::ENGINE, batch.len(), reruns, committed);
+                    counters.commits.fetch_add(1, Ordering::Relaxed);
+                    counters.committed_ops.fetch_add(n, Ordering::Relaxed);
+                    for m in batch.iter().filter(|m| !Arc::ptr_eq(m, me)) {
+                        m.send(Signal::Committed);
+                    }
+                    return Signal::Committed;
+                }
+                Err(e) => {
+                    fail_all(&others_than(&batch, me), &e);
+                    return Signal::Failed(e);
+                }
+            }
+        }
+        other => other,
+    };
     match result {
-        Ok(()) => {
+        Ok(_) => {
             observe::batch(E::ENGINE, batch.len(), reruns, committed);
             counters.commits.fetch_add(1, Ordering::Relaxed);
             counters.committed_ops.fetch_add(n, Ordering::Relaxed);

@@ -658,7 +658,7 @@ impl BatchEngine for Fake {
         work(run)
     }
 
-    fn commit_txn(&self, txn: FakeTxn, _durable: bool) -> Result<(), Error> {
+    fn commit_txn(&self, txn: FakeTxn, _durable: bool) -> Result<u64, Error> {
         let (nth, latched) = {
             let _latch = self.latch.lock();
             self.ghost(|g| {
@@ -685,7 +685,7 @@ impl BatchEngine for Fake {
             });
         }
         self.logged(|g| g.committed.push((txn.id, writes)));
-        Ok(())
+        Ok(0)
     }
 
     fn abort_txn(&self, txn: FakeTxn) {

@@ -174,7 +174,7 @@ impl Store {
         claim.issue(holder);
         let (request, own) = (claim.request(), claim.tokens());
         let claimed = self.write(Durable::AsConfigured, |txn, now| {
-            let mut open = Open::new(txn);
+            let mut open = Open::new(*txn);
             let attempt = match self.decide_in(&mut open, request, own, &key, now) {
                 Ok(Claimed::Free(attempt)) => attempt,
                 Ok(Claimed::Early(early)) => return Step::Clean(Err(early)),

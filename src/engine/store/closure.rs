@@ -5,9 +5,8 @@
 
 use std::sync::Arc;
 
-use redb::WriteTransaction;
-
 use crate::engine::boundary::caller_code;
+use crate::engine::journal::Wtx;
 use crate::engine::store::Store;
 use crate::engine::tx::Tx;
 use crate::error::Error;
@@ -47,12 +46,12 @@ impl Store {
     /// committed.
     pub(crate) fn run_on_tx<R>(
         &self,
-        txn: &WriteTransaction,
+        txn: &Wtx<'_>,
         now: Timestamp,
         origin: Origin<'_>,
         f: impl FnOnce(&Tx<'_>) -> R,
     ) -> (R, bool) {
-        let tx = Tx::new(self, txn, now, origin);
+        let tx = Tx::new(self, *txn, now, origin);
         let result = self.run_closure(|| f(&tx));
         (result, tx.announced())
     }

@@ -108,7 +108,7 @@ impl Store {
         }
         let windows = self.inner.config.windows_for(request.scope().operation());
         let done = self.write(Durable::AsConfigured, |txn, now| {
-            let mut open = Open::new(txn);
+            let mut open = Open::new(*txn);
             self.flow_a_step(&mut open, now, &request, &key, &windows, &mut f)
         })?;
         self.flow_a_done(done, call)
@@ -161,7 +161,7 @@ impl Store {
             Err(e) => return Step::Clean(answer(Err(e))),
         };
         let origin = Origin::record(key, attempt.created_at);
-        let (result, announced) = self.run_on_tx(open.txn(), now, origin, f);
+        let (result, announced) = self.run_on_tx(&open.txn(), now, origin, f);
         let (state, response) = match self.settle(result) {
             Ok(settled) => settled,
             Err(e) => return Step::Abort(e),

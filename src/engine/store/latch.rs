@@ -73,7 +73,12 @@ impl Store {
         match &*failure {
             Some(first) => Some(first.clone()),
             None => {
-                *failure = Some(cause.to_string());
+                let cause = cause.to_string();
+                // Whoever waits for the journal's durability hears it too.
+                if let Some(journal) = self.journal() {
+                    journal.fail(&cause);
+                }
+                *failure = Some(cause);
                 None
             }
         }

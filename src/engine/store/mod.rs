@@ -13,12 +13,14 @@
 //! | `records.rs` | record I/O: `get`, `for_each_record`, `read_transaction`, `purge`; the read path (`Store::read`, `read_record`), the record's load/put/remove |
 //! | `latch.rs` | the fail-stop latch: `fail_stop_cause`, `storage`, `observe`, `latch`, which redb errors are I/O failures |
 //! | `txn.rs` | a batch's write transaction: begun in the store's durability mode, committed or aborted, any failure latched |
+//! | `journaled.rs` | journal mode's commit: sealing a batch's entry, the row, a non-durable or checkpoint commit, waiting for durability; the closing checkpoint |
 //! | `closure.rs` | the closure boundary: running the caller's closure (`run_closure`, reentrancy), on a `Tx`, settling its result, the work it announces |
 
 mod claim;
 mod closure;
 mod decide;
 mod flow_a;
+mod journaled;
 mod latch;
 mod records;
 mod txn;
@@ -39,6 +41,8 @@ use crate::engine::builder::Durability;
 #[cfg(doc)]
 use crate::engine::builder::StoreBuilder;
 use crate::engine::commit::{Group, GroupConfig};
+use crate::engine::journal::apply::Registry;
+use crate::engine::journal::log::Journal;
 #[cfg(doc)]
 use crate::engine::lease::Lease;
 #[cfg(doc)]
@@ -128,12 +132,17 @@ pub(crate) struct Inner {
     work: Arc<Signal>,
     /// The layers' own state, one value per type ([`Store::extension`]).
     extensions: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
+    /// The write-ahead journal, in journal mode (`engine/journal/`).
+    journal: Option<Journal>,
+    /// The tables a journal's entries may write, with their types.
+    registry: Registry,
 }
 impl Drop for Inner {
     fn drop(&mut self) {
         self.background.stop();
         // Its read transaction ends before the file closes.
         self.snapshot.release();
+        self.close_journal();
         // Relaxed durability: make every acknowledged commit durable on close. No other handle
         // exists any more, so this is the only writer.
         if self.unflushed.load(Ordering::Acquire)
@@ -244,6 +253,10 @@ impl Store {
 
     /// The store on an opened and checked `db` (see `StoreBuilder::open`): its shared state,
     /// with no background thread yet.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "each is one setting fixed at open, named at the one call site"
+    )]
     pub(crate) fn new(
         db: redb::Database,
         config: Config,
@@ -252,6 +265,8 @@ impl Store {
         group: GroupConfig,
         instance: [u8; 8],
         modes: FileModes,
+        journal: Option<Journal>,
+        registry: Registry,
     ) -> Store {
         let inner = Inner {
             db: Db(Some(db)),
@@ -280,6 +295,8 @@ impl Store {
             sweeps: Mutex::new(SweepTotals::default()),
             work: Arc::new(Signal::default()),
             extensions: Mutex::new(HashMap::new()),
+            journal,
+            registry,
         };
         Store {
             inner: Arc::new(inner),
@@ -294,6 +311,11 @@ impl Store {
     /// The group-commit state.
     pub(crate) fn group(&self) -> &Group {
         &self.inner.group
+    }
+
+    /// The journal, in journal mode.
+    pub(crate) fn journal(&self) -> Option<&Journal> {
+        self.inner.journal.as_ref()
     }
 
     /// The durability mode.

@@ -5,11 +5,12 @@
 
 use std::ops::ControlFlow;
 
-use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
+use redb::{ReadableDatabase, ReadableTable};
 
 use crate::engine::boundary::{caller_code, contained, unlatched};
 use crate::engine::commit::{Durable, Step};
 use crate::engine::expiry::{put_in, remove_in};
+use crate::engine::journal::Wtx;
 use crate::engine::open::Open;
 #[cfg(doc)]
 use crate::engine::read_only::ReadOnlyStore;
@@ -49,7 +50,10 @@ impl Store {
     /// your code (idem's own reads return [`Error::CorruptStore`] instead).
     pub fn read_transaction(&self) -> Result<redb::ReadTransaction, Error> {
         let db = self.inner.db.get().map_err(|e| self.storage(e))?;
-        db.begin_read().map_err(|e| self.storage(e))
+        let read = db.begin_read().map_err(|e| self.storage(e))?;
+        // Journal mode: nothing in it may come from an entry a crash can still lose.
+        self.read_durable()?;
+        Ok(read)
     }
 
     /// Removes the record for `key` in `scope`, whatever its state, and returns whether one
@@ -83,6 +87,7 @@ impl Store {
         contained(while_, || {
             let db = self.inner.db.get().map_err(|e| self.storage(e))?;
             let read = db.begin_read().map_err(|e| self.storage(e))?;
+            self.read_durable()?;
             f(&read).map_err(|e| self.observe(e))
         })
     }
@@ -96,12 +101,14 @@ impl Store {
                 .snapshot
                 .records(self.inner.db.get().map_err(|e| self.storage(e))?)
                 .map_err(|e| self.storage(e))?;
+            // After the table's read began: a bound on every entry it can see.
+            self.read_durable()?;
             record_in(&*table, key).map_err(|e| self.observe(e))
         })
     }
 
-    pub(crate) fn load(&self, txn: &WriteTransaction, key: &[u8]) -> Result<Option<Record>, Error> {
-        self.load_open(&mut Open::new(txn), key)
+    pub(crate) fn load(&self, txn: &Wtx<'_>, key: &[u8]) -> Result<Option<Record>, Error> {
+        self.load_open(&mut Open::new(*txn), key)
     }
 
     /// [`Store::load`] through tables already open.
@@ -111,17 +118,12 @@ impl Store {
         key: &[u8],
     ) -> Result<Option<Record>, Error> {
         let table = open.records().map_err(|e| self.storage(e))?;
-        record_in(table, key).map_err(|e| self.observe(e))
+        record_in(&**table, key).map_err(|e| self.observe(e))
     }
 
     /// Writes a record, moving its expiry-index entry in the same transaction.
-    pub(crate) fn put(
-        &self,
-        txn: &WriteTransaction,
-        key: &[u8],
-        record: &Record,
-    ) -> Result<(), Error> {
-        self.put_open(&mut Open::new(txn), key, record)
+    pub(crate) fn put(&self, txn: &Wtx<'_>, key: &[u8], record: &Record) -> Result<(), Error> {
+        self.put_open(&mut Open::new(*txn), key, record)
     }
 
     /// [`Store::put`] through tables already open.
@@ -138,7 +140,7 @@ impl Store {
     }
 
     /// Removes a record and its expiry-index entry; returns whether one existed.
-    pub(crate) fn remove(&self, txn: &WriteTransaction, key: &[u8]) -> Result<bool, Error> {
+    pub(crate) fn remove(&self, txn: &Wtx<'_>, key: &[u8]) -> Result<bool, Error> {
         self.with_latch(|| {
             let mut records = txn.open_table(RECORDS)?;
             let mut expiry = txn.open_table(EXPIRY)?;

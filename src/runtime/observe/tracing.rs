@@ -106,6 +106,7 @@ mod imp {
             Error::ReservedTable { .. } => "reserved_table",
             Error::CorruptRecord { .. } => "corrupt_record",
             Error::UnsupportedFormat { .. } => "unsupported_format",
+            Error::UnsupportedJournal { .. } => "unsupported_journal",
             Error::CorruptStore { .. } => "corrupt_store",
             Error::ExpiryIndexMismatch { .. } => "expiry_index_mismatch",
             Error::NeedsRecovery => "needs_recovery",

@@ -1,0 +1,150 @@
+//! Applying redo records to redb at recovery: each table an entry names is opened with its Rust
+//! types, which a record's bytes alone cannot give. idem's own tables are known; the caller's
+//! are registered on the builder ([`crate::StoreBuilder::journal_table`]).
+
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use redb::{Key, TableDefinition, TableHandle, Value, WriteTransaction};
+
+use crate::engine::journal::format::{OP_PUT, OP_REMOVE, Redo, TableRef};
+use crate::engine::tables;
+
+/// A table recovery can open for writing with its types.
+pub(crate) trait TableType: Send + Sync {
+    fn key_type(&self) -> String;
+    fn value_type(&self) -> String;
+    /// Opens the table in `txn`.
+    fn open<'t>(&self, txn: &'t WriteTransaction) -> Result<Box<dyn Apply + 't>, redb::Error>;
+}
+
+/// An open table that takes redo records.
+pub(crate) trait Apply {
+    fn apply(&mut self, op: u8, key: &[u8], value: Option<&[u8]>) -> Result<(), redb::Error>;
+}
+
+/// A table by name with its types (a function-pointer marker: names and types are all it
+/// holds, so it is `Send + Sync` whatever `K` and `V` are).
+struct Typed<K: Key + 'static, V: Value + 'static> {
+    name: String,
+    types: PhantomData<fn() -> (K, V)>,
+}
+
+impl<K: Key + 'static, V: Value + 'static> TableType for Typed<K, V> {
+    fn key_type(&self) -> String {
+        K::type_name().name().to_owned()
+    }
+    fn value_type(&self) -> String {
+        V::type_name().name().to_owned()
+    }
+    fn open<'t>(&self, txn: &'t WriteTransaction) -> Result<Box<dyn Apply + 't>, redb::Error> {
+        Ok(Box::new(
+            txn.open_table(TableDefinition::<K, V>::new(&self.name))?,
+        ))
+    }
+}
+
+impl<K: Key + 'static, V: Value + 'static> Apply for redb::Table<'_, K, V> {
+    fn apply(&mut self, op: u8, key: &[u8], value: Option<&[u8]>) -> Result<(), redb::Error> {
+        match (op, value) {
+            (OP_PUT, Some(v)) => {
+                self.insert(K::from_bytes(key), V::from_bytes(v))?;
+            }
+            (OP_REMOVE, _) => {
+                self.remove(K::from_bytes(key))?;
+            }
+            // Invariant: `decode_body` admits only puts with a value and removes on a plain
+            // table, and `Registry::check` only plain tables.
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// The tables recovery can apply records to, by name.
+#[derive(Clone, Default)]
+pub(crate) struct Registry(HashMap<String, Arc<dyn TableType>>);
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.0.keys()).finish()
+    }
+}
+
+impl Registry {
+    /// idem's own tables.
+    pub(crate) fn with_idem_tables() -> Self {
+        let mut r = Registry::default();
+        r.add(tables::RECORDS);
+        r.add(tables::EXPIRY);
+        r.add(tables::META);
+        r.add(tables::INBOX);
+        r.add(tables::OUTBOX);
+        r.add(tables::OUTBOX_DEAD);
+        r.add(tables::VERSIONS);
+        r
+    }
+
+    /// Registers a table (replacing one of the same name).
+    pub(crate) fn add<K: Key + 'static, V: Value + 'static>(
+        &mut self,
+        definition: TableDefinition<'static, K, V>,
+    ) {
+        let name = definition.name().to_owned();
+        let typed = Typed::<K, V> {
+            name: name.clone(),
+            types: PhantomData,
+        };
+        self.0.insert(name, Arc::new(typed));
+    }
+
+    /// Whether `name` is registered with these types.
+    pub(crate) fn knows(&self, name: &str, key_type: &str, value_type: &str) -> bool {
+        self.0
+            .get(name)
+            .is_some_and(|t| t.key_type() == key_type && t.value_type() == value_type)
+    }
+
+    /// Why an entry's tables cannot all be applied, if they cannot: recovery refuses before it
+    /// applies anything, since applying the other records alone would split a batch.
+    pub(crate) fn check(&self, tables: &[TableRef]) -> Result<(), String> {
+        for t in tables {
+            if t.kind != crate::engine::journal::format::TABLE_PLAIN
+                || !self.knows(&t.name, &t.key_type, &t.value_type)
+            {
+                return Err(format!(
+                    "the journal holds writes to the table `{}` ({} -> {}), which this open does not know: register it with StoreBuilder::journal_table before opening, as the program that wrote it did",
+                    t.name, t.key_type, t.value_type
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies one decoded entry (`body` its bytes) in `txn`, opening its tables in `open`.
+    pub(crate) fn apply<'t>(
+        &self,
+        txn: &'t WriteTransaction,
+        open: &mut HashMap<String, Box<dyn Apply + 't>>,
+        tables: &[TableRef],
+        records: &[Redo],
+        body: &[u8],
+    ) -> Result<(), redb::Error> {
+        for r in records {
+            let t = &tables[usize::from(r.table)];
+            if !open.contains_key(&t.name) {
+                // Invariant: `check` passed for these tables before anything was applied.
+                let Some(ty) = self.0.get(&t.name) else {
+                    continue;
+                };
+                open.insert(t.name.clone(), ty.open(txn)?);
+            }
+            if let Some(table) = open.get_mut(&t.name) {
+                let value = r.value.clone().map(|v| &body[v]);
+                table.apply(r.op, &body[r.key.clone()], value)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,297 @@
+//! The running journal: where the next frame goes, the LSNs, and the group sync.
+//!
+//! LSNs: `sealed` (j) is the last entry whose frame was assigned; `durable` (d) the last entry
+//! that, with every one before it, is on disk (its frame covered by a sync that returned Ok,
+//! or itself in a durable redb commit); `c`, the last checkpoint's. Always `c ≤ d ≤ j`.
+//!
+//! Invariants:
+//! - frames are written in LSN order, at the head, and never over the live journal: the bytes
+//!   from the last checkpoint's position to the head, which a crash would replay;
+//! - one sync runs at a time; it covers every frame whose write returned before it began, and
+//!   `durable` only ever takes the LSN of the last such frame;
+//! - a failed write or sync is never retried: the journal latches, every waiter hears it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::{Condvar, Mutex};
+use redb::StorageBackend;
+
+use crate::engine::journal::format::{
+    ALIGN, Checksum, HEADER_LEN, KIND_ENTRY, KIND_WRAP, Row, StoreId, encode_frame, frame_len,
+};
+
+/// Where the next frame goes.
+#[derive(Debug)]
+struct Head {
+    /// Offset of the next frame.
+    pos: u64,
+    /// The checksum the next frame continues.
+    chain: Checksum,
+    /// LSN of the next entry.
+    next: u64,
+    /// Where the live journal begins: the last checkpoint's position.
+    live_from: u64,
+    /// Frame bytes written since the last checkpoint.
+    since_checkpoint: u64,
+}
+
+#[derive(Debug, Default)]
+struct Sync {
+    /// The last LSN whose frame write returned Ok.
+    written: u64,
+    syncing: bool,
+    failed: Option<String>,
+}
+
+/// What [`Journal::seal`] made of a batch's entry.
+#[derive(Debug)]
+pub(crate) struct Sealed {
+    pub(crate) lsn: u64,
+    /// The row the batch's transaction writes: the state after this entry.
+    pub(crate) row: Row,
+    /// The entry is not framed: the batch's commit must be durable (a checkpoint).
+    pub(crate) checkpoint: bool,
+}
+
+/// The journal of a store in journal mode.
+pub(crate) struct Journal {
+    file: Box<dyn StorageBackend>,
+    store_id: StoreId,
+    capacity: u64,
+    checkpoint_bytes: u64,
+    head: Mutex<Head>,
+    sync: Mutex<Sync>,
+    synced: Condvar,
+    sealed: AtomicU64,
+    durable: AtomicU64,
+}
+
+impl std::fmt::Debug for Journal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Journal")
+            .field("capacity", &self.capacity)
+            .field("sealed", &self.sealed.load(Ordering::Relaxed))
+            .field("durable", &self.durable.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Journal {
+    /// The journal in `file` (checked and recovered), continuing after `row`'s entry.
+    pub(crate) fn new(
+        file: Box<dyn StorageBackend>,
+        capacity: u64,
+        row: Row,
+        checkpoint_bytes: u64,
+    ) -> Journal {
+        Journal {
+            file,
+            store_id: row.store_id,
+            capacity,
+            checkpoint_bytes,
+            head: Mutex::new(Head {
+                pos: row.position,
+                chain: row.chain,
+                next: row.lsn + 1,
+                live_from: row.position,
+                since_checkpoint: 0,
+            }),
+            sync: Mutex::new(Sync {
+                written: row.lsn,
+                ..Sync::default()
+            }),
+            synced: Condvar::new(),
+            sealed: AtomicU64::new(row.lsn),
+            durable: AtomicU64::new(row.lsn),
+        }
+    }
+
+    /// The last sealed entry (j).
+    pub(crate) fn sealed(&self) -> u64 {
+        self.sealed.load(Ordering::Acquire)
+    }
+
+    /// The last durable entry (d).
+    pub(crate) fn durable(&self) -> u64 {
+        self.durable.load(Ordering::Acquire)
+    }
+
+    /// Seals a batch's entry (`body`): gives it the next LSN and either writes its frame at
+    /// the head (no sync) or, when it is too large for the journal, the journal is full, or a
+    /// checkpoint is due, leaves it unframed for a durable commit. `Err` is a failed write,
+    /// which latches.
+    pub(crate) fn seal(&self, body: &[u8]) -> Result<Sealed, String> {
+        self.check()?;
+        let mut head = self.head.lock();
+        let lsn = head.next;
+        let area = self.capacity - HEADER_LEN;
+        let len = frame_len(body.len());
+        let checkpoint = head.since_checkpoint >= self.checkpoint_bytes || len > area / 4;
+        let place = if checkpoint {
+            None
+        } else {
+            self.place(&head, len)
+        };
+        let Some((wrap, at)) = place else {
+            // Unframed: the durable commit is the entry's only copy. The next frame goes where
+            // this one would have, continuing the same chain.
+            head.next = lsn + 1;
+            self.sealed.store(lsn, Ordering::Release);
+            let row = Row {
+                store_id: self.store_id,
+                lsn,
+                position: head.pos,
+                chain: head.chain,
+                clean: false,
+            };
+            return Ok(Sealed {
+                lsn,
+                row,
+                checkpoint: true,
+            });
+        };
+        let mut chain = head.chain;
+        let mut written = 0;
+        if let Some(wrap_at) = wrap {
+            let (frame, sum) = encode_frame(&self.store_id, &chain, KIND_WRAP, lsn, &[]);
+            self.write(wrap_at, &frame)?;
+            chain = sum;
+            written += frame.len() as u64;
+        }
+        let (frame, sum) = encode_frame(&self.store_id, &chain, KIND_ENTRY, lsn, body);
+        self.write(at, &frame)?;
+        head.pos = at + len;
+        if head.pos >= self.capacity {
+            head.pos = HEADER_LEN;
+        }
+        head.chain = sum;
+        head.next = lsn + 1;
+        head.since_checkpoint += written + len;
+        // `written` first: a reader that sees this LSN sealed finds its frame written.
+        self.sync.lock().written = lsn;
+        self.sealed.store(lsn, Ordering::Release);
+        Ok(Sealed {
+            lsn,
+            row: Row {
+                store_id: self.store_id,
+                lsn,
+                position: head.pos,
+                chain: sum,
+                clean: false,
+            },
+            checkpoint: false,
+        })
+    }
+
+    /// Where a frame of `len` bytes goes: `(wrap frame position, frame position)`, or `None`
+    /// if it would reach the live journal. A gap of at least one byte always separates the
+    /// head from the live journal's start when the journal has wrapped, so `pos == live_from`
+    /// means empty.
+    fn place(&self, head: &Head, len: u64) -> Option<(Option<u64>, u64)> {
+        let (pos, live) = (head.pos, head.live_from);
+        if pos >= live {
+            if pos + len <= self.capacity {
+                return Some((None, pos));
+            }
+            // Wrap: a wrap frame at the head, the frame at the area's start.
+            (HEADER_LEN + len < live).then_some((Some(pos), HEADER_LEN))
+        } else {
+            (pos + len < live).then_some((None, pos))
+        }
+    }
+
+    fn write(&self, at: u64, bytes: &[u8]) -> Result<(), String> {
+        debug_assert_eq!((at - HEADER_LEN) % ALIGN, 0);
+        self.file.write(at, bytes).map_err(|e| {
+            let cause = format!("writing the journal failed: {e}");
+            self.fail(&cause);
+            cause
+        })
+    }
+
+    /// Returns once entry `lsn` is durable, syncing the journal on this thread if no sync is
+    /// running (a sync covers every frame written before it began, so concurrent waiters share
+    /// one).
+    pub(crate) fn wait_durable(&self, lsn: u64) -> Result<(), String> {
+        if self.durable() >= lsn {
+            return Ok(());
+        }
+        let mut s = self.sync.lock();
+        loop {
+            if let Some(f) = &s.failed {
+                return Err(f.clone());
+            }
+            if self.durable() >= lsn {
+                return Ok(());
+            }
+            // A sync cannot help an entry without a frame (a checkpoint's commit is running:
+            // `checkpointed` or `fail` wakes this), nor while another sync runs.
+            if s.syncing || s.written < lsn {
+                self.synced.wait(&mut s);
+                continue;
+            }
+            s.syncing = true;
+            let target = s.written;
+            drop(s);
+            let result = self.file.sync_data();
+            s = self.sync.lock();
+            s.syncing = false;
+            match result {
+                Ok(()) => {
+                    self.durable.fetch_max(target, Ordering::AcqRel);
+                }
+                Err(e) => {
+                    // Never retried: the kernel may have dropped the pages it could not write.
+                    s.failed
+                        .get_or_insert_with(|| format!("syncing the journal failed: {e}"));
+                }
+            }
+            self.synced.notify_all();
+        }
+    }
+
+    /// After the durable commit of entry `lsn` whose row is `row` returned Ok: the live journal
+    /// now starts at its position, and every entry up to `lsn` is durable.
+    pub(crate) fn checkpointed(&self, row: &Row) {
+        let mut head = self.head.lock();
+        head.live_from = row.position;
+        head.since_checkpoint = 0;
+        drop(head);
+        self.durable.fetch_max(row.lsn, Ordering::AcqRel);
+        let _s = self.sync.lock();
+        self.synced.notify_all();
+    }
+
+    /// The row of a checkpoint that covers every entry sealed so far (closing, `compact`),
+    /// `clean` when nothing is live after it.
+    pub(crate) fn current_row(&self, clean: bool) -> Row {
+        let head = self.head.lock();
+        Row {
+            store_id: self.store_id,
+            lsn: head.next - 1,
+            position: head.pos,
+            chain: head.chain,
+            clean,
+        }
+    }
+
+    /// Latches the journal failed: every later seal and wait fails with `cause`.
+    pub(crate) fn fail(&self, cause: &str) {
+        let mut s = self.sync.lock();
+        s.failed.get_or_insert_with(|| cause.to_owned());
+        self.synced.notify_all();
+    }
+
+    fn check(&self) -> Result<(), String> {
+        match &self.sync.lock().failed {
+            Some(f) => Err(f.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// Syncs and closes the journal file (the backend's close contract: once).
+    pub(crate) fn close(&self) {
+        let _ = self.file.sync_data();
+        let _ = self.file.close();
+    }
+}

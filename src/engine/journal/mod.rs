@@ -1,0 +1,31 @@
+//! The write-ahead journal in front of redb (docs/design.md, "Claims at the speed of a log").
+//!
+//! In journal mode a batch's writes are captured as redo records (`capture.rs`), sealed into
+//! one checksummed frame of a preallocated file (`format.rs`, `log.rs`) and committed to redb
+//! without an fsync; its members are answered once one `fdatasync` of the journal covers the
+//! frame. Every batch also writes the checkpoint row, so whichever redb commit becomes durable
+//! says where the journal resumes; a durable redb commit (a checkpoint) every
+//! `checkpoint_bytes` of frames bounds what an open replays (`recover.rs`, `apply.rs`).
+//!
+//! | file | owns |
+//! |---|---|
+//! | `format.rs` | the bytes: header, frames, entry bodies, the checkpoint row (pure functions) |
+//! | `capture.rs` | [`Table`] and the batch's write handle: writes through to redb, recorded |
+//! | `log.rs` | the running journal: the head, LSNs, the group sync, fail-stop |
+//! | `recover.rs` | creating, replaying and closing the journal at open and close |
+//! | `apply.rs` | the tables recovery can apply records to, with their types |
+
+pub(crate) mod apply;
+pub(crate) mod capture;
+pub(crate) mod format;
+pub(crate) mod log;
+pub(crate) mod recover;
+
+pub use capture::Table;
+pub(crate) use capture::{Capture, Wtx};
+pub use recover::journal_path;
+
+/// The journal's default capacity: 64 MiB.
+pub const DEFAULT_CAPACITY: u64 = 64 << 20;
+/// The default frame bytes between two checkpoints: 8 MiB.
+pub const DEFAULT_CHECKPOINT_BYTES: u64 = 8 << 20;

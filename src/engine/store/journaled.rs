@@ -1,0 +1,160 @@
+//! Journal mode's commit (`engine/journal/`): a batch's captured writes become one journal
+//! entry, its redb transaction commits without an fsync (or durably, as a checkpoint), and its
+//! members are answered once the entry is durable.
+//!
+//! The order, and why each step is crash-safe:
+//! 1. seal: the entry gets LSN n and its frame is written at the journal's head (no sync);
+//! 2. the checkpoint row for n (where frame n + 1 goes, the chain) is written into the batch's
+//!    own transaction, so any durable state of redb that includes n says replay resumes
+//!    after n;
+//! 3. redb commits with `Durability::None`, or durably with quick-repair when n is a checkpoint
+//!    (every `checkpoint_bytes`, or an entry the journal cannot hold): after a crash redb's
+//!    state is that of some commit whose row is in it, and replay adds exactly the frames
+//!    after it;
+//! 4. leadership passes on, and the members wait until a journal sync covering frame n
+//!    returned Ok (or the checkpoint's commit did). A failed write, sync or commit latches
+//!    fail-stop and every waiting member hears `OutcomeUnknown`.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use redb::{Key, Value, WriteTransaction};
+
+use crate::engine::boundary::redb_error;
+use crate::engine::journal::Capture;
+use crate::engine::journal::recover::{self, META_JOURNAL};
+use crate::engine::store::{Inner, Store};
+use crate::engine::tables::META;
+use crate::error::{Error, StorageError};
+use crate::runtime::observe;
+
+fn unknown(cause: &str) -> Error {
+    Error::OutcomeUnknown {
+        source: StorageError::new(std::io::Error::other(cause.to_owned())),
+    }
+}
+
+impl Store {
+    /// Commits a journal-mode batch (steps 1 to 3 above); returns the LSN its members wait for.
+    pub(crate) fn commit_journaled(
+        &self,
+        mut txn: WriteTransaction,
+        capture: Capture,
+        durable: bool,
+    ) -> Result<u64, Error> {
+        let Some(journal) = self.journal() else {
+            return Err(Error::Internal {
+                what: "a journaled batch in a store without a journal",
+            });
+        };
+        let entry = capture.take();
+        if entry.is_empty() && !durable {
+            // Members reported writes but made none: nothing to journal or commit.
+            self.abort(txn);
+            return Ok(journal.sealed());
+        }
+        let body = match entry.finish() {
+            Ok(b) => b,
+            Err(reason) => {
+                self.abort(txn);
+                return Err(Error::Config { reason });
+            }
+        };
+        let sealed = match journal.seal(&body) {
+            Ok(s) => s,
+            Err(cause) => {
+                self.latch(&cause);
+                self.abort(txn);
+                return Err(unknown(&cause));
+            }
+        };
+        let checkpoint = sealed.checkpoint || durable;
+        let prepared = (|| -> Result<(), redb::Error> {
+            txn.open_table(META)?
+                .insert(META_JOURNAL, sealed.row.encode().as_slice())?;
+            if checkpoint {
+                txn.set_quick_repair(true);
+                txn.set_durability(redb::Durability::Immediate)?;
+            } else {
+                txn.set_durability(redb::Durability::None)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = prepared {
+            self.latch(&e);
+            self.abort(txn);
+            return Err(Error::OutcomeUnknown {
+                source: redb_error(e),
+            });
+        }
+        self.commit(txn)?;
+        if checkpoint {
+            journal.checkpointed(&sealed.row);
+        }
+        Ok(sealed.lsn)
+    }
+
+    /// Waits until entry `lsn` is durable; a failed sync latches and is `OutcomeUnknown`.
+    pub(crate) fn journal_durable(&self, lsn: u64) -> Result<(), Error> {
+        let Some(journal) = self.journal() else {
+            return Ok(());
+        };
+        journal.wait_durable(lsn).map_err(|cause| {
+            self.latch(&cause);
+            unknown(&cause)
+        })
+    }
+
+    /// For a read that began after `sealed` was read: waits until what it may see is durable,
+    /// so no answer comes from an entry a crash can still lose.
+    pub(crate) fn read_durable(&self) -> Result<(), Error> {
+        let Some(journal) = self.journal() else {
+            return Ok(());
+        };
+        let bound = journal.sealed();
+        journal.wait_durable(bound).map_err(|cause| {
+            self.latch(&cause);
+            Error::FailStopped { cause }
+        })
+    }
+
+    /// `Err(Config)` unless the caller's table `name` is registered with these types
+    /// ([`crate::StoreBuilder::journal_table`]).
+    pub(crate) fn check_journal_table<K: Key + 'static, V: Value + 'static>(
+        &self,
+        name: &str,
+    ) -> Result<(), Error> {
+        let (k, v) = (K::type_name(), V::type_name());
+        if self.inner.registry.knows(name, k.name(), v.name()) {
+            return Ok(());
+        }
+        Err(Error::Config {
+            reason: format!(
+                "the table `{name}` ({} -> {}) is not registered for journal mode: add StoreBuilder::journal_table(<its TableDefinition>) where the store is opened, so that an open after a crash can replay its writes",
+                k.name(),
+                v.name()
+            ),
+        })
+    }
+}
+
+impl Inner {
+    /// The closing checkpoint (the last handle is gone): the row after every entry, clean, in
+    /// a durable commit; then the journal file is synced and closed. Skipped after a failure:
+    /// the next open replays the journal.
+    pub(super) fn close_journal(&mut self) {
+        let Some(journal) = self.journal.as_ref() else {
+            return;
+        };
+        if self.failure.lock().is_none()
+            && let Ok(db) = self.db.get()
+        {
+            let closed = catch_unwind(AssertUnwindSafe(|| recover::close(db, journal)));
+            if !matches!(closed, Ok(Ok(()))) {
+                observe::warn!(
+                    "closing the store: the closing checkpoint failed; the next open replays the journal"
+                );
+            }
+        }
+        journal.close();
+    }
+}
