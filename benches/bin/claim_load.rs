@@ -15,7 +15,7 @@
 //!
 //! Arguments: the store file (created if missing), the number of callers, the seconds to run,
 //! and `send` (default) or `execute`. The store opens with a 1 GiB page cache, like the
-//! benchmark's.
+//! benchmark's; `IDEM_JOURNAL=1` opens it in journal mode (`StoreBuilder::journal`).
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -83,7 +83,11 @@ fn main() -> ExitCode {
         eprintln!("seconds must be a non-negative number; {usage}");
         return ExitCode::FAILURE;
     };
-    let store = match Store::builder().cache_size(1 << 30).open(path) {
+    let mut builder = Store::builder().cache_size(1 << 30);
+    if std::env::var("IDEM_JOURNAL").is_ok_and(|v| v == "1") {
+        builder = builder.journal(true).journal_table(EFFECTS);
+    }
+    let store = match builder.open(path) {
         Ok(store) => store,
         Err(e) => {
             eprintln!("{path}: {e}");

@@ -338,10 +338,13 @@ impl StoreBuilder {
     /// open after a crash replays the journal's entries after the last one redb holds. Every
     /// promise of [`Durability::Immediate`] holds: no answer before its writes are on disk.
     ///
-    /// Needs [`Durability::Immediate`], a path ([`open`](Self::open) or
-    /// [`open_existing`](Self::open_existing)) and not [`multi_process`](Self::multi_process);
-    /// every table a closure opens must be registered with
-    /// [`journal_table`](Self::journal_table), and multimap tables are not available. A store
+    /// Needs a path ([`open`](Self::open) or [`open_existing`](Self::open_existing), or
+    /// [`open_with_backends`](Self::open_with_backends)) and not
+    /// [`multi_process`](Self::multi_process). Register the tables closures write with
+    /// [`journal_table`](Self::journal_table): a batch that writes a table recovery could not
+    /// replay (unregistered, or a multimap) is committed to redb durably instead, as without
+    /// the journal. With [`Durability::Periodic`] answers do not wait for the journal's sync,
+    /// and the flusher's durable commit bounds the loss window as without the journal. A store
     /// opened later without journal mode first replays what its journal holds.
     pub fn journal(mut self, enabled: bool) -> Self {
         self.journal.enabled = enabled;
@@ -367,8 +370,10 @@ impl StoreBuilder {
     }
 
     /// Registers one of the caller's tables for journal mode: an open after a crash applies the
-    /// journal's writes to it with these types. Required for every table a closure opens in
-    /// journal mode ([`crate::Tx::open_table`] refuses others with [`Error::Config`]).
+    /// journal's writes to it with these types, so batches writing it are journaled (a batch
+    /// writing an unregistered table commits durably instead). Register the same tables in
+    /// every program that opens the store: an open whose journal holds writes to a table it does
+    /// not know refuses with [`Error::Config`] naming it.
     pub fn journal_table<K: redb::Key + 'static, V: redb::Value + 'static>(
         mut self,
         definition: redb::TableDefinition<'static, K, V>,
@@ -382,8 +387,6 @@ impl StoreBuilder {
             let j = &self.journal;
             let reason = if self.multi_process {
                 Some("journal mode is not available with multi_process: the journal belongs to one process".to_owned())
-            } else if self.durability != Durability::Immediate {
-                Some("journal mode needs Durability::Immediate (its sync is what makes an answer durable)".to_owned())
             } else if j.capacity < (64 << 10) || !j.capacity.is_multiple_of(4096) {
                 Some(format!(
                     "journal_capacity({}) must be at least 64 KiB and a multiple of 4 KiB",

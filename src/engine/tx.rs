@@ -19,9 +19,9 @@ use crate::model::response::Abort;
 /// on it: your writes and the record commit together or not at all.
 ///
 /// idem's own tables (names starting with [`RESERVED_PREFIX`]) cannot be opened here. In
-/// journal mode ([`crate::StoreBuilder::journal`]) a table must be registered on the builder
-/// ([`crate::StoreBuilder::journal_table`]), so that an open after a crash can replay its
-/// writes, and multimap tables are not available.
+/// journal mode ([`crate::StoreBuilder::journal`]) a batch that opens a table not registered
+/// with [`crate::StoreBuilder::journal_table`] (or any multimap table) is committed to redb
+/// durably instead of journaled: correct either way, fast only for registered tables.
 pub struct Tx<'t> {
     /// The store whose write runs this closure: an I/O failure met through this handle latches
     /// its fail-stop at once, whatever the closure then makes of the error.
@@ -84,10 +84,15 @@ impl<'t> Tx<'t> {
         definition: TableDefinition<K, V>,
     ) -> Result<Table<'t, K, V>, Error> {
         check_name(definition.name())?;
-        if self.txn.journaled() {
-            self.store.check_journal_table::<K, V>(definition.name())?;
+        let name = definition.name().to_owned();
+        let table = self
+            .txn
+            .open_table(definition)
+            .map_err(|e| self.storage(e))?;
+        if self.txn.journaled() && !self.store.journal_table_known::<K, V>(&name) {
+            self.txn.unjournaled();
         }
-        self.txn.open_table(definition).map_err(|e| self.storage(e))
+        Ok(table)
     }
 
     /// Opens (creating if needed) one of the caller's multimap tables in this transaction.
@@ -96,14 +101,8 @@ impl<'t> Tx<'t> {
         definition: MultimapTableDefinition<K, V>,
     ) -> Result<MultimapTable<'t, K, V>, Error> {
         check_name(definition.name())?;
-        if self.txn.journaled() {
-            return Err(Error::Config {
-                reason: format!(
-                    "the multimap table `{}` cannot be opened in journal mode (its writes would bypass the journal): use a plain table, or open the store with StoreBuilder::journal(false)",
-                    definition.name()
-                ),
-            });
-        }
+        // Its writes are not captured: the batch commits durably, needing no replay.
+        self.txn.unjournaled();
         self.txn
             .redb()
             .open_multimap_table(definition)

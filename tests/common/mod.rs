@@ -53,7 +53,7 @@ impl Harness {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("idem.redb");
         let clock = ManualClock::new(T0);
-        let builder = configure(Store::builder()).clock(clock.clone());
+        let builder = configure(journal_from_env(Store::builder())).clock(clock.clone());
         let store = builder.clone().open(&path).expect("open store");
         Harness {
             dir,
@@ -78,6 +78,16 @@ impl Harness {
     pub fn reopen(&mut self) {
         self.store = None;
         self.store = Some(self.builder.clone().open(&self.path).expect("reopen store"));
+    }
+}
+
+/// `IDEM_TEST_JOURNAL=1` runs the harness's stores in journal mode (`StoreBuilder::journal`),
+/// with the tests' effect table registered: the same tests, proving the same promises there.
+pub fn journal_from_env(builder: StoreBuilder) -> StoreBuilder {
+    if std::env::var("IDEM_TEST_JOURNAL").is_ok_and(|v| v == "1") {
+        builder.journal(true).journal_table(EFFECTS)
+    } else {
+        builder
     }
 }
 

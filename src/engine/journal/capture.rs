@@ -10,6 +10,8 @@
 use std::borrow::Borrow;
 use std::ops::{Deref, RangeBounds};
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use parking_lot::Mutex;
 use redb::{
     AccessGuard, Key, ReadableTable, StorageError, TableDefinition, TableError, TableHandle, Value,
@@ -20,12 +22,22 @@ use crate::engine::journal::format::{EntryBuilder, OP_PUT, OP_REMOVE, TABLE_PLAI
 
 /// A batch's entry as its members write it.
 #[derive(Debug, Default)]
-pub(crate) struct Capture(Mutex<EntryBuilder>);
+pub(crate) struct Capture {
+    entry: Mutex<EntryBuilder>,
+    /// A member opened a table recovery could not apply records to (not registered, or a
+    /// multimap): the batch commits durably instead of being journaled.
+    unjournaled: AtomicBool,
+}
 
 impl Capture {
     /// Takes the entry written so far, leaving an empty one.
     pub(crate) fn take(&self) -> EntryBuilder {
-        std::mem::take(&mut *self.0.lock())
+        std::mem::take(&mut *self.entry.lock())
+    }
+
+    /// Whether the batch must commit durably instead of being journaled.
+    pub(crate) fn unjournaled(&self) -> bool {
+        self.unjournaled.load(Ordering::Relaxed)
     }
 }
 
@@ -64,6 +76,14 @@ impl<'t> Wtx<'t> {
     pub(crate) fn journaled(&self) -> bool {
         self.capture.is_some()
     }
+
+    /// A table recovery cannot apply records to was opened for writing: this batch commits
+    /// durably instead (its writes need no replay).
+    pub(crate) fn unjournaled(&self) {
+        if let Some(c) = self.capture {
+            c.unjournaled.store(true, Ordering::Relaxed);
+        }
+    }
 }
 
 /// A table in a batch's write transaction. Reads are redb's ([`ReadableTable`], through
@@ -90,7 +110,7 @@ impl<K: Key + 'static, V: Value + 'static> Table<'_, K, V> {
         let Some((capture, index)) = &mut self.capture else {
             return;
         };
-        let mut entry = capture.0.lock();
+        let mut entry = capture.entry.lock();
         let table = match index {
             Some(i) => *i,
             None => {

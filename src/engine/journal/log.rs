@@ -116,22 +116,22 @@ impl Journal {
         self.durable.load(Ordering::Acquire)
     }
 
-    /// Seals a batch's entry (`body`): gives it the next LSN and either writes its frame at
-    /// the head (no sync) or, when it is too large for the journal, the journal is full, or a
-    /// checkpoint is due, leaves it unframed for a durable commit. `Err` is a failed write,
-    /// which latches.
-    pub(crate) fn seal(&self, body: &[u8]) -> Result<Sealed, String> {
+    /// Seals a batch's entry (`body`; `None` for a batch the journal cannot replay): gives it
+    /// the next LSN and either writes its frame at the head (no sync) or, when there is no
+    /// body, it is too large for the journal, the journal is full, or a checkpoint is due,
+    /// leaves it unframed for a durable commit. `Err` is a failed write, which latches.
+    pub(crate) fn seal(&self, body: Option<&[u8]>) -> Result<Sealed, String> {
         self.check()?;
         let mut head = self.head.lock();
         let lsn = head.next;
         let area = self.capacity - HEADER_LEN;
-        let len = frame_len(body.len());
+        let len = body.map_or(0, |b| frame_len(b.len()));
         let checkpoint = head.since_checkpoint >= self.checkpoint_bytes || len > area / 4;
-        let place = if checkpoint {
-            None
-        } else {
-            self.place(&head, len)
+        let place = match body {
+            Some(_) if !checkpoint => self.place(&head, len),
+            _ => None,
         };
+        let body = body.unwrap_or_default();
         let Some((wrap, at)) = place else {
             // Unframed: the durable commit is the entry's only copy. The next frame goes where
             // this one would have, continuing the same chain.

@@ -47,19 +47,24 @@ impl Store {
             });
         };
         let entry = capture.take();
-        if entry.is_empty() && !durable {
+        let unjournaled = capture.unjournaled();
+        if entry.is_empty() && !durable && !unjournaled {
             // Members reported writes but made none: nothing to journal or commit.
             self.abort(txn);
             return Ok(journal.sealed());
         }
-        let body = match entry.finish() {
-            Ok(b) => b,
-            Err(reason) => {
-                self.abort(txn);
-                return Err(Error::Config { reason });
+        let body = if unjournaled {
+            None
+        } else {
+            match entry.finish() {
+                Ok(b) => Some(b),
+                Err(reason) => {
+                    self.abort(txn);
+                    return Err(Error::Config { reason });
+                }
             }
         };
-        let sealed = match journal.seal(&body) {
+        let sealed = match journal.seal(body.as_deref()) {
             Ok(s) => s,
             Err(cause) => {
                 self.latch(&cause);
@@ -90,6 +95,8 @@ impl Store {
         if checkpoint {
             journal.checkpointed(&sealed.row);
         }
+        // Periodic: the flusher's forced commit (a checkpoint) makes these durable.
+        self.set_unflushed(self.relaxed_durability() && !checkpoint);
         Ok(sealed.lsn)
     }
 
@@ -98,6 +105,10 @@ impl Store {
         let Some(journal) = self.journal() else {
             return Ok(());
         };
+        if self.relaxed_durability() {
+            // Durability::Periodic: answers do not wait (its documented loss window).
+            return Ok(());
+        }
         journal.wait_durable(lsn).map_err(|cause| {
             self.latch(&cause);
             unknown(&cause)
@@ -110,6 +121,9 @@ impl Store {
         let Some(journal) = self.journal() else {
             return Ok(());
         };
+        if self.relaxed_durability() {
+            return Ok(());
+        }
         let bound = journal.sealed();
         journal.wait_durable(bound).map_err(|cause| {
             self.latch(&cause);
@@ -117,23 +131,15 @@ impl Store {
         })
     }
 
-    /// `Err(Config)` unless the caller's table `name` is registered with these types
-    /// ([`crate::StoreBuilder::journal_table`]).
-    pub(crate) fn check_journal_table<K: Key + 'static, V: Value + 'static>(
+    /// Whether the caller's table `name` is registered with these types
+    /// ([`crate::StoreBuilder::journal_table`]): its writes can be replayed.
+    pub(crate) fn journal_table_known<K: Key + 'static, V: Value + 'static>(
         &self,
         name: &str,
-    ) -> Result<(), Error> {
-        let (k, v) = (K::type_name(), V::type_name());
-        if self.inner.registry.knows(name, k.name(), v.name()) {
-            return Ok(());
-        }
-        Err(Error::Config {
-            reason: format!(
-                "the table `{name}` ({} -> {}) is not registered for journal mode: add StoreBuilder::journal_table(<its TableDefinition>) where the store is opened, so that an open after a crash can replay its writes",
-                k.name(),
-                v.name()
-            ),
-        })
+    ) -> bool {
+        self.inner
+            .registry
+            .knows(name, K::type_name().name(), V::type_name().name())
     }
 }
 
