@@ -193,6 +193,18 @@ pub use model::retention::RetentionPolicy;
 pub use model::scope::{Request, Scope};
 /// Re-export of the redb version idem is built on, so callers name the same table types.
 pub use redb;
+/// NOT PUBLIC API (feature `__internal_whitebox`): the journal's byte format and the broken
+/// steps, for idem's own format and crash tests.
+#[cfg(feature = "__internal_whitebox")]
+#[doc(hidden)]
+pub mod __journal {
+    pub use crate::engine::journal::BrokenJournal;
+    /// docs/FORMAT.md, "Journal", as code.
+    pub mod format {
+        pub use crate::engine::journal::format::*;
+    }
+}
+
 // ---- Everything else, by topic. ----
 
 /// Opening and running a store: its settings, figures and maintenance answers, and the

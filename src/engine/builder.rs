@@ -173,6 +173,7 @@ impl Default for StoreBuilder {
                 enabled: false,
                 capacity: journal::DEFAULT_CAPACITY,
                 checkpoint_bytes: journal::DEFAULT_CHECKPOINT_BYTES,
+                broken: journal::BrokenJournal::No,
             },
             registry: Registry::with_idem_tables(),
         }
@@ -379,6 +380,15 @@ impl StoreBuilder {
         definition: redb::TableDefinition<'static, K, V>,
     ) -> Self {
         self.registry.add(definition);
+        self
+    }
+
+    /// NOT PUBLIC API (feature `__internal_whitebox`): breaks one journal step on purpose, for
+    /// the tests that prove the crash tests catch it.
+    #[cfg(feature = "__internal_whitebox")]
+    #[doc(hidden)]
+    pub fn __break_journal(mut self, broken: journal::BrokenJournal) -> Self {
+        self.journal.broken = broken;
         self
     }
 

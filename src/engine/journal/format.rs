@@ -1,19 +1,20 @@
 //! The journal's bytes (docs/FORMAT.md, "Journal"): the header, frames, entry bodies and the
 //! checkpoint row, encoded and decoded as pure functions over byte slices. Nothing here does
 //! I/O, so recovery's reading of a journal is the same code the tests and the fuzzer drive.
+//! (Items are `pub` for the white-box re-export `idem::__journal_format`; the module is not.)
 
 use std::ops::Range;
 
 /// The header's length: frames start here.
-pub(crate) const HEADER_LEN: u64 = 4096;
+pub const HEADER_LEN: u64 = 4096;
 /// Frames start on multiples of this, counted from [`HEADER_LEN`].
-pub(crate) const ALIGN: u64 = 32;
+pub const ALIGN: u64 = 32;
 /// A frame's bytes before its body: magic, version, kind, reserved, body length, LSN.
-pub(crate) const FRAME_HEAD: usize = 20;
+pub const FRAME_HEAD: usize = 20;
 /// The checksum's length, after the body.
-pub(crate) const CHECKSUM_LEN: usize = 8;
+pub const CHECKSUM_LEN: usize = 8;
 /// The version of the header, of frames and of the checkpoint row this build writes and reads.
-pub(crate) const VERSION: u8 = 1;
+pub const VERSION: u8 = 1;
 
 const HEADER_MAGIC: &[u8; 8] = b"IDEMJRNL";
 const FRAME_MAGIC: &[u8; 4] = b"IDJF";
@@ -22,27 +23,31 @@ const FRAME_CONTEXT: &str = "idem 2026-12-06 journal frame v1";
 const ROW_CONTEXT: &str = "idem 2026-12-06 journal checkpoint v1";
 
 /// A frame's kind byte.
-pub(crate) const KIND_ENTRY: u8 = 0x01;
-pub(crate) const KIND_WRAP: u8 = 0x02;
+pub const KIND_ENTRY: u8 = 0x01;
+/// The kind byte of a wrap frame.
+pub const KIND_WRAP: u8 = 0x02;
 
 /// A table's kind byte in an entry's table list.
-pub(crate) const TABLE_PLAIN: u8 = 0x01;
-pub(crate) const TABLE_MULTIMAP: u8 = 0x02;
+pub const TABLE_PLAIN: u8 = 0x01;
+/// The kind byte of a multimap table.
+pub const TABLE_MULTIMAP: u8 = 0x02;
 
 /// A redo record's operation byte.
-pub(crate) const OP_PUT: u8 = 0x01;
-pub(crate) const OP_REMOVE: u8 = 0x02;
-pub(crate) const OP_REMOVE_PAIR: u8 = 0x03;
+pub const OP_PUT: u8 = 0x01;
+/// Remove a key (plain tables).
+pub const OP_REMOVE: u8 = 0x02;
+/// Remove a key-value pair (multimap tables).
+pub const OP_REMOVE_PAIR: u8 = 0x03;
 
 /// The chain value and checksum of frames: the first 8 bytes of a keyed blake3.
-pub(crate) type Checksum = [u8; CHECKSUM_LEN];
+pub type Checksum = [u8; CHECKSUM_LEN];
 /// A journal's identity, in its header and in the checkpoint row.
-pub(crate) type StoreId = [u8; 16];
+pub type StoreId = [u8; 16];
 
 /// Why journal bytes were refused (docs/FORMAT.md, "Reading the journal"). A tail is not an
 /// error: [`read_frame`] reports it as [`Frame::Tail`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum FormatError {
+pub enum FormatError {
     /// Damaged, or another store's: `CorruptStore`.
     Corrupt(String),
     /// A valid header, frame or row of a version this build does not read: `UnsupportedJournal`.
@@ -79,15 +84,16 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 
 /// The journal file's header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Header {
+pub struct Header {
     /// The file's length, header included; a multiple of [`ALIGN`].
-    pub(crate) capacity: u64,
-    pub(crate) store_id: StoreId,
+    pub capacity: u64,
+    /// Random at creation; the same bytes as in the checkpoint row.
+    pub store_id: StoreId,
 }
 
 impl Header {
     /// The header's 44 meaningful bytes (the rest of the first 4,096 are zero).
-    pub(crate) fn encode(&self) -> [u8; 44] {
+    pub fn encode(&self) -> [u8; 44] {
         let mut b = [0u8; 44];
         b[..8].copy_from_slice(HEADER_MAGIC);
         b[8] = VERSION;
@@ -100,7 +106,7 @@ impl Header {
 
     /// Checks the first bytes of a journal file of length `file_len`: magic and checksum before
     /// the version, then the reserved bytes and the capacity.
-    pub(crate) fn decode(b: &[u8], file_len: u64) -> Result<Header, FormatError> {
+    pub fn decode(b: &[u8], file_len: u64) -> Result<Header, FormatError> {
         if b.len() < 44 || &b[..8] != HEADER_MAGIC {
             return Err(corrupt("the journal's header has no IDEMJRNL magic"));
         }
@@ -130,23 +136,25 @@ impl Header {
 
 /// The checkpoint row (`"journal"` in `idem.meta.v1`): where the live journal begins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Row {
-    pub(crate) store_id: StoreId,
+pub struct Row {
+    /// The journal header's store id.
+    pub store_id: StoreId,
     /// The last entry the redb state holding this row includes.
-    pub(crate) lsn: u64,
+    pub lsn: u64,
     /// Where the frame after entry `lsn` goes.
-    pub(crate) position: u64,
+    pub position: u64,
     /// The checksum that frame continues.
-    pub(crate) chain: Checksum,
+    pub chain: Checksum,
     /// Written by a close when nothing was live.
-    pub(crate) clean: bool,
+    pub clean: bool,
 }
 
 /// The row's length.
-pub(crate) const ROW_LEN: usize = 50;
+pub const ROW_LEN: usize = 50;
 
 impl Row {
-    pub(crate) fn encode(&self) -> [u8; ROW_LEN] {
+    /// The row's 50 bytes, checksum included.
+    pub fn encode(&self) -> [u8; ROW_LEN] {
         let mut b = [0u8; ROW_LEN];
         b[0] = VERSION;
         b[1..17].copy_from_slice(&self.store_id);
@@ -159,7 +167,8 @@ impl Row {
         b
     }
 
-    pub(crate) fn decode(b: &[u8]) -> Result<Row, FormatError> {
+    /// Checks a row's checksum, then its version and flags.
+    pub fn decode(b: &[u8]) -> Result<Row, FormatError> {
         if b.len() != ROW_LEN {
             return Err(corrupt(format!(
                 "the journal checkpoint row has {} bytes, not {ROW_LEN}",
@@ -190,14 +199,14 @@ impl Row {
 }
 
 /// A frame's length on disk, padding included, for a body of `body_len` bytes.
-pub(crate) fn frame_len(body_len: usize) -> u64 {
+pub fn frame_len(body_len: usize) -> u64 {
     let raw = (FRAME_HEAD + body_len + CHECKSUM_LEN) as u64;
     raw.div_ceil(ALIGN) * ALIGN
 }
 
 /// Encodes a frame (padded to [`ALIGN`]) and returns it with its checksum, the next frame's
 /// chain.
-pub(crate) fn encode_frame(
+pub fn encode_frame(
     store_id: &StoreId,
     chain: &Checksum,
     kind: u8,
@@ -223,15 +232,22 @@ pub(crate) fn encode_frame(
 
 /// What a position in the frame area holds, read as the successor of the frame before it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Frame {
+pub enum Frame {
     /// An entry: its body's range in the file, its checksum, and where the next frame starts.
     Entry {
+        /// The body's bytes in the file.
         body: Range<usize>,
+        /// The frame's checksum: the next frame's chain.
         checksum: Checksum,
+        /// Where the next frame starts.
         next: u64,
     },
     /// A wrap frame: the next frame is at [`HEADER_LEN`], continuing this checksum.
-    Wrap { checksum: Checksum },
+    /// The checksum the next frame continues.
+    Wrap {
+        /// The checksum the next frame continues.
+        checksum: Checksum,
+    },
     /// Not a successor: recovery stops here.
     Tail,
 }
@@ -239,7 +255,7 @@ pub(crate) enum Frame {
 /// Reads the frame at `pos` of the journal `file` (the whole file, header included) as the
 /// successor with LSN `lsn` of a frame whose checksum was `chain` (docs/FORMAT.md, "Reading
 /// the journal", steps 2 to 5; a body is checked by [`decode_body`]).
-pub(crate) fn read_frame(
+pub fn read_frame(
     file: &[u8],
     store_id: &StoreId,
     chain: &Checksum,
@@ -298,35 +314,69 @@ pub(crate) fn read_frame(
     })
 }
 
+/// A deliberately broken reader for the tests that prove recovery's checks catch what they
+/// exist for: accepts the frame at `pos` by its magic and LSN alone, without the chain.
+#[cfg(feature = "__internal_whitebox")]
+pub fn read_frame_by_lsn(file: &[u8], pos: u64, lsn: u64) -> Frame {
+    let at = pos as usize;
+    if at + FRAME_HEAD + CHECKSUM_LEN > file.len() || &file[at..at + 4] != FRAME_MAGIC {
+        return Frame::Tail;
+    }
+    let body_len = u32_at(file, at + 8) as usize;
+    let sum_at = at + FRAME_HEAD + body_len;
+    if sum_at + CHECKSUM_LEN > file.len() || u64_at(file, at + 12) != lsn {
+        return Frame::Tail;
+    }
+    let mut checksum = [0u8; CHECKSUM_LEN];
+    checksum.copy_from_slice(&file[sum_at..sum_at + CHECKSUM_LEN]);
+    if file[at + 5] == KIND_WRAP {
+        return Frame::Wrap { checksum };
+    }
+    Frame::Entry {
+        body: at + FRAME_HEAD..sum_at,
+        checksum,
+        next: pos + frame_len(body_len),
+    }
+}
+
 /// A table an entry writes to, as recorded in its table list.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct TableRef {
-    pub(crate) name: String,
+pub struct TableRef {
+    /// The table's name.
+    pub name: String,
     /// [`TABLE_PLAIN`] or [`TABLE_MULTIMAP`].
-    pub(crate) kind: u8,
-    pub(crate) key_type: String,
-    pub(crate) value_type: String,
+    pub kind: u8,
+    /// redb's name of the key type.
+    pub key_type: String,
+    /// redb's name of the value type.
+    pub value_type: String,
 }
 
 /// One redo record of a decoded entry; ranges index the body.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Redo {
-    pub(crate) op: u8,
-    pub(crate) table: u16,
-    pub(crate) key: Range<usize>,
-    pub(crate) value: Option<Range<usize>>,
+pub struct Redo {
+    /// [`OP_PUT`], [`OP_REMOVE`] or [`OP_REMOVE_PAIR`].
+    pub op: u8,
+    /// Index into the entry's table list.
+    pub table: u16,
+    /// The key's bytes in the body.
+    pub key: Range<usize>,
+    /// The value's bytes in the body (not for a remove).
+    pub value: Option<Range<usize>>,
 }
 
 /// A decoded entry body.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Entry {
-    pub(crate) tables: Vec<TableRef>,
-    pub(crate) records: Vec<Redo>,
+pub struct Entry {
+    /// The tables, in the order of their first record.
+    pub tables: Vec<TableRef>,
+    /// The redo records, in the order the batch made them.
+    pub records: Vec<Redo>,
 }
 
 /// Builds an entry body as a batch writes (docs/FORMAT.md, "Entry body").
 #[derive(Debug, Default)]
-pub(crate) struct EntryBuilder {
+pub struct EntryBuilder {
     tables: Vec<TableRef>,
     records: Vec<u8>,
     count: u32,
@@ -334,12 +384,12 @@ pub(crate) struct EntryBuilder {
 
 impl EntryBuilder {
     /// No record yet.
-    pub(crate) fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.count == 0
     }
 
     /// The index of a table in the entry's list, added on first use.
-    pub(crate) fn table(&mut self, name: &str, kind: u8, key_type: &str, value_type: &str) -> u16 {
+    pub fn table(&mut self, name: &str, kind: u8, key_type: &str, value_type: &str) -> u16 {
         if let Some(i) = self.tables.iter().position(|t| t.name == name) {
             return i as u16;
         }
@@ -355,7 +405,7 @@ impl EntryBuilder {
     }
 
     /// Appends a record.
-    pub(crate) fn record(&mut self, op: u8, table: u16, key: &[u8], value: Option<&[u8]>) {
+    pub fn record(&mut self, op: u8, table: u16, key: &[u8], value: Option<&[u8]>) {
         self.records.push(op);
         self.records.extend_from_slice(&table.to_be_bytes());
         self.records
@@ -370,7 +420,7 @@ impl EntryBuilder {
     }
 
     /// The encoded body, or why it cannot be one (a field past its length prefix's range).
-    pub(crate) fn finish(&self) -> Result<Vec<u8>, String> {
+    pub fn finish(&self) -> Result<Vec<u8>, String> {
         if self.tables.len() > usize::from(u16::MAX) {
             return Err(format!("a batch wrote to {} tables", self.tables.len()));
         }
@@ -435,7 +485,7 @@ impl Cursor<'_> {
 
 /// Decodes an entry body exactly: every length bounds-checked, names UTF-8, table indexes in
 /// range, each operation allowed for its table's kind, no bytes left over.
-pub(crate) fn decode_body(body: &[u8]) -> Result<Entry, FormatError> {
+pub fn decode_body(body: &[u8]) -> Result<Entry, FormatError> {
     let mut c = Cursor { b: body, at: 0 };
     let count = c.u16()?;
     let mut tables = Vec::with_capacity(usize::from(count));

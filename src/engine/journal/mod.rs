@@ -29,3 +29,23 @@ pub use recover::journal_path;
 pub const DEFAULT_CAPACITY: u64 = 64 << 20;
 /// The default frame bytes between two checkpoints: 8 MiB.
 pub const DEFAULT_CHECKPOINT_BYTES: u64 = 8 << 20;
+
+/// NOT PUBLIC API: a recovery or commit step deliberately broken, for the tests that prove the
+/// crash tests catch it. Only `StoreBuilder::__break_journal` (feature `__internal_whitebox`)
+/// sets anything but `No`.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum BrokenJournal {
+    /// Nothing broken.
+    #[default]
+    No,
+    /// Recovery accepts frames by their LSN alone, without the checksum chain.
+    UnchainedFrames,
+    /// Recovery applies nothing from the journal.
+    NoReplay,
+    /// Members are answered before the journal's sync covers their entry.
+    AnswerBeforeSync,
+    /// Recovery stops at the first wrap frame.
+    StopAtWrap,
+}

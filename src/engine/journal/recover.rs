@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use redb::{Database, ReadableDatabase, StorageBackend};
 
 use crate::engine::boundary::unlatched;
+use crate::engine::journal::BrokenJournal;
 use crate::engine::journal::apply::Registry;
 use crate::engine::journal::format::{
     self, Checksum, Entry, FormatError, Frame, HEADER_LEN, Header, Row, StoreId,
@@ -38,6 +39,8 @@ pub(crate) struct Settings {
     pub(crate) enabled: bool,
     pub(crate) capacity: u64,
     pub(crate) checkpoint_bytes: u64,
+    /// A step deliberately broken (white-box tests only; `No` otherwise).
+    pub(crate) broken: BrokenJournal,
 }
 
 /// Where the journal is.
@@ -213,7 +216,12 @@ struct Live {
 }
 
 /// Reads the journal in `file` from `row`'s position (docs/FORMAT.md, "Reading the journal").
-fn scan(b: &dyn StorageBackend, row: &Row, registry: &Registry) -> Result<Live, Error> {
+fn scan(
+    b: &dyn StorageBackend,
+    row: &Row,
+    registry: &Registry,
+    broken: BrokenJournal,
+) -> Result<Live, Error> {
     let len = b.len().map_err(|e| io("reading the journal", e))?;
     let mut file =
         vec![0u8; usize::try_from(len).map_err(|_| corrupt("a journal larger than memory"))?];
@@ -240,8 +248,14 @@ fn scan(b: &dyn StorageBackend, row: &Row, registry: &Registry) -> Result<Live, 
             return Err(corrupt("the journal's frames form a loop"));
         }
         steps -= 1;
-        match format::read_frame(&file, &row.store_id, &chain, pos, lsn).map_err(format_error)? {
+        let frame = if broken == BrokenJournal::UnchainedFrames {
+            broken_read(&file, pos, lsn)
+        } else {
+            format::read_frame(&file, &row.store_id, &chain, pos, lsn).map_err(format_error)?
+        };
+        match frame {
             Frame::Tail => break,
+            Frame::Wrap { .. } if broken == BrokenJournal::StopAtWrap => break,
             Frame::Wrap { checksum } => {
                 chain = checksum;
                 pos = HEADER_LEN;
@@ -273,6 +287,16 @@ fn scan(b: &dyn StorageBackend, row: &Row, registry: &Registry) -> Result<Live, 
             clean: false,
         },
     })
+}
+
+#[cfg(feature = "__internal_whitebox")]
+fn broken_read(file: &[u8], pos: u64, lsn: u64) -> Frame {
+    format::read_frame_by_lsn(file, pos, lsn)
+}
+
+#[cfg(not(feature = "__internal_whitebox"))]
+fn broken_read(_: &[u8], _: u64, _: u64) -> Frame {
+    Frame::Tail
 }
 
 /// Applies `live`'s entries and writes its end row in one durable commit.
@@ -333,7 +357,11 @@ pub(crate) fn attach(
                 Some(f) => f,
                 None => return Err(missing()),
             };
-            let live = scan(&*file, &row, registry)?;
+            let mut live = scan(&*file, &row, registry, settings.broken)?;
+            if settings.broken == BrokenJournal::NoReplay {
+                live.entries.clear();
+                live.end = row;
+            }
             if live.entries.is_empty() {
                 commit_row(db, Some(&live.end))?;
             } else {
@@ -343,7 +371,13 @@ pub(crate) fn attach(
         }
     };
     let capacity = file.len().map_err(|e| io("reading the journal", e))?;
-    Ok(Journal::new(file, capacity, row, settings.checkpoint_bytes))
+    Ok(Journal::new(
+        file,
+        capacity,
+        row,
+        settings.checkpoint_bytes,
+        settings.broken == BrokenJournal::AnswerBeforeSync,
+    ))
 }
 
 fn missing() -> Error {
@@ -394,7 +428,7 @@ pub(crate) fn detach(
         return Ok(());
     };
     if let Some(file) = open_existing_or_recreate(place, &row, settings.capacity)? {
-        let live = scan(&*file, &row, registry)?;
+        let live = scan(&*file, &row, registry, settings.broken)?;
         if !live.entries.is_empty() {
             replay(db, &live, registry)?;
         }
