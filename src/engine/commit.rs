@@ -113,9 +113,15 @@ impl Store {
         if self.in_closure() {
             return Err(Error::Reentrant);
         }
-        driver::run_member(self, durable == Durable::Forced, detached, |batch| {
+        let result = driver::run_member(self, durable == Durable::Forced, detached, |batch| {
             own(&batch.wtx(), self.now_in_section())
-        })
+        });
+        if result.is_err() {
+            // Journal mode: a member's own error (a payload mismatch, a key in progress) may
+            // rest on an entry not yet durable; like an answer, it waits for what it read.
+            let _ = self.read_durable();
+        }
+        result
     }
 }
 
