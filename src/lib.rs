@@ -214,7 +214,7 @@ pub mod store {
     pub use crate::engine::journal::{
         DEFAULT_CAPACITY as DEFAULT_JOURNAL_CAPACITY, DEFAULT_CHECKPOINT_BYTES, Table, journal_path,
     };
-    pub use crate::engine::maintenance::Metrics;
+    pub use crate::engine::maintenance::{JournalMetrics, Metrics};
     pub use crate::engine::read_only::ReadOnlyStore;
     pub use crate::engine::repair::RepairProgress;
     pub use crate::engine::store::Store;

@@ -132,6 +132,19 @@ fn main() -> ExitCode {
         "{callers} callers, {mode}: {n} claims in {elapsed:.2} s = {:.0} claims/s",
         n as f64 / elapsed
     );
+    let m = store.metrics();
+    if m.journal.frames + m.journal.checkpoints > 0 {
+        let per = |x: u64| x as f64 / n.max(1) as f64;
+        println!(
+            "journal: {} frames ({:.0} B per claim), {} syncs ({:.3} per claim), {} checkpoints; {} commits",
+            m.journal.frames,
+            per(m.journal.frame_bytes),
+            m.journal.syncs,
+            per(m.journal.syncs),
+            m.journal.checkpoints,
+            m.commits
+        );
+    }
     for f in &failures {
         eprintln!("{f}");
     }

@@ -32,6 +32,23 @@ pub struct Metrics {
     pub sweep_failures: u64,
     /// The last pass: records swept by it, its batches and its duration.
     pub last_sweep: SweepReport,
+    /// Journal mode ([`crate::StoreBuilder::journal`]): the journal's figures; all zero otherwise.
+    pub journal: JournalMetrics,
+}
+
+/// The journal's counters since open (journal mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct JournalMetrics {
+    /// Entries written as frames (batches that wrote and were journaled).
+    pub frames: u64,
+    /// Bytes of frames written, padding and wrap frames included.
+    pub frame_bytes: u64,
+    /// `fdatasync` calls on the journal that returned Ok.
+    pub syncs: u64,
+    /// Checkpoints: durable redb commits (by size, for an entry the journal cannot hold, for a
+    /// batch that wrote a table it cannot replay, or forced).
+    pub checkpoints: u64,
 }
 
 impl Metrics {
@@ -62,6 +79,7 @@ impl Store {
             swept_records: sweeps.swept,
             sweep_failures: sweeps.failures,
             last_sweep: sweeps.last,
+            journal: self.journal().map(|j| j.metrics()).unwrap_or_default(),
         }
     }
 

@@ -19,6 +19,7 @@ use redb::StorageBackend;
 use crate::engine::journal::format::{
     ALIGN, Checksum, HEADER_LEN, KIND_ENTRY, KIND_WRAP, Row, StoreId, encode_frame, frame_len,
 };
+use crate::engine::maintenance::JournalMetrics;
 
 /// Where the next frame goes.
 #[derive(Debug)]
@@ -66,6 +67,10 @@ pub(crate) struct Journal {
     durable: AtomicU64,
     /// White-box tests only: answers do not wait for the sync (`BrokenJournal::AnswerBeforeSync`).
     answer_before_sync: bool,
+    frames: AtomicU64,
+    frame_bytes: AtomicU64,
+    syncs: AtomicU64,
+    checkpoints: AtomicU64,
 }
 
 impl std::fmt::Debug for Journal {
@@ -107,6 +112,21 @@ impl Journal {
             sealed: AtomicU64::new(row.lsn),
             durable: AtomicU64::new(row.lsn),
             answer_before_sync,
+            frames: AtomicU64::new(0),
+            frame_bytes: AtomicU64::new(0),
+            syncs: AtomicU64::new(0),
+            checkpoints: AtomicU64::new(0),
+        }
+    }
+
+    /// The counters since open.
+    pub(crate) fn metrics(&self) -> JournalMetrics {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        JournalMetrics {
+            frames: get(&self.frames),
+            frame_bytes: get(&self.frame_bytes),
+            syncs: get(&self.syncs),
+            checkpoints: get(&self.checkpoints),
         }
     }
 
@@ -171,6 +191,8 @@ impl Journal {
         head.chain = sum;
         head.next = lsn + 1;
         head.since_checkpoint += written + len;
+        self.frames.fetch_add(1, Ordering::Relaxed);
+        self.frame_bytes.fetch_add(written + len, Ordering::Relaxed);
         // `written` first: a reader that sees this LSN sealed finds its frame written.
         self.sync.lock().written = lsn;
         self.sealed.store(lsn, Ordering::Release);
@@ -242,6 +264,7 @@ impl Journal {
             s.syncing = false;
             match result {
                 Ok(()) => {
+                    self.syncs.fetch_add(1, Ordering::Relaxed);
                     self.durable.fetch_max(target, Ordering::AcqRel);
                 }
                 Err(e) => {
@@ -257,6 +280,7 @@ impl Journal {
     /// After the durable commit of entry `lsn` whose row is `row` returned Ok: the live journal
     /// now starts at its position, and every entry up to `lsn` is durable.
     pub(crate) fn checkpointed(&self, row: &Row) {
+        self.checkpoints.fetch_add(1, Ordering::Relaxed);
         let mut head = self.head.lock();
         head.live_from = row.position;
         head.since_checkpoint = 0;

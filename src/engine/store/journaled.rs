@@ -97,6 +97,15 @@ impl Store {
         }
         // Periodic: the flusher's forced commit (a checkpoint) makes these durable.
         self.set_unflushed(self.relaxed_durability() && !checkpoint);
+        // At most two batches in flight: the next batch forms only once the entry before this
+        // one is durable, so it gathers the callers that arrive during this entry's sync
+        // instead of many small batches each paying a commit.
+        if !checkpoint && !self.relaxed_durability() && sealed.lsn > 1 {
+            journal.wait_durable(sealed.lsn - 1).map_err(|cause| {
+                self.latch(&cause);
+                unknown(&cause)
+            })?;
+        }
         Ok(sealed.lsn)
     }
 
