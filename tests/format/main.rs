@@ -1,4 +1,4 @@
-//! What is pinned: the record format (docs/FORMAT.md), idem's reserved tables, files that are
+//! What is pinned: the record format and the journal's (docs/FORMAT.md), idem's reserved tables, files that are
 //! not stores, and the layering of `src/` (each layer imports only the ones below it).
 //!
 //! One module per behaviour, named by the sentence it proves (`cargo test --test format -- <module>::`
@@ -8,6 +8,8 @@
 mod common;
 
 mod empty_file_is_not_a_store;
+mod journal_format;
+mod journal_formats;
 mod layers_import_one_way;
 mod record_format;
 mod reserved_tables;
