@@ -507,6 +507,7 @@ impl StoreBuilder {
         };
         let create = self.create(std::fs::metadata(path).map_or(true, |m| m.len() == 0));
         let opened = contain_open(|| {
+            recover::precheck(&journal_path(path))?;
             if create == Create::Unchecked {
                 refuse_unchecked(self.redb_builder().open_read_only(path))?;
             }
@@ -540,6 +541,7 @@ impl StoreBuilder {
         let (redb, watch) = self.watched_builder(Some(path), shutdown);
         let opened = contain_open(|| {
             refuse_empty(path)?;
+            recover::precheck(&journal_path(path))?;
             // Any failure of the read-only open (a crashed file, another process holding it) is
             // left to the open for writing to handle or report, as before.
             if let Ok(db) = self.redb_builder().open_read_only(path) {

@@ -17,6 +17,18 @@ pub(crate) trait TableType: Send + Sync {
     fn value_type(&self) -> String;
     /// Opens the table in `txn`.
     fn open<'t>(&self, txn: &'t WriteTransaction) -> Result<Box<dyn Apply + 't>, redb::Error>;
+    /// Why `key` and `value` are not a key and a value of the table's types, if they are not:
+    /// checked before anything is applied, since redb's `from_bytes` may panic on such bytes.
+    fn check(&self, key: &[u8], value: Option<&[u8]>) -> Result<(), String>;
+}
+
+/// Whether `bytes` decode as a `T` (its width, and a trial `from_bytes`, which panics on bytes
+/// its type never writes).
+fn decodes<T: Value + 'static>(bytes: &[u8]) -> bool {
+    if T::fixed_width().is_some_and(|w| w != bytes.len()) {
+        return false;
+    }
+    std::panic::catch_unwind(|| drop(T::from_bytes(bytes))).is_ok()
 }
 
 /// An open table that takes redo records.
@@ -38,6 +50,28 @@ impl<K: Key + 'static, V: Value + 'static> TableType for Typed<K, V> {
     fn value_type(&self) -> String {
         V::type_name().name().to_owned()
     }
+    fn check(&self, key: &[u8], value: Option<&[u8]>) -> Result<(), String> {
+        if !decodes::<K>(key) {
+            return Err(format!(
+                "a journal record's key ({} bytes) is not a {} of the table `{}`",
+                key.len(),
+                K::type_name().name(),
+                self.name
+            ));
+        }
+        if let Some(v) = value
+            && !decodes::<V>(v)
+        {
+            return Err(format!(
+                "a journal record's value ({} bytes) is not a {} of the table `{}`",
+                v.len(),
+                V::type_name().name(),
+                self.name
+            ));
+        }
+        Ok(())
+    }
+
     fn open<'t>(&self, txn: &'t WriteTransaction) -> Result<Box<dyn Apply + 't>, redb::Error> {
         Ok(Box::new(
             txn.open_table(TableDefinition::<K, V>::new(&self.name))?,
@@ -117,6 +151,22 @@ impl Registry {
                     "the journal holds writes to the table `{}` ({} -> {}), which this open does not know: register it with StoreBuilder::journal_table before opening, as the program that wrote it did",
                     t.name, t.key_type, t.value_type
                 ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Why a record of a checked entry is not of its table's types, if one is not.
+    pub(crate) fn check_records(
+        &self,
+        tables: &[TableRef],
+        records: &[Redo],
+        body: &[u8],
+    ) -> Result<(), String> {
+        for r in records {
+            let t = &tables[usize::from(r.table)];
+            if let Some(ty) = self.0.get(&t.name) {
+                ty.check(&body[r.key.clone()], r.value.clone().map(|v| &body[v]))?;
             }
         }
         Ok(())

@@ -105,6 +105,26 @@ fn io(what: &str, e: std::io::Error) -> Error {
     }
 }
 
+/// Before the store file is opened for writing: a journal beside it whose header is of another
+/// version refuses the open while both files are as they were (an open for writing rewrites
+/// redb's file even when it is refused later).
+pub(crate) fn precheck(path: &Path) -> Result<(), Error> {
+    use std::io::Read;
+    let Ok(mut file) = File::open(path) else {
+        return Ok(());
+    };
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut head = [0u8; 44];
+    if file.read_exact(&mut head).is_err() {
+        return Ok(());
+    }
+    match Header::decode(&head, len) {
+        Err(e @ FormatError::Version(_)) => Err(format_error(e)),
+        // Anything else is for the open to judge, against the row.
+        _ => Ok(()),
+    }
+}
+
 /// The checkpoint row in a read of `db`, if there is one.
 pub(crate) fn read_row(read: &redb::ReadTransaction) -> Result<Option<Row>, Error> {
     let meta = match read.open_table(META) {
@@ -269,6 +289,9 @@ fn scan(
                 registry
                     .check(&entry.tables)
                     .map_err(|reason| Error::Config { reason })?;
+                registry
+                    .check_records(&entry.tables, &entry.records, &file[body.clone()])
+                    .map_err(corrupt)?;
                 entries.push((body, entry));
                 chain = checksum;
                 pos = if next >= len { HEADER_LEN } else { next };
