@@ -450,14 +450,17 @@ pub(crate) fn detach(
     let Some(row) = read_row(&db.begin_read().map_err(unlatched)?)? else {
         return Ok(());
     };
-    if let Some(file) = open_existing_or_recreate(place, &row, settings.capacity)? {
-        let live = scan(&*file, &row, registry, settings.broken)?;
-        if !live.entries.is_empty() {
-            replay(db, &live, registry)?;
+    match open_existing(place)? {
+        Some(file) => {
+            let live = scan(&*file, &row, registry, settings.broken)?;
+            if !live.entries.is_empty() {
+                replay(db, &live, registry)?;
+            }
+            let _ = file.close();
         }
-        let _ = file.close();
-    } else {
-        return Err(missing());
+        // A clean close left nothing live: there is nothing to replay.
+        None if row.clean => {}
+        None => return Err(missing()),
     }
     commit_row(db, None)
 }
