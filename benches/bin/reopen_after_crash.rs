@@ -6,9 +6,13 @@
 //!
 //! ```text
 //! cargo run --release -p idem-benches --bin reopen_after_crash -- build FILE RECORDS  # RECORDS claims, 8 threads
-//! cargo run --release -p idem-benches --bin reopen_after_crash -- crash FILE [--quick-repair]  # claims on 8 threads, aborts after 0.7 s
-//! cargo run --release -p idem-benches --bin reopen_after_crash -- reopen FILE [--no-prefetch] [--no-verify]
+//! cargo run --release -p idem-benches --bin reopen_after_crash -- crash FILE [--quick-repair] [--journal]  # claims on 8 threads, aborts after 0.7 s
+//! cargo run --release -p idem-benches --bin reopen_after_crash -- reopen FILE [--no-prefetch] [--no-verify] [--journal]
 //! ```
+//!
+//! `--journal` claims and reopens in journal mode (`StoreBuilder::journal`): the crash leaves
+//! redb at its last checkpoint (saved with quick-repair) and the journal's live entries, which
+//! the reopen replays; its line gives the entries replayed.
 //!
 //! `build` commits with `Durability::Periodic(200 ms)` (a bulk load; the store is closed cleanly
 //! at the end); `crash` commits with the default `Immediate` durability and ends with
@@ -23,7 +27,7 @@ use std::time::{Duration, Instant};
 use bench_common::workload::{request, response as answer};
 use idem::{Durability, Store};
 
-const USAGE: &str = "usage: reopen_after_crash build FILE RECORDS | crash FILE [--quick-repair] | reopen FILE [--no-prefetch] [--no-verify]";
+const USAGE: &str = "usage: reopen_after_crash build FILE RECORDS | crash FILE [--quick-repair] [--journal] | reopen FILE [--no-prefetch] [--no-verify] [--journal]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -36,11 +40,16 @@ fn main() -> ExitCode {
             Some(records) => build(path, records),
             None => Err(USAGE.into()),
         },
-        "crash" => crash(path, args.iter().any(|a| a == "--quick-repair")),
+        "crash" => crash(
+            path,
+            args.iter().any(|a| a == "--quick-repair"),
+            args.iter().any(|a| a == "--journal"),
+        ),
         "reopen" => reopen(
             path,
             !args.iter().any(|a| a == "--no-prefetch"),
             !args.iter().any(|a| a == "--no-verify"),
+            args.iter().any(|a| a == "--journal"),
         ),
         _ => Err(USAGE.into()),
     };
@@ -87,8 +96,11 @@ fn build(path: &str, records: u64) -> Result<(), Failure> {
     Ok(())
 }
 
-fn crash(path: &str, quick_repair: bool) -> Result<(), Failure> {
-    let store = Store::builder().quick_repair(quick_repair).open(path)?;
+fn crash(path: &str, quick_repair: bool, journal: bool) -> Result<(), Failure> {
+    let store = Store::builder()
+        .quick_repair(quick_repair)
+        .journal(journal)
+        .open(path)?;
     std::thread::scope(|s| {
         for t in 0..8u64 {
             let store = &store;
@@ -105,20 +117,25 @@ fn crash(path: &str, quick_repair: bool) -> Result<(), Failure> {
     })
 }
 
-fn reopen(path: &str, prefetch: bool, verify: bool) -> Result<(), Failure> {
+fn reopen(path: &str, prefetch: bool, verify: bool, journal: bool) -> Result<(), Failure> {
+    let journal_bytes = std::fs::metadata(idem::store::journal_path(path.as_ref()))
+        .map(|m| m.len())
+        .unwrap_or(0);
     let started = Instant::now();
     let store = Store::builder()
         .prefetch_on_repair(prefetch)
         .verify_on_open(verify)
+        .journal(journal)
         .open(path)?;
     let took = started.elapsed();
     println!(
-        "reopen {:.3} s, repair {} (prefetch_on_repair {prefetch}, verify_on_open {verify})",
+        "reopen {:.3} s, repair {} (prefetch_on_repair {prefetch}, verify_on_open {verify}, journal {journal}: {journal_bytes} B file, {} entries replayed)",
         took.as_secs_f64(),
         match store.repair_time() {
             Some(t) => format!("{:.3} s", t.as_secs_f64()),
             None => "none".into(),
-        }
+        },
+        store.metrics().journal.replayed
     );
     Ok(())
 }

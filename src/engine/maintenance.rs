@@ -49,6 +49,8 @@ pub struct JournalMetrics {
     /// Checkpoints: durable redb commits (by size, for an entry the journal cannot hold, for a
     /// batch that wrote a table it cannot replay, or forced).
     pub checkpoints: u64,
+    /// Entries the open replayed from the journal (those a crash left outside redb).
+    pub replayed: u64,
 }
 
 impl Metrics {

@@ -67,6 +67,7 @@ pub(crate) struct Journal {
     durable: AtomicU64,
     /// White-box tests only: answers do not wait for the sync (`BrokenJournal::AnswerBeforeSync`).
     answer_before_sync: bool,
+    replayed: u64,
     frames: AtomicU64,
     frame_bytes: AtomicU64,
     syncs: AtomicU64,
@@ -91,6 +92,7 @@ impl Journal {
         row: Row,
         checkpoint_bytes: u64,
         answer_before_sync: bool,
+        replayed: u64,
     ) -> Journal {
         Journal {
             file,
@@ -112,6 +114,7 @@ impl Journal {
             sealed: AtomicU64::new(row.lsn),
             durable: AtomicU64::new(row.lsn),
             answer_before_sync,
+            replayed,
             frames: AtomicU64::new(0),
             frame_bytes: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
@@ -127,6 +130,7 @@ impl Journal {
             frame_bytes: get(&self.frame_bytes),
             syncs: get(&self.syncs),
             checkpoints: get(&self.checkpoints),
+            replayed: self.replayed,
         }
     }
 

@@ -358,6 +358,7 @@ pub(crate) fn attach(
     registry: &Registry,
 ) -> Result<Journal, Error> {
     let row = read_row(&db.begin_read().map_err(unlatched)?)?;
+    let mut replayed = 0;
     let (file, row) = match row {
         None => {
             let mut store_id = [0u8; 16];
@@ -389,6 +390,7 @@ pub(crate) fn attach(
                 commit_row(db, Some(&live.end))?;
             } else {
                 replay(db, &live, registry)?;
+                replayed = live.entries.len() as u64;
             }
             (file, live.end)
         }
@@ -400,6 +402,7 @@ pub(crate) fn attach(
         row,
         settings.checkpoint_bytes,
         settings.broken == BrokenJournal::AnswerBeforeSync,
+        replayed,
     ))
 }
 
