@@ -65,6 +65,8 @@ pub(crate) struct Journal {
     synced: Condvar,
     sealed: AtomicU64,
     durable: AtomicU64,
+    /// The LSN of an unframed entry whose durable commit is running (0: none).
+    unframed: AtomicU64,
     /// White-box tests only: answers do not wait for the sync (`BrokenJournal::AnswerBeforeSync`).
     answer_before_sync: bool,
     replayed: u64,
@@ -113,6 +115,7 @@ impl Journal {
             synced: Condvar::new(),
             sealed: AtomicU64::new(row.lsn),
             durable: AtomicU64::new(row.lsn),
+            unframed: AtomicU64::new(0),
             answer_before_sync,
             replayed,
             frames: AtomicU64::new(0),
@@ -137,6 +140,19 @@ impl Journal {
     /// The last sealed entry (j).
     pub(crate) fn sealed(&self) -> u64 {
         self.sealed.load(Ordering::Acquire)
+    }
+
+    /// A bound on the entries a redb read begun before this call can see: the last sealed
+    /// entry, or the one before it while that entry is unframed and its durable commit still
+    /// runs (redb shows a durable commit to readers only once it is durable, so a read that sees
+    /// it needs nothing more; waiting for it would stall reads for a checkpoint's length).
+    pub(crate) fn read_bound(&self) -> u64 {
+        let sealed = self.sealed();
+        if self.unframed.load(Ordering::Acquire) == sealed {
+            sealed.saturating_sub(1)
+        } else {
+            sealed
+        }
     }
 
     /// The last durable entry (d).
@@ -164,6 +180,8 @@ impl Journal {
             // Unframed: the durable commit is the entry's only copy. The next frame goes where
             // this one would have, continuing the same chain.
             head.next = lsn + 1;
+            // Before `sealed`: a reader that sees this LSN sealed also sees it unframed.
+            self.unframed.store(lsn, Ordering::Release);
             self.sealed.store(lsn, Ordering::Release);
             let row = Row {
                 store_id: self.store_id,

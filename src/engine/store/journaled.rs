@@ -133,7 +133,7 @@ impl Store {
         if self.relaxed_durability() {
             return Ok(());
         }
-        let bound = journal.sealed();
+        let bound = journal.read_bound();
         journal.wait_durable(bound).map_err(|cause| {
             self.latch(&cause);
             Error::FailStopped { cause }
