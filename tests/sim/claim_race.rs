@@ -23,7 +23,8 @@
 //! - no panic, no unexpected error.
 //!
 //! The schedule language is `schedule.rs`, the model `model.rs`, the runner `lockstep.rs`
-//! (shared with `engines_agree`); here they run against the redb engine alone, opened as a
+//! (shared with `engines_agree`); here they run against the redb engine alone (in direct mode
+//! and in journal mode, `StoreBuilder::journal`, side by side), opened as a
 //! single process owns its file, so the model predicts the restart rule (docs/design.md, "A
 //! restart frees the leases of the dead": after a reopen or a crash, a lease granted before it
 //! is taken over at once).
@@ -35,9 +36,15 @@ use super::model::View;
 use super::on_redb::RedbEngine;
 use super::schedule::{T0, ops};
 
-/// Runs one input.
+/// Runs one input, on a store in direct mode and one in journal mode side by side.
 pub fn run(data: &[u8]) {
     let clock = ManualClock::new(T0);
     let redb = RedbEngine::open(&clock, false);
-    Sim::new(clock, View::OpenInstance, vec![Box::new(redb)]).run(&ops(data));
+    let journaled = RedbEngine::open_journaled(&clock);
+    Sim::new(
+        clock,
+        View::OpenInstance,
+        vec![Box::new(redb), Box::new(journaled)],
+    )
+    .run(&ops(data));
 }

@@ -1,7 +1,8 @@
 //! The redb engine under the schedule language (`lockstep.rs`'s [`Engine`]): a [`Store`] on
-//! an in-memory [`CrashBackend`]. A crash fails every later write, drops the leases (their
-//! release fails on the dead disk) and the store, and reopens the durable image; effects are
-//! counted in the caller's table in the same file (`effects.rs`).
+//! an in-memory [`CrashBackend`] (and, in journal mode, its journal on a second one). A crash
+//! fails every later write, drops the leases (their release fails on the dead disk) and the
+//! store, and reopens the durable image(s); effects are counted in the caller's table in the
+//! same file (`effects.rs`).
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -10,7 +11,7 @@ use idem::clock::ManualClock;
 use idem::{Abort, Error, Lease, Request, Response, Store};
 
 use super::backend::{AloneOnFile, CrashBackend};
-use super::effects::{all_effects, bump};
+use super::effects::{EFFECTS, all_effects, bump};
 use super::lockstep::{Answer, Engine, Observed};
 use super::schedule::{
     CLIENTS, End, FORGET_MS, INTENTS, LEASE_MS, RESPONSE_MS, RETRY_AFTER_CAP, SWEEP_BATCH, key,
@@ -23,6 +24,8 @@ pub struct RedbEngine {
     /// dead (the model's `View::Any`); off, a reopen frees the leases of the dead.
     multi_process: bool,
     backend: CrashBackend,
+    /// Journal mode (`StoreBuilder::journal`): the journal's disk.
+    journal: Option<CrashBackend>,
     /// `None` only inside `reopen`/`crash`.
     store: Option<Store>,
     leases: Vec<Option<Lease>>,
@@ -30,14 +33,41 @@ pub struct RedbEngine {
 
 impl RedbEngine {
     pub fn open(clock: &ManualClock, multi_process: bool) -> Self {
+        Self::opened(clock, multi_process, None)
+    }
+
+    /// In journal mode, with a small journal that wraps and checkpoints often.
+    pub fn open_journaled(clock: &ManualClock) -> Self {
+        Self::opened(clock, false, Some(CrashBackend::default()))
+    }
+
+    fn opened(clock: &ManualClock, multi_process: bool, journal: Option<CrashBackend>) -> Self {
         let backend = CrashBackend::default();
-        let store = open(&backend, clock, multi_process);
+        let store = open(&backend, journal.as_ref(), clock, multi_process);
         RedbEngine {
             clock: clock.clone(),
             multi_process,
             backend,
+            journal,
             store: Some(store),
             leases: (0..CLIENTS).map(|_| None).collect(),
+        }
+    }
+
+    fn reopened(&self) -> Store {
+        open(
+            &self.backend,
+            self.journal.as_ref(),
+            &self.clock,
+            self.multi_process,
+        )
+    }
+
+    /// Both disks fail from now on.
+    fn fail_disks(&self) {
+        self.backend.failing.store(true, Ordering::SeqCst);
+        if let Some(j) = &self.journal {
+            j.failing.store(true, Ordering::SeqCst);
         }
     }
 
@@ -52,7 +82,12 @@ impl RedbEngine {
     }
 }
 
-fn open(backend: &CrashBackend, clock: &ManualClock, multi_process: bool) -> Store {
+fn open(
+    backend: &CrashBackend,
+    journal: Option<&CrashBackend>,
+    clock: &ManualClock,
+    multi_process: bool,
+) -> Store {
     let builder = Store::builder()
         .clock(clock.clone())
         .lease_duration(Duration::from_millis(LEASE_MS))
@@ -60,7 +95,14 @@ fn open(backend: &CrashBackend, clock: &ManualClock, multi_process: bool) -> Sto
         .tombstone_horizon(Duration::from_millis(FORGET_MS))
         .retry_after_cap(RETRY_AFTER_CAP)
         .sweep_batch(SWEEP_BATCH);
-    let opened = if multi_process {
+    let opened = if let Some(journal) = journal {
+        builder
+            .journal(true)
+            .journal_table(EFFECTS)
+            .journal_capacity(64 << 10)
+            .checkpoint_bytes(8 << 10)
+            .open_with_backends(backend.clone(), journal.clone())
+    } else if multi_process {
         builder
             .multi_process(true)
             .open_with_backend(AloneOnFile(backend.clone()))
@@ -186,27 +228,32 @@ impl Engine for RedbEngine {
     fn reopen(&mut self) {
         assert!(self.leases.iter().all(Option::is_none), "leases dropped");
         self.store = None;
-        self.store = Some(open(&self.backend, &self.clock, self.multi_process));
+        self.store = Some(self.reopened());
     }
 
     fn crash(&mut self) {
-        self.backend.failing.store(true, Ordering::SeqCst);
+        self.fail_disks();
         // The leases' drop tries to release through the dead backend: it must fail quietly.
         for slot in &mut self.leases {
             drop(slot.take());
         }
         self.store = None;
+        // No store runs any more: both images are of one instant.
+        self.journal = self.journal.as_ref().map(CrashBackend::crash);
         self.backend = self.backend.crash();
-        self.store = Some(open(&self.backend, &self.clock, self.multi_process));
+        self.store = Some(self.reopened());
     }
 
     fn crash_in_closure(&mut self, request: Request, label: &str) -> (Answer, u32) {
-        let backend = self.backend.clone();
+        let (backend, journal) = (self.backend.clone(), self.journal.clone());
         let mut runs = 0;
         let result = self.store().execute(request, |tx| {
             runs += 1;
             bump(tx, label)?;
             backend.failing.store(true, Ordering::SeqCst);
+            if let Some(j) = &journal {
+                j.failing.store(true, Ordering::SeqCst);
+            }
             Ok(Response::new(201, "never acknowledged"))
         });
         match result {
