@@ -14,7 +14,8 @@
 //! ```
 //!
 //! Arguments: the store file (created if missing), the number of callers, the seconds to run,
-//! and `send` (default) or `execute`. The store opens with a 1 GiB page cache, like the
+//! and `send` (default) or `execute`, or `replay`: the callers replay 10,000 keys claimed first
+//! (untimed), the lookups of finished keys. The store opens with a 1 GiB page cache, like the
 //! benchmark's; `IDEM_JOURNAL=1` opens it in journal mode (`StoreBuilder::journal`).
 
 use std::process::ExitCode;
@@ -40,6 +41,16 @@ fn response() -> Response {
     Response::new(201, r#"{"ok":true}"#).with_resource("order", "o1")
 }
 
+/// One replay of a finished key; an answer other than `Replayed` is an error.
+fn replayed(store: &Store, key: String) -> Result<(), String> {
+    match store.execute(request(&key), |_| {
+        Err(idem::Abort::retryable("must not run"))
+    }) {
+        Ok(ExecuteAnswer::Replayed(_)) => Ok(()),
+        other => Err(format!("replay {key}: expected Replayed, got {other:?}")),
+    }
+}
+
 /// One claim of a new key; an answer other than `Executed` is an error.
 fn claim(store: &Store, key: String, send: bool) -> Result<(), String> {
     let outcome = if send {
@@ -62,7 +73,7 @@ fn claim(store: &Store, key: String, send: bool) -> Result<(), String> {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: claim_load <store file> <callers> <seconds> [send|execute]";
+    let usage = "usage: claim_load <store file> <callers> <seconds> [send|execute|replay]";
     let (Some(path), Some(callers), Some(secs)) = (
         args.get(1),
         args.get(2).and_then(|a| a.parse::<usize>().ok()),
@@ -71,8 +82,9 @@ fn main() -> ExitCode {
         eprintln!("{usage}");
         return ExitCode::FAILURE;
     };
+    let replay = args.get(4).is_some_and(|a| a == "replay");
     let send = match args.get(4).map(String::as_str) {
-        None | Some("send") => true,
+        None | Some("send") | Some("replay") => true,
         Some("execute") => false,
         Some(other) => {
             eprintln!("unknown mode {other:?}; {usage}");
@@ -96,6 +108,28 @@ fn main() -> ExitCode {
     };
     // Keys unique to this process, so a store can be loaded again and again.
     let tag = std::process::id();
+    const REPLAYED: u64 = 10_000;
+    if replay {
+        let filled: Result<(), String> = std::thread::scope(|s| {
+            let fills: Vec<_> = (0..16u64)
+                .map(|t| {
+                    let store = &store;
+                    s.spawn(move || {
+                        (t..REPLAYED)
+                            .step_by(16)
+                            .try_for_each(|i| claim(store, format!("r-{tag}-{i:08}"), true))
+                    })
+                })
+                .collect();
+            fills
+                .into_iter()
+                .try_for_each(|f| f.join().unwrap_or(Err("a filler panicked".into())))
+        });
+        if let Err(e) = filled {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    }
     let stop = AtomicBool::new(false);
     let done = AtomicU64::new(0);
     let started = Instant::now();
@@ -106,7 +140,14 @@ fn main() -> ExitCode {
                 s.spawn(move || {
                     let mut i = 0u64;
                     while !stop.load(Ordering::Relaxed) {
-                        claim(store, format!("new-{tag}-{c:02}-{i:08}"), send)?;
+                        if replay {
+                            // A step through the keys coprime with their count: every key, in
+                            // an order that is not the claim order.
+                            let k = (i * 7_919 + c as u64) % REPLAYED;
+                            replayed(store, format!("r-{tag}-{k:08}"))?;
+                        } else {
+                            claim(store, format!("new-{tag}-{c:02}-{i:08}"), send)?;
+                        }
                         i += 1;
                         done.fetch_add(1, Ordering::Relaxed);
                     }
@@ -127,9 +168,16 @@ fn main() -> ExitCode {
     });
     let elapsed = started.elapsed().as_secs_f64();
     let n = done.load(Ordering::Relaxed);
-    let mode = if send { "execute_on_writer" } else { "execute" };
+    let mode = if replay {
+        "replay"
+    } else if send {
+        "execute_on_writer"
+    } else {
+        "execute"
+    };
+    let what = if replay { "replays" } else { "claims" };
     println!(
-        "{callers} callers, {mode}: {n} claims in {elapsed:.2} s = {:.0} claims/s",
+        "{callers} callers, {mode}: {n} {what} in {elapsed:.2} s = {:.0} {what}/s",
         n as f64 / elapsed
     );
     let m = store.metrics();
