@@ -34,11 +34,18 @@ pub struct IdemMode {
 
 /// The idem rows. To measure another idem setting beside the default, add one entry here, e.g.
 /// `IdemMode { label: "idem journal", what: "...", builder: || Store::builder().journal(true) },`.
-pub const MODES: &[IdemMode] = &[IdemMode {
-    label: "idem execute",
-    what: "idem `Store::execute`, default builder (Durability::Immediate, group commit): record + expiry entry + caller row, one durable redb commit",
-    builder: Store::builder,
-}];
+pub const MODES: &[IdemMode] = &[
+    IdemMode {
+        label: "idem execute",
+        what: "idem `Store::execute`, default builder (Durability::Immediate, group commit, 64 MiB page cache): record + expiry entry + caller row, one durable redb commit",
+        builder: Store::builder,
+    },
+    IdemMode {
+        label: "idem 1GiB cache",
+        what: "the same with `cache_size(1 GiB)`, the page cache benches/claim_throughput opens idem with",
+        builder: || Store::builder().cache_size(1 << 30),
+    },
+];
 
 /// The request for `key` (benches/common/workload.rs): tenant/operation scope, a small payload.
 fn request(key: &str) -> Request {
