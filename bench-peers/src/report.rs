@@ -1,0 +1,127 @@
+//! The markdown the run prints: per caller count, each row's claims/s, p50, p99 and its ratio to
+//! the RocksDB TransactionDB row; then each store's bytes on disk per record.
+
+use std::fmt::Write as _;
+
+use crate::harness::Sample;
+
+/// The row every ratio is taken against.
+pub const BASELINE: &str = "rocksdb txn";
+
+/// One row's samples at one caller count, one per rep.
+pub struct Cell<'a> {
+    /// The row's label.
+    pub label: &'a str,
+    /// The caller count.
+    pub callers: usize,
+    /// The reps' samples.
+    pub samples: Vec<&'a Sample>,
+}
+
+/// The cell's claims/s over all its reps (total claims / total window time), each rep's
+/// claims/s, and its p50 and p99 latency in µs over all its claims.
+pub fn summarize(cell: &Cell<'_>) -> (f64, Vec<f64>, f64, f64) {
+    let claims: u64 = cell.samples.iter().map(|s| s.claims).sum();
+    let secs: f64 = cell.samples.iter().map(|s| s.elapsed.as_secs_f64()).sum();
+    let per_rep = cell
+        .samples
+        .iter()
+        .map(|s| s.claims as f64 / s.elapsed.as_secs_f64())
+        .collect();
+    let mut lat: Vec<u64> = cell
+        .samples
+        .iter()
+        .flat_map(|s| s.latencies_ns.iter().copied())
+        .collect();
+    lat.sort_unstable();
+    let pct = |p: f64| -> f64 {
+        if lat.is_empty() {
+            return f64::NAN;
+        }
+        let i = ((lat.len() as f64 * p).ceil() as usize).clamp(1, lat.len()) - 1;
+        lat[i] as f64 / 1000.0
+    };
+    (claims as f64 / secs, per_rep, pct(0.50), pct(0.99))
+}
+
+fn fmt_us(us: f64) -> String {
+    if us >= 10_000.0 {
+        format!("{:.1} ms", us / 1000.0)
+    } else if us >= 1000.0 {
+        format!("{:.2} ms", us / 1000.0)
+    } else {
+        format!("{us:.0} µs")
+    }
+}
+
+fn ratio(x: f64, base: Option<f64>) -> String {
+    match base {
+        Some(b) if b > 0.0 && x.is_finite() => format!("{:.2}x", x / b),
+        _ => "-".into(),
+    }
+}
+
+/// The results table: one line per caller count and row.
+pub fn table(cells: &[Cell<'_>], callers: &[usize]) -> String {
+    let mut out = String::new();
+    out.push_str(
+        "| callers | row | claims/s | per rep | p50 | p99 | claims/s vs txn | p50 vs txn | p99 vs txn |\n",
+    );
+    out.push_str("|---:|---|---:|---|---:|---:|---:|---:|---:|\n");
+    for &c in callers {
+        let base = cells
+            .iter()
+            .find(|cell| cell.callers == c && cell.label == BASELINE)
+            .map(summarize);
+        for cell in cells.iter().filter(|cell| cell.callers == c) {
+            let (rate, per_rep, p50, p99) = summarize(cell);
+            let reps: Vec<String> = per_rep.iter().map(|r| format!("{r:.0}")).collect();
+            let _ = writeln!(
+                out,
+                "| {c} | {} | {rate:.0} | {} | {} | {} | {} | {} | {} |",
+                cell.label,
+                reps.join(", "),
+                fmt_us(p50),
+                fmt_us(p99),
+                ratio(rate, base.as_ref().map(|b| b.0)),
+                ratio(p50, base.as_ref().map(|b| b.2)),
+                ratio(p99, base.as_ref().map(|b| b.3)),
+            );
+        }
+    }
+    out
+}
+
+/// One store's size after the run.
+pub struct Size<'a> {
+    /// The row's label.
+    pub label: &'a str,
+    /// Records in the store: the pre-fill's plus every claim of the run.
+    pub records: u64,
+    /// Sum of the store's file sizes (apparent) right after the pre-fill.
+    pub after_prefill: u64,
+    /// Sum of the store's file sizes (apparent) after the run.
+    pub apparent: u64,
+    /// Sum of the store's files' allocated blocks after the run.
+    pub allocated: u64,
+}
+
+/// The bytes-on-disk table.
+pub fn sizes(rows: &[Size<'_>], prefilled: u64) -> String {
+    let mut out = String::new();
+    out.push_str("| row | records | bytes/record after pre-fill | bytes/record after run | allocated bytes/record after run | store MiB after run |\n");
+    out.push_str("|---|---:|---:|---:|---:|---:|\n");
+    for s in rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.1} |",
+            s.label,
+            s.records,
+            s.after_prefill as f64 / prefilled.max(1) as f64,
+            s.apparent as f64 / s.records.max(1) as f64,
+            s.allocated as f64 / s.records.max(1) as f64,
+            s.apparent as f64 / (1u64 << 20) as f64,
+        );
+    }
+    out
+}

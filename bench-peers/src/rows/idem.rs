@@ -1,0 +1,118 @@
+//! idem's row: `Store::execute` on a fresh key, whose closure writes one row to the caller's own
+//! table in the claim's transaction (benches/claim_throughput/idem_ops.rs, `idem_claim`): one
+//! record, its expiry entry and the caller's row in one durable commit (group commit batches
+//! concurrent callers).
+
+use std::path::Path;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use idem::redb::TableDefinition;
+use idem::{ExecuteAnswer, Request, Response, Scope, Store, StoreBuilder};
+
+use super::{Row, RowSpec};
+use crate::harness::Keys;
+
+/// The caller's own table: one tiny write per claim, in the claim's transaction.
+const EFFECTS: TableDefinition<&[u8], u64> = TableDefinition::new("effects");
+/// The scope's tenant (benches/common/workload.rs).
+const TENANT: &str = "tenant-0042";
+/// The scope's operation (benches/common/workload.rs).
+const OPERATION: &str = "create_order";
+/// Threads that pre-fill the store through `execute` (benches/claim_throughput/data.rs).
+const PREFILL_THREADS: usize = 64;
+
+/// One idem row: its label, its description and the builder its store is opened with.
+pub struct IdemMode {
+    /// The row's label.
+    pub label: &'static str,
+    /// What differs from the other idem rows.
+    pub what: &'static str,
+    /// The store's builder (`Store::builder` is idem's defaults).
+    pub builder: fn() -> StoreBuilder,
+}
+
+/// The idem rows. To measure another idem setting beside the default, add one entry here, e.g.
+/// `IdemMode { label: "idem journal", what: "...", builder: || Store::builder().journal(true) },`.
+pub const MODES: &[IdemMode] = &[
+    IdemMode {
+        label: "idem execute",
+        what: "idem `Store::execute`, default builder (Durability::Immediate, group commit, 64 MiB page cache): record + expiry entry + caller row, one durable redb commit",
+        builder: Store::builder,
+    },
+    IdemMode {
+        label: "idem 1GiB cache",
+        what: "the same with `cache_size(1 GiB)`, the page cache benches/claim_throughput opens idem with",
+        builder: || Store::builder().cache_size(1 << 30),
+    },
+];
+
+/// The request for `key` (benches/common/workload.rs): tenant/operation scope, a small payload.
+fn request(key: &str) -> Request {
+    let payload = format!("sku=sku-1&qty=2&ref={key}");
+    Request::from_canonical_bytes(Scope::new(TENANT, OPERATION), key, payload.as_bytes())
+}
+
+/// The answer every claim records: 201, `{"ok":true}`, resource `("order", "o1")`.
+fn response() -> Response {
+    Response::new(201, r#"{"ok":true}"#).with_resource("order", "o1")
+}
+
+/// An open idem store.
+pub struct IdemRow(Store);
+
+impl Row for IdemRow {
+    fn claim(&self, key: &[u8]) {
+        let key = std::str::from_utf8(key).expect("ASCII key");
+        let outcome = self
+            .0
+            .execute(request(key), |tx| {
+                let mut effects = tx.open_table(EFFECTS)?;
+                effects.insert(key.as_bytes(), 1)?;
+                Ok(response())
+            })
+            .unwrap_or_else(|e| panic!("idem claim {key}: {e}"));
+        assert!(
+            matches!(outcome, ExecuteAnswer::Ran(_)),
+            "idem claim {key}: {outcome:?}"
+        );
+    }
+}
+
+/// The row of `MODES` entry `mode`: its store is `idem.redb` in the row's directory, pre-filled
+/// through `execute` on `PREFILL_THREADS` threads (as benches/claim_throughput pre-fills).
+pub fn spec(mode: &IdemMode) -> RowSpec {
+    let &IdemMode {
+        label,
+        what,
+        builder,
+    } = mode;
+    RowSpec {
+        label,
+        what,
+        open: Box::new(move |dir: &Path, records: usize| {
+            let store = builder()
+                .open(dir.join("idem.redb"))
+                .expect("open idem store");
+            let row = IdemRow(store);
+            let took = prefill(&row, records);
+            (Box::new(row) as Box<dyn Row>, took)
+        }),
+    }
+}
+
+/// `records` claims of fresh random keys through `execute` on `PREFILL_THREADS` threads.
+fn prefill(row: &IdemRow, records: usize) -> Duration {
+    let t = Instant::now();
+    thread::scope(|s| {
+        for p in 0..PREFILL_THREADS {
+            s.spawn(move || {
+                let mut keys = Keys::new(0xF111 + p as u64);
+                for _ in (p..records).step_by(PREFILL_THREADS) {
+                    row.claim(&keys.next_key());
+                }
+            });
+        }
+    });
+    t.elapsed()
+}
