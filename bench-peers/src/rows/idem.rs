@@ -30,20 +30,31 @@ pub struct IdemMode {
     pub what: &'static str,
     /// The store's builder (`Store::builder` is idem's defaults).
     pub builder: fn() -> StoreBuilder,
+    /// Claims through `execute_on_writer` (the closure is `Send` and the batch's thread runs
+    /// it) instead of `execute`.
+    pub on_writer: bool,
 }
 
 /// The idem rows. To measure another idem setting beside the default, add one entry here, e.g.
-/// `IdemMode { label: "idem journal", what: "...", builder: || Store::builder().journal(true) },`.
+/// `IdemMode { label: "idem …", what: "…", builder: || Store::builder().…, on_writer: false },`.
 pub const MODES: &[IdemMode] = &[
     IdemMode {
         label: "idem execute",
-        what: "idem `Store::execute`, default builder (Durability::Immediate, group commit, 64 MiB page cache): record + expiry entry + caller row, one durable redb commit",
+        what: "idem `Store::execute`, default builder (Durability::Immediate, group commit, 64 MiB page cache): record + expiry entry + caller row, one durable redb commit per batch",
         builder: Store::builder,
+        on_writer: false,
     },
     IdemMode {
-        label: "idem 1GiB cache",
-        what: "the same with `cache_size(1 GiB)`, the page cache benches/claim_throughput opens idem with",
-        builder: || Store::builder().cache_size(1 << 30),
+        label: "idem journal",
+        what: "the same in journal mode (`journal(true)`, the caller's table registered): the batch's writes appended to the journal, one fdatasync per group of batches, redb committed without an fsync, a durable checkpoint every 8 MiB of journal",
+        builder: || Store::builder().journal(true).journal_table(EFFECTS),
+        on_writer: false,
+    },
+    IdemMode {
+        label: "idem journal on_writer",
+        what: "journal mode through `execute_on_writer` (a `Send` closure the batch's thread runs: no thread hand-off per claim)",
+        builder: || Store::builder().journal(true).journal_table(EFFECTS),
+        on_writer: true,
     },
 ];
 
@@ -58,20 +69,27 @@ fn response() -> Response {
     Response::new(201, r#"{"ok":true}"#).with_resource("order", "o1")
 }
 
-/// An open idem store.
-pub struct IdemRow(Store);
+/// An open idem store, and whether it claims through `execute_on_writer`.
+pub struct IdemRow(Store, bool);
 
 impl Row for IdemRow {
     fn claim(&self, key: &[u8]) {
         let key = std::str::from_utf8(key).expect("ASCII key");
-        let outcome = self
-            .0
-            .execute(request(key), |tx| {
+        let outcome = if self.1 {
+            let owned = key.to_owned();
+            self.0.execute_on_writer(request(key), move |tx| {
+                let mut effects = tx.open_table(EFFECTS)?;
+                effects.insert(owned.as_bytes(), 1)?;
+                Ok(response())
+            })
+        } else {
+            self.0.execute(request(key), |tx| {
                 let mut effects = tx.open_table(EFFECTS)?;
                 effects.insert(key.as_bytes(), 1)?;
                 Ok(response())
             })
-            .unwrap_or_else(|e| panic!("idem claim {key}: {e}"));
+        }
+        .unwrap_or_else(|e| panic!("idem claim {key}: {e}"));
         assert!(
             matches!(outcome, ExecuteAnswer::Ran(_)),
             "idem claim {key}: {outcome:?}"
@@ -86,6 +104,7 @@ pub fn spec(mode: &IdemMode) -> RowSpec {
         label,
         what,
         builder,
+        on_writer,
     } = mode;
     RowSpec {
         label,
@@ -94,7 +113,7 @@ pub fn spec(mode: &IdemMode) -> RowSpec {
             let store = builder()
                 .open(dir.join("idem.redb"))
                 .expect("open idem store");
-            let row = IdemRow(store);
+            let row = IdemRow(store, on_writer);
             let took = prefill(&row, records);
             (Box::new(row) as Box<dyn Row>, took)
         }),
