@@ -35,7 +35,7 @@ use idem::error::BoxError;
 use idem::format::State;
 use idem::inbox::ProcessAnswer;
 use idem::outbox::{DispatcherOptions, Event, EventId, StoredEvent};
-use idem::{BeginAnswer, ExecuteAnswer, Response, Scope, Store};
+use idem::{BeginAnswer, ExecuteAnswer, Response, Scope, Store, StoreBuilder};
 
 fn open(backend: impl idem::redb::StorageBackend, clock: &ManualClock) -> Store {
     Store::builder()
@@ -63,21 +63,57 @@ fn has_record(store: &Store, key: &str) -> bool {
 /// Runs `setup`, then `op` while counting syncs, then checks every crash image with the
 /// common invariants and `check(store, k, S, &ack)`. Returns S.
 fn enumerate<P, A>(
+    disk: Disk,
     name: &str,
     setup: impl FnOnce(&Store, &ManualClock) -> P,
-    op: impl FnOnce(&Store, &CountingBackend, P) -> A,
+    op: impl FnOnce(&Store, &dyn Syncs, P) -> A,
     check: impl Fn(&Store, usize, usize, bool, &A),
 ) -> usize {
-    enumerate_with_clock(name, setup, op, |store, _, k, s, torn, ack| {
-        check(store, k, s, torn, ack)
-    })
+    let check = |store: &Store, _: &ManualClock, k, s, torn, ack: &A| check(store, k, s, torn, ack);
+    match disk {
+        Disk::Direct => enumerate_with_clock(name, setup, op, check),
+        Disk::Journal(settings) => enumerate_journal(
+            &format!("journal: {name}"),
+            settings,
+            setup,
+            |slot, pair, p| op(slot.as_ref().expect("the store is open"), pair, p),
+            check,
+        ),
+    }
+}
+
+/// Counts the syncs of the disk an enumeration runs on.
+trait Syncs: Sync {
+    /// Syncs since the mark.
+    fn syncs(&self) -> usize;
+}
+
+impl Syncs for CountingBackend {
+    fn syncs(&self) -> usize {
+        CountingBackend::syncs(self)
+    }
+}
+
+impl Syncs for CountingPair {
+    fn syncs(&self) -> usize {
+        CountingPair::syncs(self)
+    }
+}
+
+/// Where an operation is enumerated.
+#[derive(Clone, Copy)]
+enum Disk {
+    /// Direct mode (durable redb commits) on one counting file.
+    Direct,
+    /// Journal mode on a [`CountingPair`], the builder configured by the function.
+    Journal(fn(StoreBuilder) -> StoreBuilder),
 }
 
 /// [`enumerate`], with the (shared, manual) clock passed to `check` too.
 fn enumerate_with_clock<P, A>(
     name: &str,
     setup: impl FnOnce(&Store, &ManualClock) -> P,
-    op: impl FnOnce(&Store, &CountingBackend, P) -> A,
+    op: impl FnOnce(&Store, &dyn Syncs, P) -> A,
     check: impl Fn(&Store, &ManualClock, usize, usize, bool, &A),
 ) -> usize {
     let backend = CountingBackend::default();
@@ -85,7 +121,7 @@ fn enumerate_with_clock<P, A>(
     let store = open(backend.clone(), &clock);
     let prepared = setup(&store, &clock);
     backend.mark();
-    let ack = op(&store, &backend, prepared);
+    let ack = op(&store, &backend as &dyn Syncs, prepared);
     let s = backend.syncs();
     let images: Vec<(usize, Vec<u8>)> = (0..=s).map(|k| (k, backend.image_at_sync(k))).collect();
     let torn = backend.torn_images();
@@ -123,7 +159,17 @@ fn enumerate_with_clock<P, A>(
 
 #[test]
 fn flow_a_claim() {
+    flow_a_claim_on(Disk::Direct);
+}
+
+#[test]
+fn journal_flow_a_claim() {
+    flow_a_claim_on(Disk::Journal(journaled));
+}
+
+fn flow_a_claim_on(disk: Disk) {
     enumerate(
+        disk,
         "flow-A claim",
         |_, _| (),
         |store, _, ()| {
@@ -145,7 +191,17 @@ fn flow_a_claim() {
 
 #[test]
 fn lease_begin() {
+    lease_begin_on(Disk::Direct);
+}
+
+#[test]
+fn journal_lease_begin() {
+    lease_begin_on(Disk::Journal(journaled));
+}
+
+fn lease_begin_on(disk: Disk) {
     enumerate(
+        disk,
         "lease begin",
         |_, _| (),
         |store, _, ()| acquired(store.begin(req("t", "op", "L", b"p"))),
@@ -171,7 +227,17 @@ fn lease_begin() {
 
 #[test]
 fn lease_complete() {
+    lease_complete_on(Disk::Direct);
+}
+
+#[test]
+fn journal_lease_complete() {
+    lease_complete_on(Disk::Journal(journaled));
+}
+
+fn lease_complete_on(disk: Disk) {
     enumerate(
+        disk,
         "lease complete",
         |store, _| acquired(store.begin(req("t", "op", "L", b"p"))),
         |_, _, lease| {
@@ -195,7 +261,17 @@ fn lease_complete() {
 
 #[test]
 fn inbox_process() {
+    inbox_process_on(Disk::Direct);
+}
+
+#[test]
+fn journal_inbox_process() {
+    inbox_process_on(Disk::Journal(journaled));
+}
+
+fn inbox_process_on(disk: Disk) {
     enumerate(
+        disk,
         "inbox process",
         |_, _| (),
         |store, _, ()| {
@@ -229,7 +305,17 @@ fn inbox_process() {
 
 #[test]
 fn execute_with_outbox_event() {
+    execute_with_outbox_event_on(Disk::Direct);
+}
+
+#[test]
+fn journal_execute_with_outbox_event() {
+    execute_with_outbox_event_on(Disk::Journal(journaled));
+}
+
+fn execute_with_outbox_event_on(disk: Disk) {
     enumerate(
+        disk,
         "execute + outbox push",
         |_, _| (),
         |store, _, ()| {
@@ -255,8 +341,18 @@ fn execute_with_outbox_event() {
 
 #[test]
 fn sweep_of_expired_records() {
+    sweep_of_expired_records_on(Disk::Direct);
+}
+
+#[test]
+fn journal_sweep_of_expired_records() {
+    sweep_of_expired_records_on(Disk::Journal(journaled));
+}
+
+fn sweep_of_expired_records_on(disk: Disk) {
     const N: usize = 5;
     let s = enumerate(
+        disk,
         "sweep (5 expired records, batches of 2)",
         |store, clock| {
             for i in 0..N {
@@ -303,8 +399,18 @@ fn sweep_of_expired_records() {
 
 #[test]
 fn group_commit_batch() {
+    group_commit_batch_on(Disk::Direct);
+}
+
+#[test]
+fn journal_group_commit_batch() {
+    group_commit_batch_on(Disk::Journal(journaled));
+}
+
+fn group_commit_batch_on(disk: Disk) {
     const N: usize = 6;
     enumerate(
+        disk,
         "group-commit batch (gate + 6 threads)",
         |_, _| (),
         |store, backend, ()| {
@@ -514,4 +620,164 @@ fn outbox_delivered_mark() {
             assert_eq!(redelivered, expected, "k={k}: redelivery");
         },
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Journal mode (`StoreBuilder::journal(true)`, docs/design.md "Claims at the speed of a log",
+// "### Tests", "Crash points"): the store file and its journal on one [`CountingPair`], so every
+// crash point freezes both files at the same instant. Every sync of either file is a crash
+// point (both durable images), and every write of either file a torn one (the file written:
+// every write so far; the other: its durable image). Each image is reopened with the
+// invariants above, plus one: a second crash right after the reopen (its durable images, taken
+// while it is still open) and a third after the operation's own checks (which retry and read)
+// keep every answer the reopened store gave.
+// ---------------------------------------------------------------------------------------------
+
+/// Journal mode with the caller's table registered: its batches are journaled. A small journal
+/// (its capacity is copied at every crash point) whose checkpoints are far apart.
+fn journaled(b: StoreBuilder) -> StoreBuilder {
+    b.journal(true)
+        .journal_table(EFFECTS)
+        .journal_capacity(64 << 10)
+        .checkpoint_bytes(32 << 10)
+}
+
+/// [`journaled`] with a checkpoint every 16 KiB of frames.
+fn journaled_checkpoints(b: StoreBuilder) -> StoreBuilder {
+    journaled(b).checkpoint_bytes(16 << 10)
+}
+
+/// Journal mode without the caller's table registered: a batch that bumps it cannot be replayed
+/// and commits durably (a checkpoint) instead of being framed.
+fn journaled_unregistered(b: StoreBuilder) -> StoreBuilder {
+    b.journal(true)
+        .journal_capacity(64 << 10)
+        .checkpoint_bytes(32 << 10)
+}
+
+fn open_journaled(
+    settings: fn(StoreBuilder) -> StoreBuilder,
+    store: impl idem::redb::StorageBackend,
+    journal: impl idem::redb::StorageBackend,
+    clock: &ManualClock,
+) -> Result<Store, idem::Error> {
+    settings(Store::builder().clock(clock.clone()).sweep_batch(2))
+        .open_with_backends(store, journal)
+}
+
+/// Everything a reopened store answers about the keys the operations use: each effect counter,
+/// the record rows, each key's record and inbox mark, the pending outbox events.
+fn answers(store: &Store) -> String {
+    use std::fmt::Write as _;
+    let effects = all_effects(store);
+    let mut out = format!("effects {effects:?}\nrecord rows {}\n", record_rows(store));
+    let mut keys: std::collections::BTreeSet<String> =
+        effects.into_iter().map(|(k, _)| k).collect();
+    keys.extend(["L", "a", "o", "m1"].map(str::to_owned));
+    for key in keys {
+        let record = store.get(&scope(), &key).expect("get");
+        let mark = store.inbox_mark("sub", &key).expect("inbox mark").is_some();
+        let _ = writeln!(out, "{key}: {record:?}, inbox mark {mark}");
+    }
+    let _ = write!(out, "outbox {:?}", pending(store));
+    out
+}
+
+/// The invariants every reopened image keeps, whatever the operation.
+fn common_invariants(store: &Store, ctx: &str) {
+    for (label, n) in all_effects(store) {
+        assert!(n <= 1, "{ctx}: {label} has {n} effects");
+    }
+    store
+        .check_expiry_index()
+        .unwrap_or_else(|e| panic!("{ctx}: expiry index: {e}"));
+}
+
+/// Opens the pair of images a crash of `live` (two backends, their store still open) leaves,
+/// and checks it answers as `expected` did.
+fn crash_again(
+    settings: fn(StoreBuilder) -> StoreBuilder,
+    live: &(CrashBackend, CrashBackend),
+    clock: &ManualClock,
+    expected: &str,
+    ctx: &str,
+) {
+    let again = open_journaled(settings, live.0.crash(), live.1.crash(), clock)
+        .unwrap_or_else(|e| panic!("{ctx}: the second crash's images do not open: {e}"));
+    common_invariants(&again, ctx);
+    let now = answers(&again);
+    assert_eq!(now, expected, "{ctx}: an answer changed");
+}
+
+/// [`enumerate_with_clock`] in journal mode, on a [`CountingPair`]. `op` gets the store's slot
+/// (it may close the store) and the pair. Returns S, the syncs of both files.
+fn enumerate_journal<P, A>(
+    name: &str,
+    settings: fn(StoreBuilder) -> StoreBuilder,
+    setup: impl FnOnce(&Store, &ManualClock) -> P,
+    op: impl FnOnce(&mut Option<Store>, &CountingPair, P) -> A,
+    check: impl Fn(&Store, &ManualClock, usize, usize, bool, &A),
+) -> usize {
+    let pair = CountingPair::new();
+    let clock = ManualClock::new(T0);
+    let mut slot = Some(
+        open_journaled(settings, pair.store.clone(), pair.journal.clone(), &clock)
+            .expect("open on the counting pair"),
+    );
+    let prepared = setup(slot.as_ref().expect("open"), &clock);
+    pair.mark();
+    let ack = op(&mut slot, &pair, prepared);
+    let s = pair.syncs();
+    let store_syncs = pair.store_syncs();
+    let images: Vec<(usize, PairImage)> = (0..=s).map(|k| (k, pair.image_at_sync(k))).collect();
+    let torn = pair.torn_images();
+    pair.stop();
+    drop(slot);
+    let n_torn = torn.len();
+    for (torn_image, (k, (store_image, journal_image))) in images
+        .into_iter()
+        .map(|i| (false, i))
+        .chain(torn.into_iter().map(|i| (true, i)))
+    {
+        let kind = if torn_image {
+            "torn write after sync"
+        } else {
+            "crash after sync"
+        };
+        let ctx = format!("{name}, {kind} {k}/{s}");
+        let live = (
+            crash_backend_from_image(store_image.to_vec()),
+            crash_backend_from_image(journal_image.to_vec()),
+        );
+        let reopened = open_journaled(settings, live.0.clone(), live.1.clone(), &clock)
+            .unwrap_or_else(|e| panic!("{ctx}: the crash images do not open: {e}"));
+        common_invariants(&reopened, &ctx);
+        // A second crash right after the reopen: what it answers holds.
+        let first = answers(&reopened);
+        crash_again(
+            settings,
+            &live,
+            &clock,
+            &first,
+            &format!("{ctx}, crashed again after the reopen"),
+        );
+        check(&reopened, &clock, k, s, torn_image, &ack);
+        // And after the checks (retries, reads): every answer they got holds.
+        let after = answers(&reopened);
+        crash_again(
+            settings,
+            &live,
+            &clock,
+            &after,
+            &format!("{ctx}, crashed again after the checks"),
+        );
+        assert!(reopened.fail_stop_cause().is_none(), "{ctx}");
+    }
+    assert!(s >= 1, "{name}: the operation never synced");
+    eprintln!(
+        "crash points: {name}: S={s} syncs ({store_syncs} of the store file), {} sync images + {n_torn} torn-write images checked, each reopened, crashed again and reopened twice",
+        s + 1
+    );
+    drop(ack);
+    s
 }
