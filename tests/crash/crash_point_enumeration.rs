@@ -75,7 +75,7 @@ fn enumerate<P, A>(
         Disk::Journal(settings) => enumerate_journal(
             &format!("journal: {name}"),
             settings,
-            setup,
+            |store, clock, _| setup(store, clock),
             |slot, pair, p| op(slot.as_ref().expect("the store is open"), pair, p),
             check,
         ),
@@ -714,7 +714,7 @@ fn crash_again(
 fn enumerate_journal<P, A>(
     name: &str,
     settings: fn(StoreBuilder) -> StoreBuilder,
-    setup: impl FnOnce(&Store, &ManualClock) -> P,
+    setup: impl FnOnce(&Store, &ManualClock, &CountingPair) -> P,
     op: impl FnOnce(&mut Option<Store>, &CountingPair, P) -> A,
     check: impl Fn(&Store, &ManualClock, usize, usize, bool, &A),
 ) -> usize {
@@ -724,7 +724,7 @@ fn enumerate_journal<P, A>(
         open_journaled(settings, pair.store.clone(), pair.journal.clone(), &clock)
             .expect("open on the counting pair"),
     );
-    let prepared = setup(slot.as_ref().expect("open"), &clock);
+    let prepared = setup(slot.as_ref().expect("open"), &clock, &pair);
     pair.mark();
     let ack = op(&mut slot, &pair, prepared);
     let s = pair.syncs();
@@ -780,4 +780,403 @@ fn enumerate_journal<P, A>(
     );
     drop(ack);
     s
+}
+
+/// The frames (journal writes at or after the header) written since write `from` of the pair's
+/// log: (offset, bytes).
+fn frames_since(pair: &CountingPair, from: usize) -> Vec<(u64, Vec<u8>)> {
+    pair.journal_writes().split_off(from)
+}
+
+/// A wrap frame's kind byte (docs/FORMAT.md, "Frames").
+const KIND_WRAP: u8 = 0x02;
+
+/// Claims `keys` one after the other; each answer is paired with the syncs done when it came
+/// (an upper bound on the sync that made it durable).
+fn claim_all(store: &Store, pair: &CountingPair, keys: impl IntoIterator<Item = String>) -> Acks {
+    keys.into_iter()
+        .map(|key| {
+            let r = claim(store, &key);
+            assert!(matches!(r, Ok(ExecuteAnswer::Ran(_))), "{key}: {r:?}");
+            (key, pair.syncs())
+        })
+        .collect()
+}
+
+/// Claims from `threads` threads at once, `each` keys each (`<prefix><t>-<i>`).
+fn claim_concurrently(
+    store: &Store,
+    pair: &CountingPair,
+    prefix: &str,
+    threads: usize,
+    each: usize,
+) -> Acks {
+    let acks = std::sync::Mutex::new(Vec::new());
+    thread::scope(|sc| {
+        for t in 0..threads {
+            let acks = &acks;
+            sc.spawn(move || {
+                for i in 0..each {
+                    let key = format!("{prefix}{t}-{i}");
+                    let r = claim(store, &key);
+                    assert!(matches!(r, Ok(ExecuteAnswer::Ran(_))), "{key}: {r:?}");
+                    let synced = pair.syncs();
+                    acks.lock().expect("acks").push((key, synced));
+                }
+            });
+        }
+    });
+    acks.into_inner().expect("acks")
+}
+
+/// Keys with the syncs done when each was answered.
+type Acks = Vec<(String, usize)>;
+
+/// Every key answered by sync `k` is present with exactly one effect; every other key is whole
+/// or absent; then a retry of each replays exactly when the key was present, one effect each.
+fn check_acks(store: &Store, k: usize, acks: &Acks, retry: bool) {
+    for (key, acked_by) in acks {
+        let rec = has_record(store, key);
+        assert_eq!(rec, effects(store, key) == 1, "k={k}, {key}: half-applied");
+        if *acked_by <= k {
+            assert!(
+                rec,
+                "k={k}: {key}, acknowledged by sync {acked_by}, was lost"
+            );
+        }
+        if retry {
+            let again = claim(store, key).expect("retry");
+            assert_eq!(again.is_replay(), rec, "k={k}: {key}");
+            assert_eq!(effects(store, key), 1, "k={k}: {key}");
+        }
+    }
+}
+
+/// The claims answered before the mark (setup): present in every image.
+fn check_setup(store: &Store, k: usize, keys: &[String]) {
+    for key in keys {
+        assert!(
+            has_record(store, key),
+            "k={k}: {key}, answered before the operation, was lost"
+        );
+        assert_eq!(effects(store, key), 1, "k={k}: {key}");
+    }
+}
+
+/// Claims `prefix<i>` until the journal's frames since the open reach `bytes`; returns the keys.
+fn claim_until_journal_bytes(
+    store: &Store,
+    pair: &CountingPair,
+    prefix: &str,
+    bytes: u64,
+) -> Vec<String> {
+    let mut keys = Vec::new();
+    while pair
+        .journal_writes()
+        .iter()
+        .map(|(_, b)| b.len() as u64)
+        .sum::<u64>()
+        < bytes
+    {
+        let key = format!("{prefix}{}", keys.len());
+        assert!(matches!(claim(store, &key), Ok(ExecuteAnswer::Ran(_))));
+        keys.push(key);
+    }
+    keys
+}
+
+/// [`journaled`] with one caller per batch: queued callers commit one batch each, in turn.
+fn journaled_one_per_batch(b: StoreBuilder) -> StoreBuilder {
+    journaled(b).max_batch(1)
+}
+
+/// Releases a [`PairFile`]'s held syncs when dropped (also when a check panics).
+struct Release<'a>(&'a PairFile);
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        self.0.release_syncs();
+    }
+}
+
+/// Appends pipelined behind a sync: with one caller per batch, a gate claim holds the writer
+/// while three claims queue behind it; the journal's syncs are held, so once the gate's batch
+/// writes its frame and waits in its sync, the three batches after it seal and write their
+/// frames behind that sync (leadership is handed on before the wait). Then the syncs run. Each
+/// claim is in every image from the sync that answered it; frames written behind an unfinished
+/// sync are torn-write crash points like any other.
+#[test]
+fn journal_appends_pipelined_behind_a_sync() {
+    enumerate_journal(
+        "journal: appends pipelined behind a held sync (gate + 3 queued, one per batch)",
+        journaled_one_per_batch,
+        |_, _, _| (),
+        |slot, pair, ()| {
+            let store = slot.as_ref().expect("open");
+            let acks = std::sync::Mutex::new(Vec::new());
+            let frames_before = pair.journal_writes().len();
+            pair.journal.hold_syncs();
+            let _release = Release(&pair.journal);
+            let (held_tx, held_rx) = mpsc::channel::<()>();
+            let (release_tx, release_rx) = mpsc::channel::<()>();
+            thread::scope(|sc| {
+                let acks = &acks;
+                sc.spawn(move || {
+                    let r = store.execute(req("t", "op", "p0", b"p"), |tx| {
+                        bump(tx, "p0")?;
+                        held_tx.send(()).expect("test alive");
+                        release_rx.recv().expect("released");
+                        Ok(Response::new(201, "p0"))
+                    });
+                    assert!(matches!(r, Ok(ExecuteAnswer::Ran(_))), "{r:?}");
+                    acks.lock()
+                        .expect("acks")
+                        .push(("p0".to_owned(), pair.syncs()));
+                });
+                held_rx.recv().expect("the gate holds the writer");
+                for i in 1..4 {
+                    sc.spawn(move || {
+                        let key = format!("p{i}");
+                        let r = claim(store, &key);
+                        assert!(matches!(r, Ok(ExecuteAnswer::Ran(_))), "{key}: {r:?}");
+                        acks.lock().expect("acks").push((key, pair.syncs()));
+                    });
+                    wait_for_queue(store, i);
+                }
+                release_tx.send(()).expect("gate alive");
+                wait_until("the gate's sync", || pair.journal.syncs_waiting() == 1);
+                wait_until("the frames behind the held sync", || {
+                    pair.journal_writes().len() >= frames_before + 4
+                });
+                assert!(
+                    acks.lock().expect("acks").is_empty(),
+                    "answered before a sync"
+                );
+                pair.journal.release_syncs();
+            });
+            let acks = acks.into_inner().expect("acks");
+            assert_eq!(acks.len(), 4);
+            acks
+        },
+        |store, _, k, _, _, acks| check_acks(store, k, acks, true),
+    );
+}
+
+/// A wrap: a 64 KiB journal filled to its last frames before the operation, whose claims write
+/// the wrap frame and continue at the area's start.
+#[test]
+fn journal_wrap() {
+    journal_wrap_on(journaled_checkpoints);
+}
+
+fn journal_wrap_on(settings: fn(StoreBuilder) -> StoreBuilder) {
+    const CAPACITY: u64 = 64 << 10;
+    enumerate_journal(
+        "journal: a wrap (64 KiB journal, a checkpoint every 16 KiB)",
+        settings,
+        |store, _, pair| {
+            // Fill until the head is within three frames of the end.
+            let mut keys = Vec::new();
+            loop {
+                let key = format!("w{}", keys.len());
+                assert!(matches!(claim(store, &key), Ok(ExecuteAnswer::Ran(_))));
+                keys.push(key);
+                let writes = pair.journal_writes();
+                let (at, frame) = writes.last().expect("a frame");
+                let head = at + frame.len() as u64;
+                if head + 3 * frame.len() as u64 >= CAPACITY {
+                    break keys;
+                }
+                assert!(keys.len() < 2_000, "the journal never neared its end");
+            }
+        },
+        |slot, pair, setup| {
+            let store = slot.as_ref().expect("open");
+            let from = pair.journal_writes().len();
+            let acks = claim_all(store, pair, (0..8).map(|i| format!("x{i}")));
+            let frames = frames_since(pair, from);
+            assert!(
+                frames.iter().any(|(_, f)| f[5] == KIND_WRAP),
+                "the operation wrote no wrap frame: {:?}",
+                frames
+                    .iter()
+                    .map(|(at, f)| (*at, f.len()))
+                    .collect::<Vec<_>>()
+            );
+            (setup, acks)
+        },
+        |store, _, k, _, _, (setup, acks)| {
+            check_setup(store, k, setup);
+            check_acks(store, k, acks, true);
+        },
+    );
+}
+
+/// A checkpoint under load: frames fill the journal to just below `checkpoint_bytes` (16 KiB),
+/// then four threads claim at once; a batch among theirs is due for the checkpoint and commits
+/// durably (quick-repair) while the others keep sealing, writing and syncing frames.
+#[test]
+fn journal_checkpoint_under_load() {
+    enumerate_journal(
+        "journal: a checkpoint under load (4 threads, a checkpoint every 16 KiB)",
+        journaled_checkpoints,
+        |store, _, pair| claim_until_journal_bytes(store, pair, "c", (16 << 10) - 4 * 288),
+        |slot, pair, setup| {
+            let store = slot.as_ref().expect("open");
+            let acks = claim_concurrently(store, pair, "l", 4, 4);
+            assert!(
+                pair.store_syncs() >= 1,
+                "no checkpoint during the operation"
+            );
+            (setup, acks)
+        },
+        |store, _, k, _, _, (setup, acks)| {
+            check_setup(store, k, setup);
+            check_acks(store, k, acks, true);
+        },
+    );
+}
+
+/// A batch that writes a table the journal cannot replay (the caller's table, not registered)
+/// is not framed: it commits durably (a checkpoint).
+#[test]
+fn journal_unregistered_table() {
+    enumerate_journal(
+        "journal: a claim writing an unregistered table (a durable commit)",
+        journaled_unregistered,
+        |_, _, _| (),
+        |slot, pair, ()| {
+            let store = slot.as_ref().expect("open");
+            let acks = claim_all(store, pair, ["a".to_owned()]);
+            assert!(
+                pair.store_syncs() >= 1,
+                "the batch was not committed durably"
+            );
+            acks
+        },
+        |store, _, k, _, _, acks| check_acks(store, k, acks, true),
+    );
+}
+
+/// An oversized entry (over a quarter of the journal: a 20 KiB response body in a 64 KiB
+/// journal) is not framed: its batch commits durably.
+#[test]
+fn journal_oversized_entry() {
+    let body = "b".repeat(20 << 10);
+    enumerate_journal(
+        "journal: an oversized entry (20 KiB in a 64 KiB journal: a durable commit)",
+        journaled,
+        |_, _, _| (),
+        |slot, pair, ()| {
+            let store = slot.as_ref().expect("open");
+            let frames = pair.journal_writes().len();
+            let r = store.execute(req("t", "op", "big", b"p"), |tx| {
+                bump(tx, "big")?;
+                Ok(Response::new(201, body.clone()))
+            });
+            assert!(matches!(r, Ok(ExecuteAnswer::Ran(_))), "{r:?}");
+            assert!(
+                pair.store_syncs() >= 1,
+                "the batch was not committed durably"
+            );
+            assert_eq!(pair.journal_writes().len(), frames, "the entry was framed");
+            pair.syncs()
+        },
+        |store, _, k, _, _, acked_by| {
+            let rec = store.get(&scope(), "big").expect("get");
+            assert_eq!(
+                rec.is_some(),
+                effects(store, "big") == 1,
+                "k={k}: half-applied"
+            );
+            match &rec {
+                None => assert!(k < *acked_by, "k={k}: the acknowledged claim was lost"),
+                Some(r) => match &r.state {
+                    State::Completed(resp) => assert_eq!(resp.body().len(), 20 << 10),
+                    other => panic!("k={k}: {other:?}"),
+                },
+            }
+        },
+    );
+}
+
+/// The close: the last handle dropped writes the closing checkpoint (every entry, the clean
+/// flag) in a durable commit. Every claim answered before it is in every image.
+#[test]
+fn journal_close() {
+    enumerate_journal(
+        "journal: the close (the closing checkpoint)",
+        journaled,
+        |store, _, _| {
+            let keys: Vec<String> = (0..5).map(|i| format!("z{i}")).collect();
+            for key in &keys {
+                assert!(matches!(claim(store, key), Ok(ExecuteAnswer::Ran(_))));
+            }
+            keys
+        },
+        |slot, pair, keys| {
+            drop(slot.take());
+            assert!(pair.store_syncs() >= 1, "the close made nothing durable");
+            keys
+        },
+        |store, _, k, _, _, keys| {
+            check_setup(store, k, keys);
+            for key in keys {
+                assert_eq!(replayed(claim(store, key)).body(), key.as_bytes(), "k={k}");
+            }
+        },
+    );
+}
+
+/// Recovery itself: a crash left five answered claims in the journal only (redb's durable state
+/// is the open's checkpoint); the reopen on a counting pair replays them in one durable commit.
+/// Every write and sync of that open is a crash point, and each of its images opens with the
+/// five claims.
+#[test]
+fn journal_recovery() {
+    let pair = CountingPair::new();
+    let clock = ManualClock::new(T0);
+    let keys: Vec<String> = (0..5).map(|i| format!("r{i}")).collect();
+    let store =
+        open_journaled(journaled, pair.store.clone(), pair.journal.clone(), &clock).expect("open");
+    for key in &keys {
+        assert!(matches!(claim(&store, key), Ok(ExecuteAnswer::Ran(_))));
+    }
+    let (db, jr) = pair.crash();
+    drop(store);
+    let recovering = CountingPair::from_images(db.durable_image(), jr.durable_image());
+    recovering.mark();
+    let reopened = open_journaled(
+        journaled,
+        recovering.store.clone(),
+        recovering.journal.clone(),
+        &clock,
+    )
+    .expect("the crash images open");
+    let s = recovering.syncs();
+    let images: Vec<(usize, PairImage)> =
+        (0..=s).map(|k| (k, recovering.image_at_sync(k))).collect();
+    let torn = recovering.torn_images();
+    recovering.stop();
+    check_setup(&reopened, s, &keys);
+    drop(reopened);
+    let n_torn = torn.len();
+    for (k, (store_image, journal_image)) in images.into_iter().chain(torn) {
+        let ctx = format!("recovery, crash point after sync {k}/{s}");
+        let live = (
+            crash_backend_from_image(store_image.to_vec()),
+            crash_backend_from_image(journal_image.to_vec()),
+        );
+        let again = open_journaled(journaled, live.0.clone(), live.1.clone(), &clock)
+            .unwrap_or_else(|e| panic!("{ctx}: does not open: {e}"));
+        common_invariants(&again, &ctx);
+        check_setup(&again, k, &keys);
+        let first = answers(&again);
+        crash_again(journaled, &live, &clock, &first, &ctx);
+    }
+    assert!(s >= 1, "the recovery made nothing durable");
+    eprintln!(
+        "crash points: journal: recovery (an open replaying 5 entries): S={s} syncs, {} sync images + {n_torn} torn-write images checked",
+        s + 1
+    );
 }

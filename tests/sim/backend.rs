@@ -360,6 +360,17 @@ pub struct PairFile {
     side: PairSide,
     pair: std::sync::Arc<std::sync::Mutex<PairCounting>>,
     countdown: std::sync::Arc<std::sync::Mutex<Countdown>>,
+    hold: std::sync::Arc<(std::sync::Mutex<SyncHold>, std::sync::Condvar)>,
+}
+
+/// Syncs of one [`PairFile`] held back on purpose: a sync that starts while they are held
+/// waits (before it touches the disk) until they are released.
+#[derive(Debug, Default)]
+pub struct SyncHold {
+    /// Syncs wait while set.
+    pub held: bool,
+    /// Syncs waiting now.
+    pub waiting: usize,
 }
 
 /// Two simulated disks, the store file and its journal, under one operation and sync counter:
@@ -388,6 +399,7 @@ impl CountingPair {
             side,
             pair: state.clone(),
             countdown: Default::default(),
+            hold: Default::default(),
         };
         CountingPair {
             store: file(&s, PairSide::Store),
@@ -446,6 +458,18 @@ impl CountingPair {
         self.counting().journal_writes.clone()
     }
 
+    /// A pair over given images (each file's live and durable image alike): what an open after
+    /// a crash finds, counted like any other pair.
+    pub fn from_images(store: Vec<u8>, journal: Vec<u8>) -> CountingPair {
+        let pair = CountingPair::new();
+        for (file, image) in [(&pair.store, store), (&pair.journal, journal)] {
+            let mut images = file.inner.images();
+            images.live = image.clone();
+            images.durable = image;
+        }
+        pair
+    }
+
     /// A crash of both files now: two plain backends over what each had made durable.
     pub fn crash(&self) -> (CrashBackend, CrashBackend) {
         let _c = self.counting();
@@ -478,6 +502,37 @@ impl PairFile {
         let mut c = self.countdown();
         c.fail_at = None;
         c.injected
+    }
+
+    /// Holds this file's syncs back: each one that starts waits until [`Self::release_syncs`].
+    pub fn hold_syncs(&self) {
+        self.hold.0.lock().unwrap_or_else(|e| e.into_inner()).held = true;
+    }
+
+    /// Lets the held syncs run.
+    pub fn release_syncs(&self) {
+        let (hold, cv) = &*self.hold;
+        hold.lock().unwrap_or_else(|e| e.into_inner()).held = false;
+        cv.notify_all();
+    }
+
+    /// How many syncs are waiting behind [`Self::hold_syncs`] now.
+    pub fn syncs_waiting(&self) -> usize {
+        self.hold
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .waiting
+    }
+
+    fn wait_while_held(&self) {
+        let (hold, cv) = &*self.hold;
+        let mut h = hold.lock().unwrap_or_else(|e| e.into_inner());
+        h.waiting += 1;
+        while h.held {
+            h = cv.wait(h).unwrap_or_else(|e| e.into_inner());
+        }
+        h.waiting -= 1;
     }
 
     /// Failures injected since the arming.
@@ -531,6 +586,7 @@ impl idem::redb::StorageBackend for PairFile {
         Ok(())
     }
     fn sync_data(&self) -> std::io::Result<()> {
+        self.wait_while_held();
         self.io()?;
         // Both files frozen under the pair's lock: the snapshot is exactly this instant's.
         let mut pair = self.pair();
