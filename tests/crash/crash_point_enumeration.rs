@@ -761,7 +761,12 @@ fn enumerate_journal<P, A>(
             &first,
             &format!("{ctx}, crashed again after the reopen"),
         );
-        check(&reopened, &clock, k, s, torn_image, &ack);
+        let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            check(&reopened, &clock, k, s, torn_image, &ack)
+        }));
+        if let Err(payload) = checked {
+            panic!("{ctx}: {}", panic_message(&*payload));
+        }
         // And after the checks (retries, reads): every answer they got holds.
         let after = answers(&reopened);
         crash_again(
@@ -1179,4 +1184,88 @@ fn journal_recovery() {
         "crash points: journal: recovery (an open replaying 5 entries): S={s} syncs, {} sync images + {n_torn} torn-write images checked",
         s + 1
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// A deliberately broken recovery is caught (docs/design.md, "### Tests"): each white-box switch
+// (`StoreBuilder::__break_journal`) breaks one step; the test runs the check that exists for that
+// step, first with nothing broken (it passes: the check is sound), then with the switch on, and
+// asserts the check fails, for the reason it exists for.
+// ---------------------------------------------------------------------------------------------
+
+use idem::__journal::BrokenJournal;
+
+/// Runs `check`, which must fail (panic); returns its panic message.
+pub(crate) fn caught(what: &str, check: impl FnOnce()) -> String {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(check)) {
+        Ok(()) => panic!("{what}: the broken step was not caught: the check passed"),
+        Err(payload) => panic_message(&*payload),
+    }
+}
+
+/// A panic's message.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_default()
+}
+
+/// Whether a failure of the crash enumeration is an acknowledged answer missing from a crash
+/// image: one the operation got (`was lost`), or one the reopened store gave and a second crash
+/// took back (`an answer changed`).
+fn an_answer_was_lost(why: &str) -> bool {
+    why.contains("journal: ") && (why.contains("was lost") || why.contains("an answer changed"))
+}
+
+fn journaled_no_replay(b: StoreBuilder) -> StoreBuilder {
+    journaled(b).__break_journal(BrokenJournal::NoReplay)
+}
+
+fn journaled_answer_before_sync(b: StoreBuilder) -> StoreBuilder {
+    journaled(b).__break_journal(BrokenJournal::AnswerBeforeSync)
+}
+
+fn journaled_stop_at_wrap(b: StoreBuilder) -> StoreBuilder {
+    journaled_checkpoints(b).__break_journal(BrokenJournal::StopAtWrap)
+}
+
+/// `BrokenJournal::NoReplay` (an open applies nothing from the journal) is caught by the crash
+/// enumeration (`journal_flow_a_claim`): an acknowledged claim that is only in the journal is
+/// missing after the reopen (the operation's at the crash right after its sync; the reopened
+/// store's own retry after the second crash, which comes first, at sync image 0).
+#[test]
+fn a_broken_recovery_is_caught_when_the_journal_is_not_replayed() {
+    flow_a_claim_on(Disk::Journal(journaled));
+    let why = caught("NoReplay", || {
+        flow_a_claim_on(Disk::Journal(journaled_no_replay));
+    });
+    assert!(an_answer_was_lost(&why), "caught for another reason: {why}");
+}
+
+/// `BrokenJournal::AnswerBeforeSync` (members answered before the journal's sync covers their
+/// entry) is caught by the crash enumeration (`journal_flow_a_claim`): the claim is answered
+/// with no sync done, and the crash image of that instant (sync image 0) lacks it.
+#[test]
+fn a_broken_recovery_is_caught_when_the_journal_answers_before_its_sync() {
+    flow_a_claim_on(Disk::Journal(journaled));
+    let why = caught("AnswerBeforeSync", || {
+        flow_a_claim_on(Disk::Journal(journaled_answer_before_sync));
+    });
+    assert!(
+        why.contains("crash after sync 0/0") && why.contains("the acknowledged claim was lost"),
+        "caught for another reason: {why}"
+    );
+}
+
+/// `BrokenJournal::StopAtWrap` (recovery stops at the first wrap frame) is caught by the crash
+/// enumeration's wrap (`journal_wrap`): claims acknowledged after the wrap frame, only in the
+/// journal, are missing after a reopen (the first found: the reopened store's retries of the
+/// operation's claims at sync image 0, which follow the wrap, lost by the second crash).
+#[test]
+fn a_broken_recovery_is_caught_when_the_journal_stops_at_a_wrap() {
+    journal_wrap_on(journaled_checkpoints);
+    let why = caught("StopAtWrap", || journal_wrap_on(journaled_stop_at_wrap));
+    assert!(an_answer_was_lost(&why), "caught for another reason: {why}");
 }
