@@ -535,6 +535,12 @@ impl PairFile {
         h.waiting -= 1;
     }
 
+    /// I/O operations (writes, `set_len`, syncs) of this file since the last arming (or since
+    /// it was created).
+    pub fn ops(&self) -> u64 {
+        self.countdown().ops
+    }
+
     /// Failures injected since the arming.
     pub fn injected(&self) -> u64 {
         self.countdown().injected
