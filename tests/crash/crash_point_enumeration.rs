@@ -731,19 +731,21 @@ fn enumerate_journal<P, A>(
     let store_syncs = pair.store_syncs();
     let images: Vec<(usize, PairImage)> = (0..=s).map(|k| (k, pair.image_at_sync(k))).collect();
     let torn = pair.torn_images();
+    let torn_both = pair.torn_both_images();
     pair.stop();
     drop(slot);
-    let n_torn = torn.len();
-    for (torn_image, (k, (store_image, journal_image))) in images
+    let (n_torn, n_both) = (torn.len(), torn_both.len());
+    for (kind, (k, (store_image, journal_image))) in images
         .into_iter()
-        .map(|i| (false, i))
-        .chain(torn.into_iter().map(|i| (true, i)))
+        .map(|i| ("crash after sync", i))
+        .chain(torn.into_iter().map(|i| ("torn write after sync", i)))
+        .chain(
+            torn_both
+                .into_iter()
+                .map(|i| ("torn writes of both files after sync", i)),
+        )
     {
-        let kind = if torn_image {
-            "torn write after sync"
-        } else {
-            "crash after sync"
-        };
+        let torn_image = kind != "crash after sync";
         let ctx = format!("{name}, {kind} {k}/{s}");
         let live = (
             crash_backend_from_image(store_image.to_vec()),
@@ -780,7 +782,7 @@ fn enumerate_journal<P, A>(
     }
     assert!(s >= 1, "{name}: the operation never synced");
     eprintln!(
-        "crash points: {name}: S={s} syncs ({store_syncs} of the store file), {} sync images + {n_torn} torn-write images checked, each reopened, crashed again and reopened twice",
+        "crash points: {name}: S={s} syncs ({store_syncs} of the store file), {} sync images + {n_torn} torn-write images + {n_both} with both files' writes checked, each reopened, crashed again and reopened twice",
         s + 1
     );
     drop(ack);
@@ -1161,7 +1163,8 @@ fn journal_recovery() {
     let s = recovering.syncs();
     let images: Vec<(usize, PairImage)> =
         (0..=s).map(|k| (k, recovering.image_at_sync(k))).collect();
-    let torn = recovering.torn_images();
+    let mut torn = recovering.torn_images();
+    torn.extend(recovering.torn_both_images());
     recovering.stop();
     check_setup(&reopened, s, &keys);
     drop(reopened);

@@ -333,6 +333,10 @@ pub struct PairCounting {
     /// nothing unsynced of the other file did (the file written: its live image; the other:
     /// its durable image).
     pub torn: Vec<(usize, PairImage)>,
+    /// After each write of either file since the mark, when the other file also holds unsynced
+    /// writes: the syncs done so far and both live images (every write so far of both files
+    /// reached the disk, the next sync never ran).
+    pub torn_both: Vec<(usize, PairImage)>,
     /// Every write to the journal since the pair was created, in order: (offset, bytes).
     pub journal_writes: Vec<(u64, Vec<u8>)>,
     /// The current durable images (shared by the crash points until the next sync).
@@ -357,6 +361,8 @@ pub struct Countdown {
 #[derive(Debug, Clone)]
 pub struct PairFile {
     pub inner: CrashBackend,
+    /// The pair's other file.
+    other: CrashBackend,
     side: PairSide,
     pair: std::sync::Arc<std::sync::Mutex<PairCounting>>,
     countdown: std::sync::Arc<std::sync::Mutex<Countdown>>,
@@ -394,16 +400,17 @@ impl CountingPair {
     pub fn new() -> CountingPair {
         let (s, j) = (CrashBackend::default(), CrashBackend::default());
         let state = std::sync::Arc::new(std::sync::Mutex::new(PairCounting::default()));
-        let file = |inner: &CrashBackend, side| PairFile {
+        let file = |inner: &CrashBackend, other: &CrashBackend, side| PairFile {
             inner: inner.clone(),
+            other: other.clone(),
             side,
             pair: state.clone(),
             countdown: Default::default(),
             hold: Default::default(),
         };
         CountingPair {
-            store: file(&s, PairSide::Store),
-            journal: file(&j, PairSide::Journal),
+            store: file(&s, &j, PairSide::Store),
+            journal: file(&j, &s, PairSide::Journal),
             state,
         }
     }
@@ -425,6 +432,7 @@ impl CountingPair {
         c.marked = true;
         c.snapshots = vec![now.clone()];
         c.torn.clear();
+        c.torn_both.clear();
         c.durable = Some(now);
     }
 
@@ -451,6 +459,11 @@ impl CountingPair {
     /// The torn pairs since the mark (see [`PairCounting::torn`]).
     pub fn torn_images(&self) -> Vec<(usize, PairImage)> {
         self.counting().torn.clone()
+    }
+
+    /// The torn pairs of both files' writes since the mark (see [`PairCounting::torn_both`]).
+    pub fn torn_both_images(&self) -> Vec<(usize, PairImage)> {
+        self.counting().torn_both.clone()
     }
 
     /// Every write to the journal so far: (offset, bytes).
@@ -559,7 +572,7 @@ impl PairFile {
         Ok(())
     }
 
-    fn after_write(&self, pair: &mut PairCounting) {
+    fn after_write(&self, pair: &mut PairCounting, other: &CrashBackend) {
         pair.ops += 1;
         if !pair.marked {
             return;
@@ -568,12 +581,24 @@ impl PairFile {
         let Some((store, journal)) = pair.durable.clone() else {
             return;
         };
-        let image = match self.side {
-            PairSide::Store => (live, journal),
-            PairSide::Journal => (store, live),
+        let other_live = other.live_image();
+        let (image, both) = match self.side {
+            PairSide::Store => {
+                let both = (*journal != other_live)
+                    .then(|| (live.clone(), std::sync::Arc::new(other_live)));
+                ((live, journal), both)
+            }
+            PairSide::Journal => {
+                let both =
+                    (*store != other_live).then(|| (std::sync::Arc::new(other_live), live.clone()));
+                ((store, live), both)
+            }
         };
         let syncs = pair.syncs;
         pair.torn.push((syncs, image));
+        if let Some(both) = both {
+            pair.torn_both.push((syncs, both));
+        }
     }
 }
 
@@ -588,7 +613,7 @@ impl idem::redb::StorageBackend for PairFile {
         self.io()?;
         let mut pair = self.pair();
         self.inner.set_len(len)?;
-        self.after_write(&mut pair);
+        self.after_write(&mut pair, &self.other);
         Ok(())
     }
     fn sync_data(&self) -> std::io::Result<()> {
@@ -622,7 +647,7 @@ impl idem::redb::StorageBackend for PairFile {
         if self.side == PairSide::Journal && offset >= 4096 {
             pair.journal_writes.push((offset, data.to_vec()));
         }
-        self.after_write(&mut pair);
+        self.after_write(&mut pair, &self.other);
         Ok(())
     }
 }
