@@ -732,6 +732,7 @@ fn enumerate_journal<P, A>(
     let images: Vec<(usize, PairImage)> = (0..=s).map(|k| (k, pair.image_at_sync(k))).collect();
     let torn = pair.torn_images();
     let torn_both = pair.torn_both_images();
+    let kills = pair.kill_images();
     pair.stop();
     drop(slot);
     let (n_torn, n_both) = (torn.len(), torn_both.len());
@@ -780,10 +781,46 @@ fn enumerate_journal<P, A>(
         );
         assert!(reopened.fail_stop_cause().is_none(), "{ctx}");
     }
+    // Process kills: the reopen reads what the OS kept (every write), and a power loss after it
+    // leaves only what was synced, by the crashed process or by the reopen. What the reopen
+    // answered must hold after that power loss (docs/design.md, "Opening and recovery", step 5).
+    for (k, (store_live, store_durable), (journal_live, journal_durable)) in &kills {
+        let ctx = format!("{name}, process kill after sync {k}/{s}");
+        let live = (
+            crash_backend_from_images(store_live.to_vec(), store_durable.to_vec()),
+            crash_backend_from_images(journal_live.to_vec(), journal_durable.to_vec()),
+        );
+        let reopened = open_journaled(settings, live.0.clone(), live.1.clone(), &clock)
+            .unwrap_or_else(|e| panic!("{ctx}: does not open: {e}"));
+        common_invariants(&reopened, &ctx);
+        let first = answers(&reopened);
+        crash_again(
+            settings,
+            &live,
+            &clock,
+            &first,
+            &format!("{ctx}, power lost after the reopen"),
+        );
+        let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            check(&reopened, &clock, *k, s, true, &ack)
+        }));
+        if let Err(payload) = checked {
+            panic!("{ctx}: {}", panic_message(&*payload));
+        }
+        let after = answers(&reopened);
+        crash_again(
+            settings,
+            &live,
+            &clock,
+            &after,
+            &format!("{ctx}, power lost after the checks"),
+        );
+    }
     assert!(s >= 1, "{name}: the operation never synced");
     eprintln!(
-        "crash points: {name}: S={s} syncs ({store_syncs} of the store file), {} sync images + {n_torn} torn-write images + {n_both} with both files' writes checked, each reopened, crashed again and reopened twice",
-        s + 1
+        "crash points: {name}: S={s} syncs ({store_syncs} of the store file), {} sync images + {n_torn} torn-write images + {n_both} with both files' writes + {} process kills checked, each reopened, crashed again and reopened twice",
+        s + 1,
+        kills.len()
     );
     drop(ack);
     s
@@ -1165,15 +1202,22 @@ fn journal_recovery() {
         (0..=s).map(|k| (k, recovering.image_at_sync(k))).collect();
     let mut torn = recovering.torn_images();
     torn.extend(recovering.torn_both_images());
+    let kills = recovering.kill_images();
     recovering.stop();
     check_setup(&reopened, s, &keys);
     drop(reopened);
-    let n_torn = torn.len();
-    for (k, (store_image, journal_image)) in images.into_iter().chain(torn) {
+    let (n_torn, n_kills) = (torn.len(), kills.len());
+    let power_losses = images
+        .into_iter()
+        .chain(torn)
+        .map(|(k, (store, journal))| (k, (store.clone(), store), (journal.clone(), journal)));
+    for (k, (store_live, store_durable), (journal_live, journal_durable)) in
+        power_losses.chain(kills)
+    {
         let ctx = format!("recovery, crash point after sync {k}/{s}");
         let live = (
-            crash_backend_from_image(store_image.to_vec()),
-            crash_backend_from_image(journal_image.to_vec()),
+            crash_backend_from_images(store_live.to_vec(), store_durable.to_vec()),
+            crash_backend_from_images(journal_live.to_vec(), journal_durable.to_vec()),
         );
         let again = open_journaled(journaled, live.0.clone(), live.1.clone(), &clock)
             .unwrap_or_else(|e| panic!("{ctx}: does not open: {e}"));
@@ -1184,7 +1228,7 @@ fn journal_recovery() {
     }
     assert!(s >= 1, "the recovery made nothing durable");
     eprintln!(
-        "crash points: journal: recovery (an open replaying 5 entries): S={s} syncs, {} sync images + {n_torn} torn-write images checked",
+        "crash points: journal: recovery (an open replaying 5 entries): S={s} syncs, {} sync images + {n_torn} torn-write images + {n_kills} process kills checked, each reopened, crashed again and reopened",
         s + 1
     );
 }

@@ -300,6 +300,16 @@ impl idem::redb::StorageBackend for CountingBackend {
     }
 }
 
+/// A [`CrashBackend`] whose live image (what a process reads: the OS page cache) differs from
+/// its durable one (what a power loss leaves): a file after a process kill.
+pub fn crash_backend_from_images(live: Vec<u8>, durable: Vec<u8>) -> CrashBackend {
+    CrashBackend {
+        images: std::sync::Arc::new(std::sync::Mutex::new(Images { live, durable })),
+        failing: Default::default(),
+        gone: Default::default(),
+    }
+}
+
 /// Which file of a [`CountingPair`] an operation touched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PairSide {
@@ -337,6 +347,11 @@ pub struct PairCounting {
     /// writes: the syncs done so far and both live images (every write so far of both files
     /// reached the disk, the next sync never ran).
     pub torn_both: Vec<(usize, PairImage)>,
+    /// After each write of either file since the mark: the syncs done so far and what a
+    /// process kill leaves (the OS keeps every write): each file's live image, with the durable
+    /// one beneath it that a later power loss would leave. (store live, store durable),
+    /// (journal live, journal durable).
+    pub kills: Vec<(usize, PairImage, PairImage)>,
     /// Every write to the journal since the pair was created, in order: (offset, bytes).
     pub journal_writes: Vec<(u64, Vec<u8>)>,
     /// The current durable images (shared by the crash points until the next sync).
@@ -433,6 +448,7 @@ impl CountingPair {
         c.snapshots = vec![now.clone()];
         c.torn.clear();
         c.torn_both.clear();
+        c.kills.clear();
         c.durable = Some(now);
     }
 
@@ -464,6 +480,11 @@ impl CountingPair {
     /// The torn pairs of both files' writes since the mark (see [`PairCounting::torn_both`]).
     pub fn torn_both_images(&self) -> Vec<(usize, PairImage)> {
         self.counting().torn_both.clone()
+    }
+
+    /// The process kills since the mark (see [`PairCounting::kills`]).
+    pub fn kill_images(&self) -> Vec<(usize, PairImage, PairImage)> {
+        self.counting().kills.clone()
     }
 
     /// Every write to the journal so far: (offset, bytes).
@@ -577,27 +598,39 @@ impl PairFile {
         if !pair.marked {
             return;
         }
-        let live = std::sync::Arc::new(self.inner.live_image());
         let Some((store, journal)) = pair.durable.clone() else {
             return;
         };
+        let live = std::sync::Arc::new(self.inner.live_image());
         let other_live = other.live_image();
-        let (image, both) = match self.side {
-            PairSide::Store => {
-                let both = (*journal != other_live)
-                    .then(|| (live.clone(), std::sync::Arc::new(other_live)));
-                ((live, journal), both)
-            }
-            PairSide::Journal => {
-                let both =
-                    (*store != other_live).then(|| (std::sync::Arc::new(other_live), live.clone()));
-                ((store, live), both)
-            }
+        // Both files' live and durable images, this file's first.
+        let (mine, theirs) = match self.side {
+            PairSide::Store => (store, journal),
+            PairSide::Journal => (journal, store),
+        };
+        let theirs_live = if *theirs == other_live {
+            None
+        } else {
+            Some(std::sync::Arc::new(other_live))
+        };
+        let ordered = |a: std::sync::Arc<Vec<u8>>, b: std::sync::Arc<Vec<u8>>| match self.side {
+            PairSide::Store => (a, b),
+            PairSide::Journal => (b, a),
         };
         let syncs = pair.syncs;
-        pair.torn.push((syncs, image));
-        if let Some(both) = both {
-            pair.torn_both.push((syncs, both));
+        let mine_kill = (live.clone(), mine);
+        let theirs_kill = (
+            theirs_live.clone().unwrap_or_else(|| theirs.clone()),
+            theirs.clone(),
+        );
+        let (store_kill, journal_kill) = match self.side {
+            PairSide::Store => (mine_kill, theirs_kill),
+            PairSide::Journal => (theirs_kill, mine_kill),
+        };
+        pair.kills.push((syncs, store_kill, journal_kill));
+        pair.torn.push((syncs, ordered(live.clone(), theirs)));
+        if let Some(theirs_live) = theirs_live {
+            pair.torn_both.push((syncs, ordered(live, theirs_live)));
         }
     }
 }
