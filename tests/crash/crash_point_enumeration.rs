@@ -17,6 +17,12 @@
 //! is enumerated the same way: each event is either still pending (it will be published again,
 //! with the same id: at-least-once) or gone because the whole round's mark committed.
 //!
+//! Journal mode (`journal_*`): the same operations, and the journal's own (appends pipelined
+//! behind a sync, a wrap, a checkpoint under load, an unregistered table, an oversized entry, the
+//! close, recovery), on a [`CountingPair`]: the store file and its journal under one counter, so
+//! a crash point freezes both (see the section below). The `a_broken_recovery_is_caught_*` tests
+//! turn on a white-box switch that breaks one step and assert the enumeration then fails.
+//!
 //! Each test prints its figure (`crash points: <op>: S=…`); run with `--nocapture` to see them.
 
 // White-box hooks (`Store::check_expiry_index`): compiled only with the internal feature, which
@@ -627,10 +633,12 @@ fn outbox_delivered_mark() {
 // "### Tests", "Crash points"): the store file and its journal on one [`CountingPair`], so every
 // crash point freezes both files at the same instant. Every sync of either file is a crash
 // point (both durable images), and every write of either file a torn one (the file written:
-// every write so far; the other: its durable image). Each image is reopened with the
-// invariants above, plus one: a second crash right after the reopen (its durable images, taken
-// while it is still open) and a third after the operation's own checks (which retry and read)
-// keep every answer the reopened store gave.
+// every write so far; the other: its durable image; and, when the other also holds unsynced
+// writes, both files' live images) and a process kill (the reopen reads every write, a power
+// loss after it keeps only what was synced). Each image is reopened with the invariants above,
+// plus one: a second crash right after the reopen (its durable images, taken while it is still
+// open) and a third after the operation's own checks (which retry and read) keep every answer
+// the reopened store gave.
 // ---------------------------------------------------------------------------------------------
 
 /// Journal mode with the caller's table registered: its batches are journaled. A small journal
