@@ -17,6 +17,12 @@
 //! is enumerated the same way: each event is either still pending (it will be published again,
 //! with the same id: at-least-once) or gone because the whole round's mark committed.
 //!
+//! Journal mode (`journal_*`): the same operations, and the journal's own (appends pipelined
+//! behind a sync, a wrap, a checkpoint under load, an unregistered table, an oversized entry, the
+//! close, recovery), on a [`CountingPair`]: the store file and its journal under one counter, so
+//! a crash point freezes both (see the section below). The `a_broken_recovery_is_caught_*` tests
+//! turn on a white-box switch that breaks one step and assert the enumeration then fails.
+//!
 //! Each test prints its figure (`crash points: <op>: S=…`); run with `--nocapture` to see them.
 
 // White-box hooks (`Store::check_expiry_index`): compiled only with the internal feature, which
@@ -35,7 +41,7 @@ use idem::error::BoxError;
 use idem::format::State;
 use idem::inbox::ProcessAnswer;
 use idem::outbox::{DispatcherOptions, Event, EventId, StoredEvent};
-use idem::{BeginAnswer, ExecuteAnswer, Response, Scope, Store};
+use idem::{BeginAnswer, ExecuteAnswer, Response, Scope, Store, StoreBuilder};
 
 fn open(backend: impl idem::redb::StorageBackend, clock: &ManualClock) -> Store {
     Store::builder()
@@ -63,21 +69,57 @@ fn has_record(store: &Store, key: &str) -> bool {
 /// Runs `setup`, then `op` while counting syncs, then checks every crash image with the
 /// common invariants and `check(store, k, S, &ack)`. Returns S.
 fn enumerate<P, A>(
+    disk: Disk,
     name: &str,
     setup: impl FnOnce(&Store, &ManualClock) -> P,
-    op: impl FnOnce(&Store, &CountingBackend, P) -> A,
+    op: impl FnOnce(&Store, &dyn Syncs, P) -> A,
     check: impl Fn(&Store, usize, usize, bool, &A),
 ) -> usize {
-    enumerate_with_clock(name, setup, op, |store, _, k, s, torn, ack| {
-        check(store, k, s, torn, ack)
-    })
+    let check = |store: &Store, _: &ManualClock, k, s, torn, ack: &A| check(store, k, s, torn, ack);
+    match disk {
+        Disk::Direct => enumerate_with_clock(name, setup, op, check),
+        Disk::Journal(settings) => enumerate_journal(
+            &format!("journal: {name}"),
+            settings,
+            |store, clock, _| setup(store, clock),
+            |slot, pair, p| op(slot.as_ref().expect("the store is open"), pair, p),
+            check,
+        ),
+    }
+}
+
+/// Counts the syncs of the disk an enumeration runs on.
+trait Syncs: Sync {
+    /// Syncs since the mark.
+    fn syncs(&self) -> usize;
+}
+
+impl Syncs for CountingBackend {
+    fn syncs(&self) -> usize {
+        CountingBackend::syncs(self)
+    }
+}
+
+impl Syncs for CountingPair {
+    fn syncs(&self) -> usize {
+        CountingPair::syncs(self)
+    }
+}
+
+/// Where an operation is enumerated.
+#[derive(Clone, Copy)]
+enum Disk {
+    /// Direct mode (durable redb commits) on one counting file.
+    Direct,
+    /// Journal mode on a [`CountingPair`], the builder configured by the function.
+    Journal(fn(StoreBuilder) -> StoreBuilder),
 }
 
 /// [`enumerate`], with the (shared, manual) clock passed to `check` too.
 fn enumerate_with_clock<P, A>(
     name: &str,
     setup: impl FnOnce(&Store, &ManualClock) -> P,
-    op: impl FnOnce(&Store, &CountingBackend, P) -> A,
+    op: impl FnOnce(&Store, &dyn Syncs, P) -> A,
     check: impl Fn(&Store, &ManualClock, usize, usize, bool, &A),
 ) -> usize {
     let backend = CountingBackend::default();
@@ -85,7 +127,7 @@ fn enumerate_with_clock<P, A>(
     let store = open(backend.clone(), &clock);
     let prepared = setup(&store, &clock);
     backend.mark();
-    let ack = op(&store, &backend, prepared);
+    let ack = op(&store, &backend as &dyn Syncs, prepared);
     let s = backend.syncs();
     let images: Vec<(usize, Vec<u8>)> = (0..=s).map(|k| (k, backend.image_at_sync(k))).collect();
     let torn = backend.torn_images();
@@ -123,7 +165,17 @@ fn enumerate_with_clock<P, A>(
 
 #[test]
 fn flow_a_claim() {
+    flow_a_claim_on(Disk::Direct);
+}
+
+#[test]
+fn journal_flow_a_claim() {
+    flow_a_claim_on(Disk::Journal(journaled));
+}
+
+fn flow_a_claim_on(disk: Disk) {
     enumerate(
+        disk,
         "flow-A claim",
         |_, _| (),
         |store, _, ()| {
@@ -145,7 +197,17 @@ fn flow_a_claim() {
 
 #[test]
 fn lease_begin() {
+    lease_begin_on(Disk::Direct);
+}
+
+#[test]
+fn journal_lease_begin() {
+    lease_begin_on(Disk::Journal(journaled));
+}
+
+fn lease_begin_on(disk: Disk) {
     enumerate(
+        disk,
         "lease begin",
         |_, _| (),
         |store, _, ()| acquired(store.begin(req("t", "op", "L", b"p"))),
@@ -171,7 +233,17 @@ fn lease_begin() {
 
 #[test]
 fn lease_complete() {
+    lease_complete_on(Disk::Direct);
+}
+
+#[test]
+fn journal_lease_complete() {
+    lease_complete_on(Disk::Journal(journaled));
+}
+
+fn lease_complete_on(disk: Disk) {
     enumerate(
+        disk,
         "lease complete",
         |store, _| acquired(store.begin(req("t", "op", "L", b"p"))),
         |_, _, lease| {
@@ -195,7 +267,17 @@ fn lease_complete() {
 
 #[test]
 fn inbox_process() {
+    inbox_process_on(Disk::Direct);
+}
+
+#[test]
+fn journal_inbox_process() {
+    inbox_process_on(Disk::Journal(journaled));
+}
+
+fn inbox_process_on(disk: Disk) {
     enumerate(
+        disk,
         "inbox process",
         |_, _| (),
         |store, _, ()| {
@@ -229,7 +311,17 @@ fn inbox_process() {
 
 #[test]
 fn execute_with_outbox_event() {
+    execute_with_outbox_event_on(Disk::Direct);
+}
+
+#[test]
+fn journal_execute_with_outbox_event() {
+    execute_with_outbox_event_on(Disk::Journal(journaled));
+}
+
+fn execute_with_outbox_event_on(disk: Disk) {
     enumerate(
+        disk,
         "execute + outbox push",
         |_, _| (),
         |store, _, ()| {
@@ -255,8 +347,18 @@ fn execute_with_outbox_event() {
 
 #[test]
 fn sweep_of_expired_records() {
+    sweep_of_expired_records_on(Disk::Direct);
+}
+
+#[test]
+fn journal_sweep_of_expired_records() {
+    sweep_of_expired_records_on(Disk::Journal(journaled));
+}
+
+fn sweep_of_expired_records_on(disk: Disk) {
     const N: usize = 5;
     let s = enumerate(
+        disk,
         "sweep (5 expired records, batches of 2)",
         |store, clock| {
             for i in 0..N {
@@ -303,8 +405,18 @@ fn sweep_of_expired_records() {
 
 #[test]
 fn group_commit_batch() {
+    group_commit_batch_on(Disk::Direct);
+}
+
+#[test]
+fn journal_group_commit_batch() {
+    group_commit_batch_on(Disk::Journal(journaled));
+}
+
+fn group_commit_batch_on(disk: Disk) {
     const N: usize = 6;
     enumerate(
+        disk,
         "group-commit batch (gate + 6 threads)",
         |_, _| (),
         |store, backend, ()| {
@@ -514,4 +626,701 @@ fn outbox_delivered_mark() {
             assert_eq!(redelivered, expected, "k={k}: redelivery");
         },
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Journal mode (`StoreBuilder::journal(true)`, docs/design.md "Claims at the speed of a log",
+// "### Tests", "Crash points"): the store file and its journal on one [`CountingPair`], so every
+// crash point freezes both files at the same instant. Every sync of either file is a crash
+// point (both durable images), and every write of either file a torn one (the file written:
+// every write so far; the other: its durable image; and, when the other also holds unsynced
+// writes, both files' live images) and a process kill (the reopen reads every write, a power
+// loss after it keeps only what was synced). Each image is reopened with the invariants above,
+// plus one: a second crash right after the reopen (its durable images, taken while it is still
+// open) and a third after the operation's own checks (which retry and read) keep every answer
+// the reopened store gave.
+// ---------------------------------------------------------------------------------------------
+
+/// Journal mode with the caller's table registered: its batches are journaled. A small journal
+/// (its capacity is copied at every crash point) whose checkpoints are far apart.
+fn journaled(b: StoreBuilder) -> StoreBuilder {
+    b.journal(true)
+        .journal_table(EFFECTS)
+        .journal_capacity(64 << 10)
+        .checkpoint_bytes(32 << 10)
+}
+
+/// [`journaled`] with a checkpoint every 16 KiB of frames.
+fn journaled_checkpoints(b: StoreBuilder) -> StoreBuilder {
+    journaled(b).checkpoint_bytes(16 << 10)
+}
+
+/// Journal mode without the caller's table registered: a batch that bumps it cannot be replayed
+/// and commits durably (a checkpoint) instead of being framed.
+fn journaled_unregistered(b: StoreBuilder) -> StoreBuilder {
+    b.journal(true)
+        .journal_capacity(64 << 10)
+        .checkpoint_bytes(32 << 10)
+}
+
+fn open_journaled(
+    settings: fn(StoreBuilder) -> StoreBuilder,
+    store: impl idem::redb::StorageBackend,
+    journal: impl idem::redb::StorageBackend,
+    clock: &ManualClock,
+) -> Result<Store, idem::Error> {
+    settings(Store::builder().clock(clock.clone()).sweep_batch(2))
+        .open_with_backends(store, journal)
+}
+
+/// Everything a reopened store answers about the keys the operations use: each effect counter,
+/// the record rows, each key's record and inbox mark, the pending outbox events.
+fn answers(store: &Store) -> String {
+    use std::fmt::Write as _;
+    let effects = all_effects(store);
+    let mut out = format!("effects {effects:?}\nrecord rows {}\n", record_rows(store));
+    let mut keys: std::collections::BTreeSet<String> =
+        effects.into_iter().map(|(k, _)| k).collect();
+    keys.extend(["L", "a", "o", "m1"].map(str::to_owned));
+    for key in keys {
+        let record = store.get(&scope(), &key).expect("get");
+        let mark = store.inbox_mark("sub", &key).expect("inbox mark").is_some();
+        let _ = writeln!(out, "{key}: {record:?}, inbox mark {mark}");
+    }
+    let _ = write!(out, "outbox {:?}", pending(store));
+    out
+}
+
+/// The invariants every reopened image keeps, whatever the operation.
+fn common_invariants(store: &Store, ctx: &str) {
+    for (label, n) in all_effects(store) {
+        assert!(n <= 1, "{ctx}: {label} has {n} effects");
+    }
+    store
+        .check_expiry_index()
+        .unwrap_or_else(|e| panic!("{ctx}: expiry index: {e}"));
+}
+
+/// Opens the pair of images a crash of `live` (two backends, their store still open) leaves,
+/// and checks it answers as `expected` did.
+fn crash_again(
+    settings: fn(StoreBuilder) -> StoreBuilder,
+    live: &(CrashBackend, CrashBackend),
+    clock: &ManualClock,
+    expected: &str,
+    ctx: &str,
+) {
+    let again = open_journaled(settings, live.0.crash(), live.1.crash(), clock)
+        .unwrap_or_else(|e| panic!("{ctx}: the second crash's images do not open: {e}"));
+    common_invariants(&again, ctx);
+    let now = answers(&again);
+    assert_eq!(now, expected, "{ctx}: an answer changed");
+}
+
+/// [`enumerate_with_clock`] in journal mode, on a [`CountingPair`]. `op` gets the store's slot
+/// (it may close the store) and the pair. Returns S, the syncs of both files.
+fn enumerate_journal<P, A>(
+    name: &str,
+    settings: fn(StoreBuilder) -> StoreBuilder,
+    setup: impl FnOnce(&Store, &ManualClock, &CountingPair) -> P,
+    op: impl FnOnce(&mut Option<Store>, &CountingPair, P) -> A,
+    check: impl Fn(&Store, &ManualClock, usize, usize, bool, &A),
+) -> usize {
+    let pair = CountingPair::new();
+    let clock = ManualClock::new(T0);
+    let mut slot = Some(
+        open_journaled(settings, pair.store.clone(), pair.journal.clone(), &clock)
+            .expect("open on the counting pair"),
+    );
+    let prepared = setup(slot.as_ref().expect("open"), &clock, &pair);
+    pair.mark();
+    let ack = op(&mut slot, &pair, prepared);
+    let s = pair.syncs();
+    let store_syncs = pair.store_syncs();
+    let images: Vec<(usize, PairImage)> = (0..=s).map(|k| (k, pair.image_at_sync(k))).collect();
+    let torn = pair.torn_images();
+    let torn_both = pair.torn_both_images();
+    let kills = pair.kill_images();
+    pair.stop();
+    drop(slot);
+    let (n_torn, n_both) = (torn.len(), torn_both.len());
+    for (kind, (k, (store_image, journal_image))) in images
+        .into_iter()
+        .map(|i| ("crash after sync", i))
+        .chain(torn.into_iter().map(|i| ("torn write after sync", i)))
+        .chain(
+            torn_both
+                .into_iter()
+                .map(|i| ("torn writes of both files after sync", i)),
+        )
+    {
+        let torn_image = kind != "crash after sync";
+        let ctx = format!("{name}, {kind} {k}/{s}");
+        let live = (
+            crash_backend_from_image(store_image.to_vec()),
+            crash_backend_from_image(journal_image.to_vec()),
+        );
+        let reopened = open_journaled(settings, live.0.clone(), live.1.clone(), &clock)
+            .unwrap_or_else(|e| panic!("{ctx}: the crash images do not open: {e}"));
+        common_invariants(&reopened, &ctx);
+        // A second crash right after the reopen: what it answers holds.
+        let first = answers(&reopened);
+        crash_again(
+            settings,
+            &live,
+            &clock,
+            &first,
+            &format!("{ctx}, crashed again after the reopen"),
+        );
+        let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            check(&reopened, &clock, k, s, torn_image, &ack)
+        }));
+        if let Err(payload) = checked {
+            panic!("{ctx}: {}", panic_message(&*payload));
+        }
+        // And after the checks (retries, reads): every answer they got holds.
+        let after = answers(&reopened);
+        crash_again(
+            settings,
+            &live,
+            &clock,
+            &after,
+            &format!("{ctx}, crashed again after the checks"),
+        );
+        assert!(reopened.fail_stop_cause().is_none(), "{ctx}");
+    }
+    // Process kills: the reopen reads what the OS kept (every write), and a power loss after it
+    // leaves only what was synced, by the crashed process or by the reopen. What the reopen
+    // answered must hold after that power loss (docs/design.md, "Opening and recovery", step 5).
+    for (k, (store_live, store_durable), (journal_live, journal_durable)) in &kills {
+        let ctx = format!("{name}, process kill after sync {k}/{s}");
+        let live = (
+            crash_backend_from_images(store_live.to_vec(), store_durable.to_vec()),
+            crash_backend_from_images(journal_live.to_vec(), journal_durable.to_vec()),
+        );
+        let reopened = open_journaled(settings, live.0.clone(), live.1.clone(), &clock)
+            .unwrap_or_else(|e| panic!("{ctx}: does not open: {e}"));
+        common_invariants(&reopened, &ctx);
+        let first = answers(&reopened);
+        crash_again(
+            settings,
+            &live,
+            &clock,
+            &first,
+            &format!("{ctx}, power lost after the reopen"),
+        );
+        let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            check(&reopened, &clock, *k, s, true, &ack)
+        }));
+        if let Err(payload) = checked {
+            panic!("{ctx}: {}", panic_message(&*payload));
+        }
+        let after = answers(&reopened);
+        crash_again(
+            settings,
+            &live,
+            &clock,
+            &after,
+            &format!("{ctx}, power lost after the checks"),
+        );
+    }
+    assert!(s >= 1, "{name}: the operation never synced");
+    eprintln!(
+        "crash points: {name}: S={s} syncs ({store_syncs} of the store file), {} sync images + {n_torn} torn-write images + {n_both} with both files' writes + {} process kills checked, each reopened, crashed again and reopened twice",
+        s + 1,
+        kills.len()
+    );
+    drop(ack);
+    s
+}
+
+/// The frames (journal writes at or after the header) written since write `from` of the pair's
+/// log: (offset, bytes).
+fn frames_since(pair: &CountingPair, from: usize) -> Vec<(u64, Vec<u8>)> {
+    pair.journal_writes().split_off(from)
+}
+
+/// A wrap frame's kind byte (docs/FORMAT.md, "Frames").
+const KIND_WRAP: u8 = 0x02;
+
+/// Claims `keys` one after the other; each answer is paired with the syncs done when it came
+/// (an upper bound on the sync that made it durable).
+fn claim_all(store: &Store, pair: &CountingPair, keys: impl IntoIterator<Item = String>) -> Acks {
+    keys.into_iter()
+        .map(|key| {
+            let r = claim(store, &key);
+            assert!(matches!(r, Ok(ExecuteAnswer::Ran(_))), "{key}: {r:?}");
+            (key, pair.syncs())
+        })
+        .collect()
+}
+
+/// Claims from `threads` threads at once, `each` keys each (`<prefix><t>-<i>`).
+fn claim_concurrently(
+    store: &Store,
+    pair: &CountingPair,
+    prefix: &str,
+    threads: usize,
+    each: usize,
+) -> Acks {
+    let acks = std::sync::Mutex::new(Vec::new());
+    thread::scope(|sc| {
+        for t in 0..threads {
+            let acks = &acks;
+            sc.spawn(move || {
+                for i in 0..each {
+                    let key = format!("{prefix}{t}-{i}");
+                    let r = claim(store, &key);
+                    assert!(matches!(r, Ok(ExecuteAnswer::Ran(_))), "{key}: {r:?}");
+                    let synced = pair.syncs();
+                    acks.lock().expect("acks").push((key, synced));
+                }
+            });
+        }
+    });
+    acks.into_inner().expect("acks")
+}
+
+/// Keys with the syncs done when each was answered.
+type Acks = Vec<(String, usize)>;
+
+/// Every key answered by sync `k` is present with exactly one effect; every other key is whole
+/// or absent; then a retry of each replays exactly when the key was present, one effect each.
+fn check_acks(store: &Store, k: usize, acks: &Acks, retry: bool) {
+    for (key, acked_by) in acks {
+        let rec = has_record(store, key);
+        assert_eq!(rec, effects(store, key) == 1, "k={k}, {key}: half-applied");
+        if *acked_by <= k {
+            assert!(
+                rec,
+                "k={k}: {key}, acknowledged by sync {acked_by}, was lost"
+            );
+        }
+        if retry {
+            let again = claim(store, key).expect("retry");
+            assert_eq!(again.is_replay(), rec, "k={k}: {key}");
+            assert_eq!(effects(store, key), 1, "k={k}: {key}");
+        }
+    }
+}
+
+/// The claims answered before the mark (setup): present in every image.
+fn check_setup(store: &Store, k: usize, keys: &[String]) {
+    for key in keys {
+        assert!(
+            has_record(store, key),
+            "k={k}: {key}, answered before the operation, was lost"
+        );
+        assert_eq!(effects(store, key), 1, "k={k}: {key}");
+    }
+}
+
+/// Claims `prefix<i>` until the journal's frames since the open reach `bytes`; returns the keys.
+fn claim_until_journal_bytes(
+    store: &Store,
+    pair: &CountingPair,
+    prefix: &str,
+    bytes: u64,
+) -> Vec<String> {
+    let mut keys = Vec::new();
+    while pair
+        .journal_writes()
+        .iter()
+        .map(|(_, b)| b.len() as u64)
+        .sum::<u64>()
+        < bytes
+    {
+        let key = format!("{prefix}{}", keys.len());
+        assert!(matches!(claim(store, &key), Ok(ExecuteAnswer::Ran(_))));
+        keys.push(key);
+    }
+    keys
+}
+
+/// [`journaled`] with one caller per batch: queued callers commit one batch each, in turn.
+fn journaled_one_per_batch(b: StoreBuilder) -> StoreBuilder {
+    journaled(b).max_batch(1)
+}
+
+/// Releases a [`PairFile`]'s held syncs when dropped (also when a check panics).
+struct Release<'a>(&'a PairFile);
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        self.0.release_syncs();
+    }
+}
+
+/// Appends pipelined behind a sync: with one caller per batch, a gate claim holds the writer
+/// while three claims queue behind it; the journal's syncs are held, so once the gate's batch
+/// writes its frame and waits in its sync, the three batches after it seal and write their
+/// frames behind that sync (leadership is handed on before the wait). Then the syncs run. Each
+/// claim is in every image from the sync that answered it; frames written behind an unfinished
+/// sync are torn-write crash points like any other.
+#[test]
+fn journal_appends_pipelined_behind_a_sync() {
+    enumerate_journal(
+        "journal: appends pipelined behind a held sync (gate + 3 queued, one per batch)",
+        journaled_one_per_batch,
+        |_, _, _| (),
+        |slot, pair, ()| {
+            let store = slot.as_ref().expect("open");
+            let acks = std::sync::Mutex::new(Vec::new());
+            let frames_before = pair.journal_writes().len();
+            pair.journal.hold_syncs();
+            let _release = Release(&pair.journal);
+            let (held_tx, held_rx) = mpsc::channel::<()>();
+            let (release_tx, release_rx) = mpsc::channel::<()>();
+            thread::scope(|sc| {
+                let acks = &acks;
+                sc.spawn(move || {
+                    let r = store.execute(req("t", "op", "p0", b"p"), |tx| {
+                        bump(tx, "p0")?;
+                        held_tx.send(()).expect("test alive");
+                        release_rx.recv().expect("released");
+                        Ok(Response::new(201, "p0"))
+                    });
+                    assert!(matches!(r, Ok(ExecuteAnswer::Ran(_))), "{r:?}");
+                    acks.lock()
+                        .expect("acks")
+                        .push(("p0".to_owned(), pair.syncs()));
+                });
+                held_rx.recv().expect("the gate holds the writer");
+                for i in 1..4 {
+                    sc.spawn(move || {
+                        let key = format!("p{i}");
+                        let r = claim(store, &key);
+                        assert!(matches!(r, Ok(ExecuteAnswer::Ran(_))), "{key}: {r:?}");
+                        acks.lock().expect("acks").push((key, pair.syncs()));
+                    });
+                    wait_for_queue(store, i);
+                }
+                release_tx.send(()).expect("gate alive");
+                wait_until("the gate's sync", || pair.journal.syncs_waiting() == 1);
+                wait_until("the frames behind the held sync", || {
+                    pair.journal_writes().len() >= frames_before + 4
+                });
+                assert!(
+                    acks.lock().expect("acks").is_empty(),
+                    "answered before a sync"
+                );
+                pair.journal.release_syncs();
+            });
+            let acks = acks.into_inner().expect("acks");
+            assert_eq!(acks.len(), 4);
+            acks
+        },
+        |store, _, k, _, _, acks| check_acks(store, k, acks, true),
+    );
+}
+
+/// A wrap: a 64 KiB journal filled to its last frames before the operation, whose claims write
+/// the wrap frame and continue at the area's start.
+#[test]
+fn journal_wrap() {
+    journal_wrap_on(journaled_checkpoints);
+}
+
+fn journal_wrap_on(settings: fn(StoreBuilder) -> StoreBuilder) {
+    const CAPACITY: u64 = 64 << 10;
+    enumerate_journal(
+        "journal: a wrap (64 KiB journal, a checkpoint every 16 KiB)",
+        settings,
+        |store, _, pair| {
+            // Fill until the head is within three frames of the end.
+            let mut keys = Vec::new();
+            loop {
+                let key = format!("w{}", keys.len());
+                assert!(matches!(claim(store, &key), Ok(ExecuteAnswer::Ran(_))));
+                keys.push(key);
+                let writes = pair.journal_writes();
+                let (at, frame) = writes.last().expect("a frame");
+                let head = at + frame.len() as u64;
+                if head + 3 * frame.len() as u64 >= CAPACITY {
+                    break keys;
+                }
+                assert!(keys.len() < 2_000, "the journal never neared its end");
+            }
+        },
+        |slot, pair, setup| {
+            let store = slot.as_ref().expect("open");
+            let from = pair.journal_writes().len();
+            let acks = claim_all(store, pair, (0..8).map(|i| format!("x{i}")));
+            let frames = frames_since(pair, from);
+            assert!(
+                frames.iter().any(|(_, f)| f[5] == KIND_WRAP),
+                "the operation wrote no wrap frame: {:?}",
+                frames
+                    .iter()
+                    .map(|(at, f)| (*at, f.len()))
+                    .collect::<Vec<_>>()
+            );
+            (setup, acks)
+        },
+        |store, _, k, _, _, (setup, acks)| {
+            check_setup(store, k, setup);
+            check_acks(store, k, acks, true);
+        },
+    );
+}
+
+/// A checkpoint under load: frames fill the journal to just below `checkpoint_bytes` (16 KiB),
+/// then four threads claim at once; a batch among theirs is due for the checkpoint and commits
+/// durably (quick-repair) while the others keep sealing, writing and syncing frames.
+#[test]
+fn journal_checkpoint_under_load() {
+    enumerate_journal(
+        "journal: a checkpoint under load (4 threads, a checkpoint every 16 KiB)",
+        journaled_checkpoints,
+        |store, _, pair| claim_until_journal_bytes(store, pair, "c", (16 << 10) - 4 * 288),
+        |slot, pair, setup| {
+            let store = slot.as_ref().expect("open");
+            let acks = claim_concurrently(store, pair, "l", 4, 4);
+            assert!(
+                pair.store_syncs() >= 1,
+                "no checkpoint during the operation"
+            );
+            (setup, acks)
+        },
+        |store, _, k, _, _, (setup, acks)| {
+            check_setup(store, k, setup);
+            check_acks(store, k, acks, true);
+        },
+    );
+}
+
+/// A batch that writes a table the journal cannot replay (the caller's table, not registered)
+/// is not framed: it commits durably (a checkpoint).
+#[test]
+fn journal_unregistered_table() {
+    enumerate_journal(
+        "journal: a claim writing an unregistered table (a durable commit)",
+        journaled_unregistered,
+        |_, _, _| (),
+        |slot, pair, ()| {
+            let store = slot.as_ref().expect("open");
+            let acks = claim_all(store, pair, ["a".to_owned()]);
+            assert!(
+                pair.store_syncs() >= 1,
+                "the batch was not committed durably"
+            );
+            acks
+        },
+        |store, _, k, _, _, acks| check_acks(store, k, acks, true),
+    );
+}
+
+/// An oversized entry (over a quarter of the journal: a 20 KiB response body in a 64 KiB
+/// journal) is not framed: its batch commits durably.
+#[test]
+fn journal_oversized_entry() {
+    let body = "b".repeat(20 << 10);
+    enumerate_journal(
+        "journal: an oversized entry (20 KiB in a 64 KiB journal: a durable commit)",
+        journaled,
+        |_, _, _| (),
+        |slot, pair, ()| {
+            let store = slot.as_ref().expect("open");
+            let frames = pair.journal_writes().len();
+            let r = store.execute(req("t", "op", "big", b"p"), |tx| {
+                bump(tx, "big")?;
+                Ok(Response::new(201, body.clone()))
+            });
+            assert!(matches!(r, Ok(ExecuteAnswer::Ran(_))), "{r:?}");
+            assert!(
+                pair.store_syncs() >= 1,
+                "the batch was not committed durably"
+            );
+            assert_eq!(pair.journal_writes().len(), frames, "the entry was framed");
+            pair.syncs()
+        },
+        |store, _, k, _, _, acked_by| {
+            let rec = store.get(&scope(), "big").expect("get");
+            assert_eq!(
+                rec.is_some(),
+                effects(store, "big") == 1,
+                "k={k}: half-applied"
+            );
+            match &rec {
+                None => assert!(k < *acked_by, "k={k}: the acknowledged claim was lost"),
+                Some(r) => match &r.state {
+                    State::Completed(resp) => assert_eq!(resp.body().len(), 20 << 10),
+                    other => panic!("k={k}: {other:?}"),
+                },
+            }
+        },
+    );
+}
+
+/// The close: the last handle dropped writes the closing checkpoint (every entry, the clean
+/// flag) in a durable commit. Every claim answered before it is in every image.
+#[test]
+fn journal_close() {
+    enumerate_journal(
+        "journal: the close (the closing checkpoint)",
+        journaled,
+        |store, _, _| {
+            let keys: Vec<String> = (0..5).map(|i| format!("z{i}")).collect();
+            for key in &keys {
+                assert!(matches!(claim(store, key), Ok(ExecuteAnswer::Ran(_))));
+            }
+            keys
+        },
+        |slot, pair, keys| {
+            drop(slot.take());
+            assert!(pair.store_syncs() >= 1, "the close made nothing durable");
+            keys
+        },
+        |store, _, k, _, _, keys| {
+            check_setup(store, k, keys);
+            for key in keys {
+                assert_eq!(replayed(claim(store, key)).body(), key.as_bytes(), "k={k}");
+            }
+        },
+    );
+}
+
+/// Recovery itself: a crash left five answered claims in the journal only (redb's durable state
+/// is the open's checkpoint); the reopen on a counting pair replays them in one durable commit.
+/// Every write and sync of that open is a crash point, and each of its images opens with the
+/// five claims.
+#[test]
+fn journal_recovery() {
+    let pair = CountingPair::new();
+    let clock = ManualClock::new(T0);
+    let keys: Vec<String> = (0..5).map(|i| format!("r{i}")).collect();
+    let store =
+        open_journaled(journaled, pair.store.clone(), pair.journal.clone(), &clock).expect("open");
+    for key in &keys {
+        assert!(matches!(claim(&store, key), Ok(ExecuteAnswer::Ran(_))));
+    }
+    let (db, jr) = pair.crash();
+    drop(store);
+    let recovering = CountingPair::from_images(db.durable_image(), jr.durable_image());
+    recovering.mark();
+    let reopened = open_journaled(
+        journaled,
+        recovering.store.clone(),
+        recovering.journal.clone(),
+        &clock,
+    )
+    .expect("the crash images open");
+    let s = recovering.syncs();
+    let images: Vec<(usize, PairImage)> =
+        (0..=s).map(|k| (k, recovering.image_at_sync(k))).collect();
+    let mut torn = recovering.torn_images();
+    torn.extend(recovering.torn_both_images());
+    let kills = recovering.kill_images();
+    recovering.stop();
+    check_setup(&reopened, s, &keys);
+    drop(reopened);
+    let (n_torn, n_kills) = (torn.len(), kills.len());
+    let power_losses = images
+        .into_iter()
+        .chain(torn)
+        .map(|(k, (store, journal))| (k, (store.clone(), store), (journal.clone(), journal)));
+    for (k, (store_live, store_durable), (journal_live, journal_durable)) in
+        power_losses.chain(kills)
+    {
+        let ctx = format!("recovery, crash point after sync {k}/{s}");
+        let live = (
+            crash_backend_from_images(store_live.to_vec(), store_durable.to_vec()),
+            crash_backend_from_images(journal_live.to_vec(), journal_durable.to_vec()),
+        );
+        let again = open_journaled(journaled, live.0.clone(), live.1.clone(), &clock)
+            .unwrap_or_else(|e| panic!("{ctx}: does not open: {e}"));
+        common_invariants(&again, &ctx);
+        check_setup(&again, k, &keys);
+        let first = answers(&again);
+        crash_again(journaled, &live, &clock, &first, &ctx);
+    }
+    assert!(s >= 1, "the recovery made nothing durable");
+    eprintln!(
+        "crash points: journal: recovery (an open replaying 5 entries): S={s} syncs, {} sync images + {n_torn} torn-write images + {n_kills} process kills checked, each reopened, crashed again and reopened",
+        s + 1
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// A deliberately broken recovery is caught (docs/design.md, "### Tests"): each white-box switch
+// (`StoreBuilder::__break_journal`) breaks one step; the test runs the check that exists for that
+// step, first with nothing broken (it passes: the check is sound), then with the switch on, and
+// asserts the check fails, for the reason it exists for.
+// ---------------------------------------------------------------------------------------------
+
+use idem::__journal::BrokenJournal;
+
+/// Runs `check`, which must fail (panic); returns its panic message.
+pub(crate) fn caught(what: &str, check: impl FnOnce()) -> String {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(check)) {
+        Ok(()) => panic!("{what}: the broken step was not caught: the check passed"),
+        Err(payload) => panic_message(&*payload),
+    }
+}
+
+/// A panic's message.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_default()
+}
+
+/// Whether a failure of the crash enumeration is an acknowledged answer missing from a crash
+/// image: one the operation got (`was lost`), or one the reopened store gave and a second crash
+/// took back (`an answer changed`).
+fn an_answer_was_lost(why: &str) -> bool {
+    why.contains("journal: ") && (why.contains("was lost") || why.contains("an answer changed"))
+}
+
+fn journaled_no_replay(b: StoreBuilder) -> StoreBuilder {
+    journaled(b).__break_journal(BrokenJournal::NoReplay)
+}
+
+fn journaled_answer_before_sync(b: StoreBuilder) -> StoreBuilder {
+    journaled(b).__break_journal(BrokenJournal::AnswerBeforeSync)
+}
+
+fn journaled_stop_at_wrap(b: StoreBuilder) -> StoreBuilder {
+    journaled_checkpoints(b).__break_journal(BrokenJournal::StopAtWrap)
+}
+
+/// `BrokenJournal::NoReplay` (an open applies nothing from the journal) is caught by the crash
+/// enumeration (`journal_flow_a_claim`): an acknowledged claim that is only in the journal is
+/// missing after the reopen (the operation's at the crash right after its sync; the reopened
+/// store's own retry after the second crash, which comes first, at sync image 0).
+#[test]
+fn a_broken_recovery_is_caught_when_the_journal_is_not_replayed() {
+    flow_a_claim_on(Disk::Journal(journaled));
+    let why = caught("NoReplay", || {
+        flow_a_claim_on(Disk::Journal(journaled_no_replay));
+    });
+    assert!(an_answer_was_lost(&why), "caught for another reason: {why}");
+}
+
+/// `BrokenJournal::AnswerBeforeSync` (members answered before the journal's sync covers their
+/// entry) is caught by the crash enumeration (`journal_flow_a_claim`): the claim is answered
+/// with no sync done, and the crash image of that instant (sync image 0) lacks it.
+#[test]
+fn a_broken_recovery_is_caught_when_the_journal_answers_before_its_sync() {
+    flow_a_claim_on(Disk::Journal(journaled));
+    let why = caught("AnswerBeforeSync", || {
+        flow_a_claim_on(Disk::Journal(journaled_answer_before_sync));
+    });
+    assert!(
+        why.contains("crash after sync 0/0") && why.contains("the acknowledged claim was lost"),
+        "caught for another reason: {why}"
+    );
+}
+
+/// `BrokenJournal::StopAtWrap` (recovery stops at the first wrap frame) is caught by the crash
+/// enumeration's wrap (`journal_wrap`): claims acknowledged after the wrap frame, only in the
+/// journal, are missing after a reopen (the first found: the reopened store's retries of the
+/// operation's claims at sync image 0, which follow the wrap, lost by the second crash).
+#[test]
+fn a_broken_recovery_is_caught_when_the_journal_stops_at_a_wrap() {
+    journal_wrap_on(journaled_checkpoints);
+    let why = caught("StopAtWrap", || journal_wrap_on(journaled_stop_at_wrap));
+    assert!(an_answer_was_lost(&why), "caught for another reason: {why}");
 }

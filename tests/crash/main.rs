@@ -20,6 +20,8 @@ mod damaged_pages_never_panic;
 mod fail_stop;
 mod failure_flag_follows_state;
 mod io_error_loop;
+mod journal_full_disk_during_checkpoint;
+mod journal_torn_tails;
 mod multi_process;
 mod open_survives_io_failures;
 mod process_kill;

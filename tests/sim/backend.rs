@@ -299,3 +299,388 @@ impl idem::redb::StorageBackend for CountingBackend {
         Ok(())
     }
 }
+
+/// A [`CrashBackend`] whose live image (what a process reads: the OS page cache) differs from
+/// its durable one (what a power loss leaves): a file after a process kill.
+pub fn crash_backend_from_images(live: Vec<u8>, durable: Vec<u8>) -> CrashBackend {
+    CrashBackend {
+        images: std::sync::Arc::new(std::sync::Mutex::new(Images { live, durable })),
+        failing: Default::default(),
+        gone: Default::default(),
+    }
+}
+
+/// Which file of a [`CountingPair`] an operation touched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PairSide {
+    /// The redb file.
+    Store,
+    /// The journal beside it.
+    Journal,
+}
+
+/// One image of both files of a [`CountingPair`] at one instant: (store, journal). Images are
+/// shared: a file that did not change between two crash points keeps one copy.
+pub type PairImage = (std::sync::Arc<Vec<u8>>, std::sync::Arc<Vec<u8>>);
+
+/// What a [`CountingPair`] counted since its mark: one operation counter and one list of crash
+/// points for both files, so a crash point freezes both at the same instant.
+#[derive(Debug, Default)]
+pub struct PairCounting {
+    /// I/O operations (writes, `set_len`, syncs) of either file since the last mark.
+    pub ops: u64,
+    /// `sync_data` calls of either file that succeeded since the mark.
+    pub syncs: usize,
+    /// Of those, the store file's.
+    pub store_syncs: usize,
+    /// Counting since [`CountingPair::mark`] (until [`CountingPair::stop`]).
+    pub marked: bool,
+    /// Both durable images right after each such sync; `[0]` is the pair at the mark, so
+    /// `snapshots[k]` is what a crash right after sync `k` leaves.
+    pub snapshots: Vec<PairImage>,
+    /// After each write or `set_len` of either file since the mark: the syncs done so far and
+    /// the pair a crash leaves if every write so far of the file written reached its disk but
+    /// nothing unsynced of the other file did (the file written: its live image; the other:
+    /// its durable image).
+    pub torn: Vec<(usize, PairImage)>,
+    /// After each write of either file since the mark, when the other file also holds unsynced
+    /// writes: the syncs done so far and both live images (every write so far of both files
+    /// reached the disk, the next sync never ran).
+    pub torn_both: Vec<(usize, PairImage)>,
+    /// After each write of either file since the mark: the syncs done so far and what a
+    /// process kill leaves (the OS keeps every write): each file's live image, with the durable
+    /// one beneath it that a later power loss would leave. (store live, store durable),
+    /// (journal live, journal durable).
+    pub kills: Vec<(usize, PairImage, PairImage)>,
+    /// Every write to the journal since the pair was created, in order: (offset, bytes).
+    pub journal_writes: Vec<(u64, Vec<u8>)>,
+    /// The current durable images (shared by the crash points until the next sync).
+    durable: Option<PairImage>,
+}
+
+/// A failure countdown of one file of a [`CountingPair`].
+#[derive(Debug, Default)]
+pub struct Countdown {
+    /// I/O operations of this file since the arming.
+    pub ops: u64,
+    /// Fail the operation with this 0-based index (since arming), if set.
+    pub fail_at: Option<u64>,
+    /// Keep failing every operation after the first injected failure.
+    pub persistent: bool,
+    /// How many failures were injected.
+    pub injected: u64,
+}
+
+/// One file of a [`CountingPair`]: a [`CrashBackend`] whose writes and syncs are counted and
+/// recorded with the other file's, under one lock.
+#[derive(Debug, Clone)]
+pub struct PairFile {
+    pub inner: CrashBackend,
+    /// The pair's other file.
+    other: CrashBackend,
+    side: PairSide,
+    pair: std::sync::Arc<std::sync::Mutex<PairCounting>>,
+    countdown: std::sync::Arc<std::sync::Mutex<Countdown>>,
+    hold: std::sync::Arc<(std::sync::Mutex<SyncHold>, std::sync::Condvar)>,
+}
+
+/// Syncs of one [`PairFile`] held back on purpose: a sync that starts while they are held
+/// waits (before it touches the disk) until they are released.
+#[derive(Debug, Default)]
+pub struct SyncHold {
+    /// Syncs wait while set.
+    pub held: bool,
+    /// Syncs waiting now.
+    pub waiting: usize,
+}
+
+/// Two simulated disks, the store file and its journal, under one operation and sync counter:
+/// after every sync of either file the pair of durable images is recorded, after every write
+/// the torn pair (see [`PairCounting::torn`]). Open journal mode on it with
+/// `open_with_backends(pair.store.clone(), pair.journal.clone())`.
+#[derive(Debug, Clone)]
+pub struct CountingPair {
+    pub store: PairFile,
+    pub journal: PairFile,
+    pub state: std::sync::Arc<std::sync::Mutex<PairCounting>>,
+}
+
+impl Default for CountingPair {
+    fn default() -> Self {
+        CountingPair::new()
+    }
+}
+
+impl CountingPair {
+    pub fn new() -> CountingPair {
+        let (s, j) = (CrashBackend::default(), CrashBackend::default());
+        let state = std::sync::Arc::new(std::sync::Mutex::new(PairCounting::default()));
+        let file = |inner: &CrashBackend, other: &CrashBackend, side| PairFile {
+            inner: inner.clone(),
+            other: other.clone(),
+            side,
+            pair: state.clone(),
+            countdown: Default::default(),
+            hold: Default::default(),
+        };
+        CountingPair {
+            store: file(&s, &j, PairSide::Store),
+            journal: file(&j, &s, PairSide::Journal),
+            state,
+        }
+    }
+
+    pub fn counting(&self) -> std::sync::MutexGuard<'_, PairCounting> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts counting from here; snapshot 0 is the pair's current durable images.
+    pub fn mark(&self) {
+        let mut c = self.counting();
+        let now = (
+            std::sync::Arc::new(self.store.inner.durable_image()),
+            std::sync::Arc::new(self.journal.inner.durable_image()),
+        );
+        c.ops = 0;
+        c.syncs = 0;
+        c.store_syncs = 0;
+        c.marked = true;
+        c.snapshots = vec![now.clone()];
+        c.torn.clear();
+        c.torn_both.clear();
+        c.kills.clear();
+        c.durable = Some(now);
+    }
+
+    /// Stops recording crash points (what was recorded stays).
+    pub fn stop(&self) {
+        self.counting().marked = false;
+    }
+
+    /// Syncs of either file since the mark.
+    pub fn syncs(&self) -> usize {
+        self.counting().syncs
+    }
+
+    /// Syncs of the store file since the mark.
+    pub fn store_syncs(&self) -> usize {
+        self.counting().store_syncs
+    }
+
+    /// Both durable images as of sync `k` since the mark.
+    pub fn image_at_sync(&self, k: usize) -> PairImage {
+        self.counting().snapshots[k].clone()
+    }
+
+    /// The torn pairs since the mark (see [`PairCounting::torn`]).
+    pub fn torn_images(&self) -> Vec<(usize, PairImage)> {
+        self.counting().torn.clone()
+    }
+
+    /// The torn pairs of both files' writes since the mark (see [`PairCounting::torn_both`]).
+    pub fn torn_both_images(&self) -> Vec<(usize, PairImage)> {
+        self.counting().torn_both.clone()
+    }
+
+    /// The process kills since the mark (see [`PairCounting::kills`]).
+    pub fn kill_images(&self) -> Vec<(usize, PairImage, PairImage)> {
+        self.counting().kills.clone()
+    }
+
+    /// Every write to the journal so far: (offset, bytes).
+    pub fn journal_writes(&self) -> Vec<(u64, Vec<u8>)> {
+        self.counting().journal_writes.clone()
+    }
+
+    /// A pair over given images (each file's live and durable image alike): what an open after
+    /// a crash finds, counted like any other pair.
+    pub fn from_images(store: Vec<u8>, journal: Vec<u8>) -> CountingPair {
+        let pair = CountingPair::new();
+        for (file, image) in [(&pair.store, store), (&pair.journal, journal)] {
+            let mut images = file.inner.images();
+            images.live = image.clone();
+            images.durable = image;
+        }
+        pair
+    }
+
+    /// A crash of both files now: two plain backends over what each had made durable.
+    pub fn crash(&self) -> (CrashBackend, CrashBackend) {
+        let _c = self.counting();
+        (self.store.inner.crash(), self.journal.inner.crash())
+    }
+}
+
+impl PairFile {
+    fn pair(&self) -> std::sync::MutexGuard<'_, PairCounting> {
+        self.pair.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn countdown(&self) -> std::sync::MutexGuard<'_, Countdown> {
+        self.countdown.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Arms this file's failure countdown: its I/O operation `n` (0-based, counted from now)
+    /// fails, and with `persistent` every later one too (a full disk).
+    pub fn fail_at(&self, n: u64, persistent: bool) {
+        let mut c = self.countdown();
+        *c = Countdown {
+            fail_at: Some(n),
+            persistent,
+            ..Countdown::default()
+        };
+    }
+
+    /// Disarms the countdown and returns how many failures were injected.
+    pub fn disarm(&self) -> u64 {
+        let mut c = self.countdown();
+        c.fail_at = None;
+        c.injected
+    }
+
+    /// Holds this file's syncs back: each one that starts waits until [`Self::release_syncs`].
+    pub fn hold_syncs(&self) {
+        self.hold.0.lock().unwrap_or_else(|e| e.into_inner()).held = true;
+    }
+
+    /// Lets the held syncs run.
+    pub fn release_syncs(&self) {
+        let (hold, cv) = &*self.hold;
+        hold.lock().unwrap_or_else(|e| e.into_inner()).held = false;
+        cv.notify_all();
+    }
+
+    /// How many syncs are waiting behind [`Self::hold_syncs`] now.
+    pub fn syncs_waiting(&self) -> usize {
+        self.hold
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .waiting
+    }
+
+    fn wait_while_held(&self) {
+        let (hold, cv) = &*self.hold;
+        let mut h = hold.lock().unwrap_or_else(|e| e.into_inner());
+        h.waiting += 1;
+        while h.held {
+            h = cv.wait(h).unwrap_or_else(|e| e.into_inner());
+        }
+        h.waiting -= 1;
+    }
+
+    /// I/O operations (writes, `set_len`, syncs) of this file since the last arming (or since
+    /// it was created).
+    pub fn ops(&self) -> u64 {
+        self.countdown().ops
+    }
+
+    /// Failures injected since the arming.
+    pub fn injected(&self) -> u64 {
+        self.countdown().injected
+    }
+
+    fn io(&self) -> std::io::Result<()> {
+        let mut c = self.countdown();
+        let n = c.ops;
+        c.ops += 1;
+        if let Some(at) = c.fail_at
+            && (n == at || (c.persistent && n > at))
+        {
+            c.injected += 1;
+            return Err(std::io::Error::other("injected I/O failure (countdown)"));
+        }
+        Ok(())
+    }
+
+    fn after_write(&self, pair: &mut PairCounting, other: &CrashBackend) {
+        pair.ops += 1;
+        if !pair.marked {
+            return;
+        }
+        let Some((store, journal)) = pair.durable.clone() else {
+            return;
+        };
+        let live = std::sync::Arc::new(self.inner.live_image());
+        let other_live = other.live_image();
+        // Both files' live and durable images, this file's first.
+        let (mine, theirs) = match self.side {
+            PairSide::Store => (store, journal),
+            PairSide::Journal => (journal, store),
+        };
+        let theirs_live = if *theirs == other_live {
+            None
+        } else {
+            Some(std::sync::Arc::new(other_live))
+        };
+        let ordered = |a: std::sync::Arc<Vec<u8>>, b: std::sync::Arc<Vec<u8>>| match self.side {
+            PairSide::Store => (a, b),
+            PairSide::Journal => (b, a),
+        };
+        let syncs = pair.syncs;
+        let mine_kill = (live.clone(), mine);
+        let theirs_kill = (
+            theirs_live.clone().unwrap_or_else(|| theirs.clone()),
+            theirs.clone(),
+        );
+        let (store_kill, journal_kill) = match self.side {
+            PairSide::Store => (mine_kill, theirs_kill),
+            PairSide::Journal => (theirs_kill, mine_kill),
+        };
+        pair.kills.push((syncs, store_kill, journal_kill));
+        pair.torn.push((syncs, ordered(live.clone(), theirs)));
+        if let Some(theirs_live) = theirs_live {
+            pair.torn_both.push((syncs, ordered(live, theirs_live)));
+        }
+    }
+}
+
+impl idem::redb::StorageBackend for PairFile {
+    fn len(&self) -> std::io::Result<u64> {
+        self.inner.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        self.inner.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.io()?;
+        let mut pair = self.pair();
+        self.inner.set_len(len)?;
+        self.after_write(&mut pair, &self.other);
+        Ok(())
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.wait_while_held();
+        self.io()?;
+        // Both files frozen under the pair's lock: the snapshot is exactly this instant's.
+        let mut pair = self.pair();
+        self.inner.sync_data()?;
+        pair.ops += 1;
+        if pair.marked
+            && let Some((store, journal)) = pair.durable.clone()
+        {
+            let mine = std::sync::Arc::new(self.inner.durable_image());
+            let now = match self.side {
+                PairSide::Store => (mine, journal),
+                PairSide::Journal => (store, mine),
+            };
+            pair.syncs += 1;
+            if self.side == PairSide::Store {
+                pair.store_syncs += 1;
+            }
+            pair.snapshots.push(now.clone());
+            pair.durable = Some(now);
+        }
+        Ok(())
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.io()?;
+        let mut pair = self.pair();
+        self.inner.write(offset, data)?;
+        if self.side == PairSide::Journal && offset >= 4096 {
+            pair.journal_writes.push((offset, data.to_vec()));
+        }
+        self.after_write(&mut pair, &self.other);
+        Ok(())
+    }
+}

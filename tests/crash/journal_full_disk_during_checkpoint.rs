@@ -1,0 +1,166 @@
+//! A full disk during a checkpoint, on the simulated disk (docs/design.md, "The crash argument,
+//! point by point", "A full disk during a checkpoint"): the journal never grows, so frames, syncs
+//! and answers do not depend on free space; the checkpoint's durable redb commit fails when the
+//! store file cannot be written, which latches fail-stop. No answered claim is lost: a reopen
+//! while the disk is still full fails and changes nothing; once there is space, every answered
+//! key replays.
+
+use crate::common;
+
+use common::*;
+use idem::{Error, ExecuteAnswer, Response, Store, StoreBuilder};
+
+/// Frames of this many bytes make a checkpoint due.
+const CHECKPOINT: u64 = 16 << 10;
+
+fn journaled(b: StoreBuilder) -> StoreBuilder {
+    b.journal(true)
+        .journal_table(EFFECTS)
+        .journal_capacity(64 << 10)
+        .checkpoint_bytes(CHECKPOINT)
+}
+
+fn claim(store: &Store, key: &str) -> Result<ExecuteAnswer, Error> {
+    store.execute(req("t", "op", key, b"p"), |tx| {
+        bump(tx, key)?;
+        Ok(Response::new(201, key.to_owned()))
+    })
+}
+
+/// The store file fills once the first claims are done: the next write of it is the first
+/// checkpoint's durable commit.
+#[test]
+fn journal_full_disk_during_checkpoint_loses_no_answered_claim() {
+    full_disk(3, true);
+}
+
+/// The store file fills right after the open: redb grows its file (and syncs it) inside an
+/// ordinary journaled batch early on (`TransactionalMemory::grow`, from the batch's inserts),
+/// before any checkpoint: that batch fails and the store fail-stops there, and nothing answered
+/// is lost either. (The journal never grows, but redb's non-durable commits may still need the
+/// store file to grow: a full disk is not only met by checkpoints.)
+#[test]
+fn journal_full_disk_when_redb_grows_its_file_loses_no_answered_claim() {
+    full_disk(0, false);
+}
+
+/// Claims `warm` keys, then fills the store file's disk (every write and sync of it fails from
+/// then on) and claims until one fails; `at_checkpoint`: the failure must come when a
+/// checkpoint is due.
+fn full_disk(warm: usize, at_checkpoint: bool) {
+    let pair = CountingPair::new();
+    let store = journaled(Store::builder())
+        .open_with_backends(pair.store.clone(), pair.journal.clone())
+        .expect("open");
+    // With `warm` > 1: redb grows and syncs the store file once early on (inside the second
+    // batch after the open), before any checkpoint is due; after that only checkpoints write it.
+    let mut answered = Vec::new();
+    for i in 0..warm {
+        let key = format!("w{i}");
+        assert!(matches!(claim(&store, &key), Ok(ExecuteAnswer::Ran(_))));
+        answered.push(key);
+    }
+    // The store file is full from here on: every write (and sync) of it fails. Journaled claims
+    // do not write it; the first that does is the checkpoint's durable commit.
+    pair.store.fail_at(0, true);
+    let mut failed = None;
+    for i in 0..1_000 {
+        let key = format!("f{i:03}");
+        let frame_bytes: u64 = pair
+            .journal_writes()
+            .iter()
+            .map(|(_, b)| b.len() as u64)
+            .sum();
+        match claim(&store, &key) {
+            Ok(ExecuteAnswer::Ran(_)) => answered.push(key),
+            Ok(other) => panic!("{key}: {other:?}"),
+            Err(e) => {
+                failed = Some((key, e, frame_bytes));
+                break;
+            }
+        }
+    }
+    let (key, error, frame_bytes) = failed.expect("a checkpoint met the full disk");
+    assert!(
+        pair.store.injected() >= 1,
+        "the store file was never written"
+    );
+    if at_checkpoint {
+        assert!(
+            frame_bytes >= CHECKPOINT,
+            "{key} failed before a checkpoint was due ({frame_bytes} frame bytes): {error}"
+        );
+        assert!(
+            matches!(error, Error::OutcomeUnknown { .. }),
+            "{key}: {error:?}"
+        );
+    } else {
+        assert!(
+            frame_bytes < CHECKPOINT,
+            "{key} failed only at the checkpoint: {error}"
+        );
+    }
+    let cause = store.fail_stop_cause().expect("the store fail-stopped");
+    let later = claim(&store, "later");
+    assert!(later.is_err(), "a claim after the fail-stop: {later:?}");
+    eprintln!(
+        "full disk ({}): {} claims answered, {key} failed after {frame_bytes} frame bytes ({error:?}); fail-stop: {cause}",
+        if at_checkpoint {
+            "at the checkpoint"
+        } else {
+            "redb growing its file"
+        },
+        answered.len()
+    );
+    assert!(!answered.is_empty(), "no claim answered");
+
+    // The crash (or the process ending) while the disk is full.
+    let (db, jr) = pair.crash();
+    drop(store);
+    let (db_image, jr_image) = (db.durable_image(), jr.durable_image());
+
+    // A reopen while the disk is still full fails, and changes nothing.
+    let full = CountingBackend {
+        inner: crash_backend_from_image(db_image.clone()),
+        ..CountingBackend::default()
+    };
+    full.fail_at(0, true);
+    let journal = crash_backend_from_image(jr_image.clone());
+    let refused = journaled(Store::builder()).open_with_backends(full.clone(), journal.clone());
+    assert!(refused.is_err(), "opened on a full disk");
+    assert_eq!(
+        full.inner.durable_image(),
+        db_image,
+        "the store file changed"
+    );
+    assert_eq!(journal.durable_image(), jr_image, "the journal changed");
+
+    // Once there is space: every answered key replays, its effect once.
+    let reopened = journaled(Store::builder())
+        .open_with_backends(
+            crash_backend_from_image(db_image),
+            crash_backend_from_image(jr_image),
+        )
+        .expect("the reopen with space");
+    for k in &answered {
+        assert_eq!(
+            replayed(claim(&reopened, k)).body(),
+            k.as_bytes(),
+            "{k} was answered before the disk filled"
+        );
+        assert_eq!(effects(&reopened, k), 1, "{k}");
+    }
+    if matches!(error, Error::FailStopped { .. }) {
+        // A definite "not done": the failing batch was never sealed.
+        assert_eq!(
+            effects(&reopened, &key),
+            0,
+            "{key} was answered FailStopped"
+        );
+    }
+    assert!(effects(&reopened, &key) <= 1, "{key}");
+    for (label, n) in all_effects(&reopened) {
+        assert!(n <= 1, "{label}: {n} effects");
+    }
+    reopened.check_expiry_index().expect("expiry index");
+}
