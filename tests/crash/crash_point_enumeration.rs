@@ -953,10 +953,11 @@ impl Drop for Release<'_> {
 
 /// Appends pipelined behind a sync: with one caller per batch, a gate claim holds the writer
 /// while three claims queue behind it; the journal's syncs are held, so once the gate's batch
-/// writes its frame and waits in its sync, the three batches after it seal and write their
-/// frames behind that sync (leadership is handed on before the wait). Then the syncs run. Each
-/// claim is in every image from the sync that answered it; frames written behind an unfinished
-/// sync are torn-write crash points like any other.
+/// writes its frame and waits in its sync, the next batch seals and writes its frame behind that
+/// sync (leadership is handed on before the wait), and its leader then waits for the gate's
+/// entry before handing on (at most two batches in flight); the last two wait in the queue.
+/// Then the syncs run. Each claim is in every image from the sync that answered it; frames
+/// written behind an unfinished sync are torn-write crash points like any other.
 #[test]
 fn journal_appends_pipelined_behind_a_sync() {
     enumerate_journal(
@@ -997,9 +998,15 @@ fn journal_appends_pipelined_behind_a_sync() {
                 }
                 release_tx.send(()).expect("gate alive");
                 wait_until("the gate's sync", || pair.journal.syncs_waiting() == 1);
+                // The gate's frame and the one batch allowed behind it.
                 wait_until("the frames behind the held sync", || {
-                    pair.journal_writes().len() >= frames_before + 4
+                    pair.journal_writes().len() >= frames_before + 2
                 });
+                assert_eq!(
+                    pair.journal_writes().len(),
+                    frames_before + 2,
+                    "at most two batches in flight"
+                );
                 assert!(
                     acks.lock().expect("acks").is_empty(),
                     "answered before a sync"
