@@ -33,10 +33,19 @@
 //!    a member's work (a failed begin, commit or abort, damage, an I/O error a member reports
 //!    or swallows): the fake's commit asserts the latch is clear. A latch set from outside the
 //!    batches (the closing store of `closing_store_latched_from_outside`) races a commit
-//!    already decided, so only 1–3 and 5 are checked there.
+//!    already decided, so only 1–3 and 5 are checked there; so does a failed sync of an earlier
+//!    batch with pipelined commits (property 6 then keeps the later batch from being answered
+//!    `Ok`).
 //! 5. **Bounded re-runs.** Every run asserts the member's runs are at most the batch size,
 //!    and at most one more than the failing members of the case (a member re-runs once per
 //!    failure behind it in its batch).
+//! 6. **Pipelined commits (journal mode): no answer before durability.** With `pipelined`, a
+//!    commit returns before it is durable, leadership passes on, and the members wait for
+//!    `wait_durable`: when a caller returns `Ok`, the LSN of its last transaction (or, for a
+//!    batch that wrote nothing, the LSN it waited for) is durable; asserted on its thread at
+//!    once. A sync that fails (`sync_fails`) latches and fails every later wait: no entry above
+//!    the durable one is answered `Ok`, and the members of a committed batch whose sync failed
+//!    hear `OutcomeUnknown` (their writes may survive).
 //!
 //! Timed waits: loom has none. A case with a full queue runs with `queue_timeout` zero (every
 //! wait for room times out at once: `Busy`) or an hour (never times out: the waiter must be
@@ -155,6 +164,9 @@ struct Faults {
     abort_fails: Option<usize>,
     /// A thread outside the batches latches fail-stop at some point.
     outside_latch: bool,
+    /// Pipelined commits: this wait for durability runs a sync that fails (latching; every
+    /// later wait fails too).
+    sync_fails: Option<usize>,
 }
 
 /// Waits that pin one schedule, for the regression tests on std threads (none under loom,
@@ -222,6 +234,8 @@ struct Case {
     queue_timeout: Duration,
     faults: Faults,
     pins: Pins,
+    /// Commits return before they are durable (journal mode, property 6).
+    pipelined: bool,
 }
 
 impl Case {
@@ -233,11 +247,18 @@ impl Case {
             callers,
             faults: Faults::default(),
             pins: Pins::default(),
+            pipelined: false,
         }
     }
 
     fn faults(mut self, faults: Faults) -> Case {
         self.faults = faults;
+        self
+    }
+
+    /// Commits return before they are durable, as in journal mode.
+    fn pipelined(mut self) -> Case {
+        self.pipelined = true;
         self
     }
 
@@ -249,6 +270,7 @@ impl Case {
             || f.commit_panics.is_some()
             || f.abort_fails.is_some()
             || f.outside_latch
+            || f.sync_fails.is_some()
             || self.callers.iter().any(|c| c.act.latches())
     }
 
@@ -308,6 +330,13 @@ struct Ghost {
     unknown: Vec<(usize, Vec<usize>)>,
     /// Aborted transactions: (id, whether any write was in it).
     aborted: Vec<(usize, bool)>,
+    /// Pipelined: each committed transaction's LSN, the last durable LSN, the waits so far,
+    /// and whether a sync failed; what each caller's answer waited for when its batch wrote
+    /// nothing.
+    lsns: Vec<(usize, u64)>,
+    durable: u64,
+    waits: usize,
+    sync_failed: bool,
     /// The latch was set by a step of the protocol or a member's work (not from outside).
     latched_inside: Option<String>,
     runs: Vec<usize>,
@@ -515,6 +544,18 @@ impl Fake {
                     ended,
                     "property 2: caller {m} told Committed before transaction {last} (its last run) committed"
                 );
+                if self.case.pipelined {
+                    let (lsn, durable, failed) = self.logged(|g| {
+                        let lsn = g.lsns.iter().find(|(id, _)| *id == last).map(|(_, l)| *l);
+                        (lsn, g.durable, g.sync_failed)
+                    });
+                    if let Some(lsn) = lsn {
+                        assert!(
+                            lsn <= durable,
+                            "property 6: caller {m} told Committed while its entry {lsn} is not durable (durable: {durable}, a sync failed: {failed})"
+                        );
+                    }
+                }
                 Answer::Ok
             }
             Ok(Err(Error::OutcomeUnknown { .. })) => Answer::OutcomeUnknown,
@@ -572,12 +613,18 @@ impl Fake {
                     }
                 }
                 Answer::OutcomeUnknown => {
+                    let sync_fails = self.case.faults.sync_fails.is_some();
                     assert!(
-                        self.case.faults.commit_fails.is_some(),
-                        "caller {m} told OutcomeUnknown, but no commit fails"
+                        self.case.faults.commit_fails.is_some() || sync_fails,
+                        "caller {m} told OutcomeUnknown, but no commit or sync fails"
                     );
-                    assert_eq!(
-                        in_committed, 0,
+                    // A failed sync leaves its batch's commit in place: unknown, not undone.
+                    let by_own_batch = g
+                        .committed
+                        .iter()
+                        .any(|(id, w)| Some(*id) == g.last_txn[m] && w.contains(&m));
+                    assert!(
+                        in_committed == 0 || (sync_fails && by_own_batch),
                         "property 3: caller {m} told OutcomeUnknown, its write committed by a later batch"
                     );
                 }
@@ -684,8 +731,47 @@ impl BatchEngine for Fake {
                 source: StorageError::new(e),
             });
         }
-        self.logged(|g| g.committed.push((txn.id, writes)));
-        Ok(0)
+        let pipelined = self.case.pipelined;
+        Ok(self.logged(|g| {
+            g.committed.push((txn.id, writes));
+            if !pipelined {
+                return 0;
+            }
+            let lsn = g.lsns.len() as u64 + 1;
+            g.lsns.push((txn.id, lsn));
+            lsn
+        }))
+    }
+
+    fn pipelined(&self) -> bool {
+        self.case.pipelined
+    }
+
+    fn clean_lsn(&self) -> u64 {
+        self.logged(|g| g.lsns.len() as u64)
+    }
+
+    fn wait_durable(&self, lsn: u64) -> Result<(), Error> {
+        if !self.case.pipelined {
+            return Ok(());
+        }
+        let nth = self.logged(|g| {
+            g.waits += 1;
+            g.waits
+        });
+        let fails = self.case.faults.sync_fails == Some(nth) || self.ghost(|g| g.sync_failed);
+        if fails {
+            let e = std::io::Error::other("model: the sync failed");
+            self.ghost(|g| g.sync_failed = true);
+            // Not `inside` for property 4: the sync of an earlier batch runs beside the next
+            // batch, which may be committing when it fails (property 6 covers that batch).
+            self.set_latch(&e, false);
+            return Err(Error::OutcomeUnknown {
+                source: StorageError::new(e),
+            });
+        }
+        self.logged(|g| g.durable = g.durable.max(lsn));
+        Ok(())
     }
 
     fn abort_txn(&self, txn: FakeTxn) {
@@ -944,6 +1030,42 @@ mod cases {
                     },
                 ),
                 &[Seen::BatchOf(3), Seen::FailedByOthers],
+            );
+        }
+    }
+
+    #[test]
+    fn pipelined_answers_wait_for_durability() {
+        check(
+            Case::new(vec![own(Act::Write), own(Act::Write)]).pipelined(),
+            &[Seen::BatchOf(2), Seen::LateAdmission],
+        );
+    }
+
+    #[test]
+    fn pipelined_batches_with_detached_and_clean_members() {
+        check(
+            Case::new(vec![
+                own(Act::Write),
+                detached(Act::Write),
+                detached(Act::Read),
+            ])
+            .pipelined(),
+            &[Seen::BatchOf(3)],
+        );
+    }
+
+    #[test]
+    fn a_failed_sync_is_an_unknown_outcome_for_every_batch_behind_it() {
+        for nth in [1, 2] {
+            check(
+                Case::new(vec![own(Act::Write), own(Act::Write)])
+                    .pipelined()
+                    .faults(Faults {
+                        sync_fails: Some(nth),
+                        ..Faults::default()
+                    }),
+                &[Seen::FailedByOthers],
             );
         }
     }
