@@ -18,6 +18,10 @@
 //!   latch: a member whose work failed with an I/O error latches before its prefix would re-run,
 //!   and a batch in which a member's work latched is aborted, its members answered
 //!   `FailStopped`.
+//! - Pipelined engines (journal mode) return from the commit before it is durable: the batch
+//!   hands leadership on, then waits for durability, then answers; a failed wait is
+//!   `OutcomeUnknown` for the batch. A failed sync may latch while the next batch is already
+//!   committing: that batch's wait fails too, so it is never answered `Committed`.
 //! - No member ever waits without a thread that will signal it: every member is either queued
 //!   (signalled by a leader), or in a batch (signalled by the baton or the committer).
 
