@@ -297,7 +297,8 @@ fn sigkill_loses_no_acknowledged_claim() {
         }
 
         // The file opens after every kill (redb recovers it), and holds what was acknowledged.
-        let store = Store::open(&path)
+        let store = common::journal_from_env(Store::builder())
+            .open(&path)
             .unwrap_or_else(|e| panic!("round {round}: the store does not open after a kill: {e}"));
         let checked = check_store(&store, &acked, round);
         stored = checked.stored;
@@ -312,7 +313,9 @@ fn sigkill_loses_no_acknowledged_claim() {
 
     // The only handle: redb's full integrity check, then every acknowledged claim replays its
     // first answer without running again.
-    let mut store = Store::open(&path).expect("final open");
+    let mut store = common::journal_from_env(Store::builder())
+        .open(&path)
+        .expect("final open");
     assert!(
         store.check_integrity().expect("integrity check"),
         "redb found damage and had to repair the file"
@@ -352,7 +355,11 @@ fn process_kill_child_entry() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    let store = Store::open(path).expect("child opens the store");
+    // The parent's environment, `IDEM_TEST_JOURNAL` included: a journal-mode run kills
+    // journal-mode children.
+    let store = common::journal_from_env(Store::builder())
+        .open(path)
+        .expect("child opens the store");
     // On a line of its own: libtest's `test ... ` has no newline yet.
     say("\nready");
     let began = Instant::now();
