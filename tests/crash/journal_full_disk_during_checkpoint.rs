@@ -1,9 +1,12 @@
-//! A full disk during a checkpoint, on the simulated disk (docs/design.md, "The crash argument,
-//! point by point", "A full disk during a checkpoint"): the journal never grows, so frames, syncs
-//! and answers do not depend on free space; the checkpoint's durable redb commit fails when the
-//! store file cannot be written, which latches fail-stop. No answered claim is lost: a reopen
-//! while the disk is still full fails and changes nothing; once there is space, every answered
-//! key replays.
+//! A full disk in journal mode, on the simulated disk (docs/design.md, "What shipped", the
+//! crash argument's full disk): the journal never grows, but redb's file does, at a checkpoint's
+//! durable commit and inside ordinary batches when redb grows it; either write failing latches
+//! fail-stop. No answered claim is lost: a reopen while the disk is still full fails and changes
+//! nothing; once there is space, every answered key replays.
+
+// White-box hooks (`idem::__journal`, `StoreBuilder::__break_journal`, `check_expiry_index`):
+// compiled only with the internal feature, which this repository's own tests always have.
+#![cfg(feature = "__internal_whitebox")]
 
 use crate::common;
 

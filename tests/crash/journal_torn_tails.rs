@@ -10,6 +10,10 @@
 //!   wrapped twice), and one an earlier process wrote after a torn frame, which the reopened
 //!   store then rewrote.
 
+// White-box hooks (`idem::__journal`, `StoreBuilder::__break_journal`, `check_expiry_index`):
+// compiled only with the internal feature, which this repository's own tests always have.
+#![cfg(feature = "__internal_whitebox")]
+
 use crate::common;
 
 use common::*;

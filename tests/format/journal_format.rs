@@ -11,6 +11,10 @@
 //! To regenerate the dumps after an intended format change:
 //! `cargo test --test format -- --ignored --nocapture journal_format::print_journal_dumps`.
 
+// White-box hooks (`idem::__journal`, `StoreBuilder::__break_journal`, `check_expiry_index`):
+// compiled only with the internal feature, which this repository's own tests always have.
+#![cfg(feature = "__internal_whitebox")]
+
 use crate::common;
 
 use common::dump::{format_md, hex_row, printable};

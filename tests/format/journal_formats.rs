@@ -5,6 +5,10 @@
 //! clean close. Real files in a tempdir; checksummed bytes are made with the documented keyed
 //! hashing (`journal_format::keyed`), frames at the live position the checkpoint row names.
 
+// White-box hooks (`idem::__journal`, `StoreBuilder::__break_journal`, `check_expiry_index`):
+// compiled only with the internal feature, which this repository's own tests always have.
+#![cfg(feature = "__internal_whitebox")]
+
 use crate::common;
 use crate::journal_format::{FRAME_CONTEXT, HEADER_CONTEXT, keyed};
 
