@@ -234,11 +234,13 @@ impl Journal {
     /// Where a frame of `len` bytes goes: `(wrap frame position, frame position)`, or `None`
     /// if it would reach the live journal. A gap of at least one byte always separates the
     /// head from the live journal's start when the journal has wrapped, so `pos == live_from`
-    /// means empty.
+    /// means empty: a frame that would end exactly at the area's end (the head then continues
+    /// at its start) while the live journal starts there is refused too.
     fn place(&self, head: &Head, len: u64) -> Option<(Option<u64>, u64)> {
         let (pos, live) = (head.pos, head.live_from);
         if pos >= live {
-            if pos + len <= self.capacity {
+            let end = pos + len;
+            if end < self.capacity || (end == self.capacity && live > HEADER_LEN) {
                 return Some((None, pos));
             }
             // Wrap: a wrap frame at the head, the frame at the area's start.
@@ -343,5 +345,70 @@ impl Journal {
     pub(crate) fn close(&self) {
         let _ = self.file.sync_data();
         let _ = self.file.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An in-memory journal file.
+    #[derive(Debug, Default)]
+    struct Mem(parking_lot::Mutex<Vec<u8>>);
+
+    impl StorageBackend for Mem {
+        fn len(&self) -> Result<u64, std::io::Error> {
+            Ok(self.0.lock().len() as u64)
+        }
+        fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
+            let d = self.0.lock();
+            out.copy_from_slice(&d[offset as usize..offset as usize + out.len()]);
+            Ok(())
+        }
+        fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
+            self.0.lock().resize(len as usize, 0);
+            Ok(())
+        }
+        fn sync_data(&self) -> Result<(), std::io::Error> {
+            Ok(())
+        }
+        fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
+            let mut d = self.0.lock();
+            d[offset as usize..offset as usize + data.len()].copy_from_slice(data);
+            Ok(())
+        }
+    }
+
+    /// A journal whose area holds exactly 8 frames, with no checkpoint due by size: frames that
+    /// fill the area to its last byte from a live journal that starts at the area's start must
+    /// not wrap onto it (the head back at the live start would read as empty).
+    #[test]
+    fn frames_filling_the_area_exactly_never_overwrite_the_live_journal() {
+        let body = vec![7u8; 300];
+        let len = frame_len(body.len());
+        let capacity = HEADER_LEN + 8 * len;
+        let file = Mem::default();
+        file.set_len(capacity).unwrap();
+        let row = Row {
+            store_id: [1; 16],
+            lsn: 0,
+            position: HEADER_LEN,
+            chain: [0; 8],
+            clean: false,
+        };
+        let journal = Journal::new(Box::new(file), capacity, row, u64::MAX, false, 0);
+        let mut framed = 0;
+        for _ in 0..20 {
+            let sealed = journal.seal(Some(&body)).unwrap();
+            if sealed.checkpoint {
+                // The area was full: this entry goes to a durable commit instead.
+                break;
+            }
+            framed += 1;
+        }
+        assert_eq!(
+            framed, 7,
+            "frames written before the first refused one, in an area of 8"
+        );
     }
 }

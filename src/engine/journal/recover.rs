@@ -396,11 +396,13 @@ pub(crate) fn attach(
         }
     };
     let capacity = file.len().map_err(|e| io("reading the journal", e))?;
+    // An existing journal keeps its own capacity, which the builder's checkpoint_bytes was
+    // not checked against: at most half of it, so a checkpoint always comes before it fills.
     Ok(Journal::new(
         file,
         capacity,
         row,
-        settings.checkpoint_bytes,
+        settings.checkpoint_bytes.min(capacity / 2),
         settings.broken == BrokenJournal::AnswerBeforeSync,
         replayed,
     ))
