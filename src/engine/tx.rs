@@ -84,12 +84,12 @@ impl<'t> Tx<'t> {
         definition: TableDefinition<K, V>,
     ) -> Result<Table<'t, K, V>, Error> {
         check_name(definition.name())?;
-        let name = definition.name().to_owned();
         let table = self
             .txn
             .open_table(definition)
             .map_err(|e| self.storage(e))?;
-        if self.txn.journaled() && !self.store.journal_table_known::<K, V>(&name) {
+        // `TableDefinition` is `Copy`: its name is still here after the open.
+        if self.txn.journaled() && !self.store.journal_table_known::<K, V>(definition.name()) {
             self.txn.unjournaled();
         }
         Ok(table)

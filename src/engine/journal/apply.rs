@@ -13,8 +13,8 @@ use crate::engine::tables;
 
 /// A table recovery can open for writing with its types.
 pub(crate) trait TableType: Send + Sync {
-    fn key_type(&self) -> String;
-    fn value_type(&self) -> String;
+    /// redb's names of the key and value types, computed once at registration.
+    fn types(&self) -> (&str, &str);
     /// Opens the table in `txn`.
     fn open<'t>(&self, txn: &'t WriteTransaction) -> Result<Box<dyn Apply + 't>, redb::Error>;
     /// Why `key` and `value` are not a key and a value of the table's types, if they are not:
@@ -40,16 +40,16 @@ pub(crate) trait Apply {
 /// holds, so it is `Send + Sync` whatever `K` and `V` are).
 struct Typed<K: Key + 'static, V: Value + 'static> {
     name: String,
+    key_type: String,
+    value_type: String,
     types: PhantomData<fn() -> (K, V)>,
 }
 
 impl<K: Key + 'static, V: Value + 'static> TableType for Typed<K, V> {
-    fn key_type(&self) -> String {
-        K::type_name().name().to_owned()
+    fn types(&self) -> (&str, &str) {
+        (&self.key_type, &self.value_type)
     }
-    fn value_type(&self) -> String {
-        V::type_name().name().to_owned()
-    }
+
     fn check(&self, key: &[u8], value: Option<&[u8]>) -> Result<(), String> {
         if !decodes::<K>(key) {
             return Err(format!(
@@ -128,6 +128,8 @@ impl Registry {
         let name = definition.name().to_owned();
         let typed = Typed::<K, V> {
             name: name.clone(),
+            key_type: K::type_name().name().to_owned(),
+            value_type: V::type_name().name().to_owned(),
             types: PhantomData,
         };
         self.0.insert(name, Arc::new(typed));
@@ -137,7 +139,7 @@ impl Registry {
     pub(crate) fn knows(&self, name: &str, key_type: &str, value_type: &str) -> bool {
         self.0
             .get(name)
-            .is_some_and(|t| t.key_type() == key_type && t.value_type() == value_type)
+            .is_some_and(|t| t.types() == (key_type, value_type))
     }
 
     /// Why an entry's tables cannot all be applied, if they cannot: recovery refuses before it
