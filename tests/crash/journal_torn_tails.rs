@@ -153,14 +153,24 @@ fn journal_torn_tails_stop_recovery_exactly_at_the_cut() {
             let mut image = journal.clone();
             let tail = &mut image[cut as usize..];
             if garbage {
-                tail.copy_from_slice(&random_bytes(&mut garbage_state, tail.len()));
+                // Every byte changed (random bits, never none): garbage that happened to equal
+                // the bytes it replaces would not be a cut (a 1-byte tail matched 1 time in 256).
+                let noise = random_bytes(&mut garbage_state, tail.len());
+                for (b, n) in tail.iter_mut().zip(noise) {
+                    *b ^= n | 1;
+                }
             } else {
                 tail.fill(0);
             }
+            // The frames the cut left whole: wholly before it, or (zeros over zero bytes) not
+            // changed by it; recovery stops at the first one it changed.
             let whole: Vec<String> = written
                 .iter()
                 .zip(&keys)
-                .filter(|(f, _)| f.covered_end() <= cut)
+                .take_while(|(f, _)| {
+                    let end = f.covered_end() as usize;
+                    f.covered_end() <= cut || image[..end] == journal[..end]
+                })
                 .map(|(_, k)| k.clone())
                 .collect();
             let ctx = format!(
