@@ -15,8 +15,11 @@
 //!
 //! Arguments: the store file (created if missing), the number of callers, the seconds to run,
 //! and `send` (default) or `execute`, or `replay`: the callers replay 10,000 keys claimed first
-//! (untimed), the lookups of finished keys. The store opens with a 1 GiB page cache, like the
-//! benchmark's; `IDEM_JOURNAL=1` opens it in journal mode (`StoreBuilder::journal`).
+//! (untimed), the lookups of finished keys. The store opens with a 1 GiB page cache
+//! (`IDEM_CACHE_MB=N`: N MiB); `IDEM_JOURNAL=1` opens it in journal mode
+//! (`StoreBuilder::journal`). Claimed keys are sequential per caller; `IDEM_RANDOM_KEYS=1`
+//! spreads them over the key space, as `bench-peers`' keys are (every claim then writes a
+//! random leaf of the caller's table, not the last one).
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -95,7 +98,11 @@ fn main() -> ExitCode {
         eprintln!("seconds must be a non-negative number; {usage}");
         return ExitCode::FAILURE;
     };
-    let mut builder = Store::builder().cache_size(1 << 30);
+    let cache_mb = std::env::var("IDEM_CACHE_MB")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(1024);
+    let mut builder = Store::builder().cache_size(cache_mb << 20);
     if std::env::var("IDEM_JOURNAL").is_ok_and(|v| v == "1") {
         builder = builder.journal(true).journal_table(EFFECTS);
     }
@@ -107,7 +114,8 @@ fn main() -> ExitCode {
         }
     };
     // Keys unique to this process, so a store can be loaded again and again.
-    let tag = std::process::id();
+    let tag = u64::from(std::process::id());
+    let random = std::env::var("IDEM_RANDOM_KEYS").is_ok_and(|v| v == "1");
     const REPLAYED: u64 = 10_000;
     if replay {
         let filled: Result<(), String> = std::thread::scope(|s| {
@@ -146,7 +154,15 @@ fn main() -> ExitCode {
                             let k = (i * 7_919 + c as u64) % REPLAYED;
                             replayed(store, format!("r-{tag}-{k:08}"))?;
                         } else {
-                            claim(store, format!("new-{tag}-{c:02}-{i:08}"), send)?;
+                            let key = if random {
+                                // Spread over the key space, as the peers benchmark's keys are.
+                                let h = (tag << 40 | (c as u64) << 32 | i)
+                                    .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                                format!("{h:016x}")
+                            } else {
+                                format!("new-{tag}-{c:02}-{i:08}")
+                            };
+                            claim(store, key, send)?;
                         }
                         i += 1;
                         done.fetch_add(1, Ordering::Relaxed);
