@@ -428,8 +428,11 @@ fn walk_frame(
     }
     // Step 4: a frame that checks out is never a tail.
     let (version, kind) = (f[4], f[5]);
-    if version != 0x01 || !matches!(kind, 0x01 | 0x02) {
+    if version != 0x01 {
         return Err(Refused::Unsupported);
+    }
+    if !matches!(kind, 0x01 | 0x02) {
+        return corrupt("a kind version 0x01 does not have");
     }
     let mut w = Walk::new(&f[..20 + n]);
     w.take(4, "magic = IDJF")?;

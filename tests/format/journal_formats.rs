@@ -171,9 +171,9 @@ fn a_frame_written_from_the_format_at_the_live_position_is_replayed() {
 }
 
 #[test]
-fn a_frame_of_another_version_or_kind_behind_a_right_checksum_is_unsupported() {
+fn a_frame_of_another_version_behind_a_right_checksum_is_unsupported_and_an_unknown_kind_corrupt() {
     let dir = tempfile::tempdir().expect("tempdir");
-    for (name, version, kind, found) in [("v2", 2u8, KIND_ENTRY, 2u8), ("kind3", 1, 0x03, 1)] {
+    for (name, version, kind) in [("v2", 2u8, KIND_ENTRY), ("kind3", 1, 0x03)] {
         let path = closed_store(dir.path(), &format!("{name}.redb"));
         let row = row(&path);
         let body = effects_entry(b"crafted", &41u64.to_le_bytes());
@@ -183,8 +183,16 @@ fn a_frame_of_another_version_or_kind_behind_a_right_checksum_is_unsupported() {
             &frame(&row, version, kind, &body),
         );
         let journal = std::fs::read(journal_path(&path)).expect("journal");
-        // An unknown kind reports the frame's version byte as `found`.
-        assert_unsupported(journaled().open(&path), found);
+        let opened = journaled().open(&path);
+        if version == 2 {
+            assert_unsupported(opened, 2);
+        } else {
+            let reason = corrupt_reason(opened);
+            assert!(
+                reason.contains("kind 0x03, which frame version 1 does not have"),
+                "{reason}"
+            );
+        }
         assert!(
             std::fs::read(journal_path(&path)).expect("journal") == journal,
             "{name}: the refused open changed the journal"

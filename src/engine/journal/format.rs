@@ -290,7 +290,11 @@ pub fn read_frame(
         return Err(FormatError::Version(version));
     }
     if kind != KIND_ENTRY && kind != KIND_WRAP {
-        return Err(FormatError::Version(version));
+        // Not damage (the checksum holds) nor another version: a writer that broke the rule
+        // that a new kind bumps the frame version.
+        return Err(corrupt(format!(
+            "a journal frame has kind {kind:#04x}, which frame version {version} does not have"
+        )));
     }
     if file[at + 6..at + 8] != [0, 0] {
         return Err(corrupt("a journal frame has nonzero reserved bytes"));
