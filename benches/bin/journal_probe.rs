@@ -11,7 +11,14 @@
 //! cargo build --release -p idem-benches --bin journal_probe
 //! target/release/journal_probe                       # 1,000,000 warm records, 1/8/64 callers
 //! IDEM_PROBE_RECORDS=100000 target/release/journal_probe
+//! IDEM_PROBE_WORKLOAD=execute IDEM_PROBE_CACHE_MB=64 target/release/journal_probe
 //! ```
+//!
+//! `IDEM_PROBE_WORKLOAD=execute` makes each claim write what `Store::execute` writes (the
+//! record, an expiry-index entry after every earlier one, one row of the caller's table under a
+//! random key) instead of the record alone, in the pre-fill, the journal, the durable groups and
+//! the applier; `IDEM_PROBE_CACHE_MB` sets redb's page cache (default redb's own, 1 GiB; idem's
+//! default is 64 MiB).
 
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
@@ -28,6 +35,42 @@ use idem::redb::{self, Database, ReadableDatabase, TableDefinition};
 const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("probe.records");
 /// A claim's stored record: about what idem stores for a small answer.
 const VALUE: [u8; 120] = [7; 120];
+/// The expiry index (`IDEM_PROBE_WORKLOAD=execute`): idem's key is 52 bytes, ordered by time.
+const EXPIRY: TableDefinition<&[u8], u8> = TableDefinition::new("probe.expiry");
+/// The caller's table (`IDEM_PROBE_WORKLOAD=execute`): a random 16-character key.
+const EFFECTS: TableDefinition<&[u8], u64> = TableDefinition::new("probe.effects");
+/// The expiry entries' order: each new one sorts after every earlier one, as a new claim's does.
+static EXPIRY_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Whether a claim writes `execute`'s three rows (else the record alone).
+fn execute_workload() -> bool {
+    std::env::var("IDEM_PROBE_WORKLOAD").is_ok_and(|w| w == "execute")
+}
+
+/// Writes claim `k`'s rows in `txn`: the record, and with `execute` its expiry entry and the
+/// caller's row.
+fn write_claims(txn: &redb::WriteTransaction, keys: &[[u8; 16]], execute: bool) {
+    let mut t = txn.open_table(RECORDS).expect("table");
+    for k in keys {
+        t.insert(k.as_slice(), VALUE.as_slice()).expect("insert");
+    }
+    if execute {
+        let mut expiry = txn.open_table(EXPIRY).expect("expiry");
+        let mut effects = txn.open_table(EFFECTS).expect("effects");
+        for k in keys {
+            let seq = EXPIRY_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let mut e = [0u8; 52];
+            e[..8].copy_from_slice(&seq.to_be_bytes());
+            e[8..24].copy_from_slice(k);
+            expiry.insert(e.as_slice(), 0).expect("expiry insert");
+            let row = format!(
+                "{:016x}",
+                u64::from_le_bytes(k[..8].try_into().expect("8 bytes"))
+            );
+            effects.insert(row.as_bytes(), 1).expect("effects insert");
+        }
+    }
+}
 /// The most claims one journal write carries.
 const MAX_GROUP: usize = 256;
 /// The journal's preallocated size; it wraps after a checkpoint.
@@ -46,30 +89,38 @@ fn main() {
     let records: u64 = env_parse("IDEM_PROBE_RECORDS").unwrap_or(1_000_000);
     let seconds: f64 = env_parse("IDEM_PROBE_SECONDS").unwrap_or(3.0);
     let checkpoint: usize = env_parse("IDEM_PROBE_CHECKPOINT").unwrap_or(50_000);
+    let cache_mb: Option<usize> = env_parse("IDEM_PROBE_CACHE_MB");
     let dir = tempfile::tempdir_in(bench_parent()).expect("a directory for the probe");
     println!(
-        "journal probe: {records} warm records, {seconds} s per row, checkpoint every {checkpoint} claims"
+        "journal probe: {records} warm records, {seconds} s per row, checkpoint every {checkpoint} claims, workload {}, page cache {}",
+        if execute_workload() {
+            "execute (record + expiry entry + caller row)"
+        } else {
+            "record only"
+        },
+        cache_mb.map_or("redb's default (1 GiB)".to_owned(), |m| format!("{m} MiB"))
     );
     println!(
-        "| mode | callers | claims/s | p50 ms | p99 ms | max ms | not yet applied at the end |"
+        "| mode | callers | claims/s | applied/s in the window | p50 ms | p99 ms | max ms | not yet applied at the end |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     for callers in [1usize, 8, 64] {
         for mode in [Mode::DurableGroups, Mode::Journal] {
             let path = dir.path().join("probe.redb");
             let _ = std::fs::remove_file(&path);
-            let db = Arc::new(prefill(&path, records));
+            let db = Arc::new(prefill(&path, records, cache_mb));
             let journal = preallocated(&dir.path().join("journal"));
             let (ops, mut lat, backlog) = run(mode, callers, seconds, checkpoint, db, journal);
             lat.sort_unstable();
             let ms = |d: Duration| d.as_secs_f64() * 1e3;
             println!(
-                "| {} | {callers} | {:.0} | {:.2} | {:.2} | {:.2} | {backlog} |",
+                "| {} | {callers} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {backlog} |",
                 match mode {
                     Mode::Journal => "journal + non-durable apply",
                     Mode::DurableGroups => "durable redb commit per group",
                 },
                 ops as f64 / seconds,
+                ops.saturating_sub(backlog as u64) as f64 / seconds,
                 ms(percentile(&lat, 0.50)),
                 ms(percentile(&lat, 0.99)),
                 ms(lat.last().copied().unwrap_or_default()),
@@ -78,21 +129,21 @@ fn main() {
     }
 }
 
-/// A redb file holding `n` records, made durable.
-fn prefill(path: &Path, n: u64) -> Database {
-    let db = Database::create(path).expect("create");
+/// A redb file holding `n` claims, made durable.
+fn prefill(path: &Path, n: u64, cache_mb: Option<usize>) -> Database {
+    let mut builder = Database::builder();
+    if let Some(mb) = cache_mb {
+        builder.set_cache_size(mb << 20);
+    }
+    let db = builder.create(path).expect("create");
+    let execute = execute_workload();
     let mut done = 0;
     while done < n {
         let mut txn = db.begin_write().expect("write");
         txn.set_durability(redb::Durability::None)
             .expect("durability");
-        {
-            let mut t = txn.open_table(RECORDS).expect("table");
-            for i in done..(done + 50_000).min(n) {
-                t.insert(key(i, 0).as_slice(), VALUE.as_slice())
-                    .expect("insert");
-            }
-        }
+        let keys: Vec<[u8; 16]> = (done..(done + 50_000).min(n)).map(|i| key(i, 0)).collect();
+        write_claims(&txn, &keys, execute);
         txn.commit().expect("commit");
         done = (done + 50_000).min(n);
     }
@@ -229,6 +280,10 @@ fn write_groups(
                     buf.extend_from_slice(&(k.len() as u32 + VALUE.len() as u32).to_le_bytes());
                     buf.extend_from_slice(k);
                     buf.extend_from_slice(&VALUE);
+                    if execute_workload() {
+                        // The expiry entry's and the caller row's redo records.
+                        buf.extend_from_slice(&[0u8; 52 + 1 + 16 + 8 + 16]);
+                    }
                     buf.extend_from_slice(&blake3::hash(k).as_bytes()[..8]);
                 }
                 let len = (buf.len() as u64).div_ceil(4096) * 4096;
@@ -242,12 +297,7 @@ fn write_groups(
             }
             Mode::DurableGroups => {
                 let txn = db.begin_write().expect("write");
-                {
-                    let mut t = txn.open_table(RECORDS).expect("table");
-                    for k in &keys {
-                        t.insert(k.as_slice(), VALUE.as_slice()).expect("insert");
-                    }
-                }
+                write_claims(&txn, &keys, execute_workload());
                 txn.commit().expect("commit");
             }
         }
@@ -283,12 +333,7 @@ fn apply(
         } else {
             since = 0;
         }
-        {
-            let mut t = txn.open_table(RECORDS).expect("table");
-            for k in &keys {
-                t.insert(k.as_slice(), VALUE.as_slice()).expect("insert");
-            }
-        }
+        write_claims(&txn, &keys, execute_workload());
         txn.commit().expect("commit");
         let mut p = pending.lock().expect("pending");
         for k in &keys {
