@@ -51,6 +51,13 @@ pub struct JournalMetrics {
     pub checkpoints: u64,
     /// Entries the open replayed from the journal (those a crash left outside redb).
     pub replayed: u64,
+    /// Batches committed durably instead of journaled because they opened a table recovery
+    /// cannot replay: a caller's table not registered with
+    /// [`StoreBuilder::journal_table`](crate::StoreBuilder::journal_table) (or registered with
+    /// other types), or a multimap table. Each costs an fsync of the store file instead of a
+    /// journal append; register the table to journal its writes (the first such table is
+    /// also logged as a warning, feature `tracing`).
+    pub unjournaled: u64,
 }
 
 impl Metrics {

@@ -91,6 +91,10 @@ impl<'t> Tx<'t> {
         // `TableDefinition` is `Copy`: its name is still here after the open.
         if self.txn.journaled() && !self.store.journal_table_known::<K, V>(definition.name()) {
             self.txn.unjournaled();
+            self.store.warn_unjournaled(
+                definition.name(),
+                "not registered with StoreBuilder::journal_table (or registered with other key or value types)",
+            );
         }
         Ok(table)
     }
@@ -102,7 +106,11 @@ impl<'t> Tx<'t> {
     ) -> Result<MultimapTable<'t, K, V>, Error> {
         check_name(definition.name())?;
         // Its writes are not captured: the batch commits durably, needing no replay.
-        self.txn.unjournaled();
+        if self.txn.journaled() {
+            self.txn.unjournaled();
+            self.store
+                .warn_unjournaled(definition.name(), "a multimap table");
+        }
         self.txn
             .redb()
             .open_multimap_table(definition)

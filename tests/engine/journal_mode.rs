@@ -51,6 +51,25 @@ fn a_table_that_is_not_registered_still_works_and_replays() {
 }
 
 #[test]
+fn batches_that_write_an_unregistered_table_are_counted_and_registered_ones_are_not() {
+    let h = Harness::with(|b| b.journal(true));
+    executed(claim(h.store(), "a"));
+    executed(claim(h.store(), "b"));
+    let m = h.store().metrics().journal;
+    assert_eq!(
+        m.unjournaled, 2,
+        "two batches wrote the unregistered table: {m:?}"
+    );
+    assert_eq!(m.frames, 0, "{m:?}");
+
+    let h = Harness::with(journaled);
+    executed(claim(h.store(), "a"));
+    let m = h.store().metrics().journal;
+    assert_eq!(m.unjournaled, 0, "{m:?}");
+    assert_eq!(m.frames, 1, "{m:?}");
+}
+
+#[test]
 fn journal_mode_refuses_settings_it_cannot_keep() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.redb");

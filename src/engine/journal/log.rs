@@ -74,6 +74,7 @@ pub(crate) struct Journal {
     frame_bytes: AtomicU64,
     syncs: AtomicU64,
     checkpoints: AtomicU64,
+    unjournaled: AtomicU64,
 }
 
 impl std::fmt::Debug for Journal {
@@ -122,6 +123,7 @@ impl Journal {
             frame_bytes: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
             checkpoints: AtomicU64::new(0),
+            unjournaled: AtomicU64::new(0),
         }
     }
 
@@ -134,7 +136,13 @@ impl Journal {
             syncs: get(&self.syncs),
             checkpoints: get(&self.checkpoints),
             replayed: self.replayed,
+            unjournaled: get(&self.unjournaled),
         }
+    }
+
+    /// Counts a batch committed durably because it wrote a table recovery cannot replay.
+    pub(crate) fn count_unjournaled(&self) {
+        self.unjournaled.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The last sealed entry (j).

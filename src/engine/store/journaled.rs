@@ -16,6 +16,7 @@
 //!    fail-stop and every waiting member hears `OutcomeUnknown`.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::Ordering;
 
 use redb::{Key, Value, WriteTransaction};
 
@@ -54,6 +55,7 @@ impl Store {
             return Ok(journal.sealed());
         }
         let body = if unjournaled {
+            journal.count_unjournaled();
             None
         } else {
             match entry.finish() {
@@ -138,6 +140,18 @@ impl Store {
             self.latch(&cause);
             Error::FailStopped { cause }
         })
+    }
+
+    /// Logs, once per store, that a batch opened `table`, which the journal cannot replay
+    /// (`why`), so its batches commit durably ([`crate::store::JournalMetrics::unjournaled`]).
+    pub(crate) fn warn_unjournaled(&self, table: &str, why: &str) {
+        if !self.inner.unjournaled_warned.swap(true, Ordering::Relaxed) {
+            observe::warn!(
+                "journal mode: a batch opened a table whose writes the journal cannot replay, so it commits durably (an fsync of the store file) instead of being journaled; later such batches are counted in Metrics::journal.unjournaled, not logged",
+                table = table,
+                why = why,
+            );
+        }
     }
 
     /// Whether the caller's table `name` is registered with these types

@@ -121,6 +121,8 @@ pub(crate) struct Inner {
     snapshot: Snapshot,
     /// A non-durable commit happened since the flusher last looked.
     unflushed: AtomicBool,
+    /// The warning that a batch wrote a table the journal cannot replay was logged.
+    unjournaled_warned: AtomicBool,
     /// The flusher and sweeper threads.
     background: Background,
     /// Held for the length of a sweep pass: one pass at a time.
@@ -290,6 +292,7 @@ impl Store {
             repair_time: modes.repair_time,
             snapshot: Snapshot::new(!modes.multi_process),
             unflushed: AtomicBool::new(false),
+            unjournaled_warned: AtomicBool::new(false),
             background: Background::default(),
             sweep_lock: Mutex::new(()),
             sweeps: Mutex::new(SweepTotals::default()),
