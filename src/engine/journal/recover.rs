@@ -76,8 +76,41 @@ impl StorageBackend for FileIo {
         self.0.sync_data()
     }
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
-        self.0.write_all_at(data, offset)
+        self.0.write_all_at(data, offset)?;
+        start_writeback(&self.0, offset, data.len())
     }
+}
+
+/// Starts writing `len` bytes at `offset` back to the device without waiting (Linux's
+/// `sync_file_range(SYNC_FILE_RANGE_WRITE)`): a frame's pages are then on their way while redb
+/// commits, and the `fdatasync` that makes the frame durable waits for less. It promises nothing
+/// about durability: only `sync_data` does. An error (an I/O error starting the write-back) is
+/// the write's error, which latches the journal failed.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+fn start_writeback(file: &File, offset: u64, len: usize) -> Result<(), std::io::Error> {
+    use std::os::fd::AsRawFd;
+    let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+        return Ok(());
+    };
+    // SAFETY: `sync_file_range` takes a file descriptor and three integers and touches no
+    // memory of this process; the descriptor is `file`'s, open for as long as `file` is
+    // borrowed. Why it is worth an `unsafe` block: one caller's claims run 17% faster in
+    // journal mode (docs/design.md, "The frame's write-back, started at once").
+    let done = unsafe {
+        libc::sync_file_range(file.as_raw_fd(), offset, len, libc::SYNC_FILE_RANGE_WRITE)
+    };
+    if done == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Elsewhere the journal's `fdatasync` does all of the write-back.
+#[cfg(not(target_os = "linux"))]
+fn start_writeback(_file: &File, _offset: u64, _len: usize) -> Result<(), std::io::Error> {
+    Ok(())
 }
 
 fn corrupt(reason: impl Into<String>) -> Error {
@@ -482,4 +515,32 @@ pub(crate) fn check_read_only(read: &redb::ReadTransaction) -> Result<(), Error>
 /// The closing checkpoint: the row after every sealed entry, clean, durable.
 pub(crate) fn close(db: &Database, journal: &Journal) -> Result<(), Error> {
     commit_row(db, Some(&journal.current_row(true)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A write through the journal's file starts its write-back (on Linux) and leaves the bytes
+    /// where a read finds them; the write-back call never reports an error on a healthy file.
+    #[test]
+    fn a_write_starts_its_write_back_and_reads_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.path().join("j"))
+            .expect("open");
+        let io = FileIo(file);
+        io.set_len(8192).expect("set_len");
+        io.write(4096, b"frame bytes")
+            .expect("write and start write-back");
+        let mut back = [0u8; 11];
+        io.read(4096, &mut back).expect("read");
+        assert_eq!(&back, b"frame bytes");
+        start_writeback(&io.0, 0, 8192).expect("the whole file");
+        io.sync_data().expect("sync");
+    }
 }
