@@ -3,8 +3,8 @@
 //! (`Durability::None`, no fsync), from one thread, G claims per transaction. This is the
 //! ceiling of any design that keeps redb as the store of record and applies claims to it on one
 //! thread: a journal in front of redb answers at the journal's speed only while an applier keeps
-//! up, so a claim rate above this one cannot be sustained (docs/design.md, "The gap, as
-//! measured"; BENCHMARKS.md).
+//! up, so a claim rate above this one cannot be sustained (docs/design.md, "What reaches
+//! furthest on redb, measured"; BENCHMARKS.md).
 //!
 //! ```sh
 //! cargo build --release -p idem-benches --bin apply_ceiling
@@ -20,6 +20,7 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use bench_common::env_parse;
 use idem::redb::{self, Database, ReadableTable, ReadableTableMetadata, TableDefinition};
 
 const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idem.records.v1");
@@ -53,10 +54,7 @@ fn run(path: &Path, window: Duration) -> Result<(), Box<dyn std::error::Error>> 
     let copy = path.with_extension("apply-ceiling.redb");
     std::fs::copy(path, &copy)?;
     // idem's default page cache (`IDEM_CACHE_MB=N`: N MiB).
-    let cache_mb: usize = std::env::var("IDEM_CACHE_MB")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(64);
+    let cache_mb: usize = env_parse("IDEM_CACHE_MB").unwrap_or(64);
     let db = Database::builder()
         .set_cache_size(cache_mb << 20)
         .open(&copy)?;

@@ -25,6 +25,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use bench_common::env_parse;
 use idem::redb::TableDefinition;
 use idem::{ExecuteAnswer, Request, Response, Scope, Store};
 
@@ -98,10 +99,7 @@ fn main() -> ExitCode {
         eprintln!("seconds must be a non-negative number; {usage}");
         return ExitCode::FAILURE;
     };
-    let cache_mb = std::env::var("IDEM_CACHE_MB")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(1024);
+    let cache_mb: usize = env_parse("IDEM_CACHE_MB").unwrap_or(1024);
     let mut builder = Store::builder().cache_size(cache_mb << 20);
     if std::env::var("IDEM_JOURNAL").is_ok_and(|v| v == "1") {
         builder = builder.journal(true).journal_table(EFFECTS);

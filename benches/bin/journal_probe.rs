@@ -42,9 +42,13 @@ const EFFECTS: TableDefinition<&[u8], u64> = TableDefinition::new("probe.effects
 /// The expiry entries' order: each new one sorts after every earlier one, as a new claim's does.
 static EXPIRY_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// Whether a claim writes `execute`'s three rows (else the record alone).
+/// Whether a claim writes `execute`'s three rows (else the record alone): read once, not on
+/// the writer's path.
 fn execute_workload() -> bool {
-    std::env::var("IDEM_PROBE_WORKLOAD").is_ok_and(|w| w == "execute")
+    static EXECUTE: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
+        std::env::var("IDEM_PROBE_WORKLOAD").is_ok_and(|w| w == "execute")
+    });
+    *EXECUTE
 }
 
 /// Writes claim `k`'s rows in `txn`: the record, and with `execute` its expiry entry and the
