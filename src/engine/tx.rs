@@ -76,9 +76,12 @@ impl<'t> Tx<'t> {
         self.announced.get() > 0
     }
 
-    /// Opens (creating if needed) one of the caller's tables in this transaction. Reads are
-    /// redb's (`redb::ReadableTable`); `insert`, `remove`, `pop_first`, `pop_last`, `retain`
-    /// and `retain_in` are redb's too, recorded in the batch's journal entry in journal mode.
+    /// Opens (creating if needed) one of the caller's tables in this transaction, as idem's
+    /// [`Table`]: its reads (`get`, `range`, `iter`, `first`, `last`, `len`, `is_empty`) see
+    /// every write made before them in the batch, and its writes (`insert`, `remove`,
+    /// `pop_first`, `pop_last`, `retain`, `retain_in`) are recorded in the batch's journal
+    /// entry in journal mode. The methods take redb's arguments and give redb's results, with
+    /// idem's [`Guard`](crate::store::Guard) and [`Range`](crate::store::Range) for values read.
     pub fn open_table<K: Key + 'static, V: Value + 'static>(
         &self,
         definition: TableDefinition<K, V>,

@@ -31,7 +31,6 @@ use crate::common;
 
 use common::{EFFECTS, XorShift};
 use idem::format::State;
-use idem::redb::ReadableTable;
 use idem::{ExecuteAnswer, Request, Response, Scope, Store};
 
 const CHILD_ENV: &str = "IDEM_KILL_CHILD";

@@ -11,6 +11,7 @@ mod background_sweeper_stops_with_the_store;
 mod bad_input_is_a_typed_error;
 mod caller_errors;
 mod check_integrity_needs_the_only_handle;
+mod closures_read_their_tables_through_idems_handle;
 mod commit_path_survives_panics;
 mod compact_needs_the_only_handle;
 mod concurrent_same_key;

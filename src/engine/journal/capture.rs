@@ -8,14 +8,14 @@
 //! [`crate::Tx::open_table`], never redb's own table.
 
 use std::borrow::Borrow;
-use std::ops::{Deref, RangeBounds};
+use std::ops::RangeBounds;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 use redb::{
-    AccessGuard, Key, ReadableTable, StorageError, TableDefinition, TableError, TableHandle, Value,
-    WriteTransaction,
+    AccessGuard, Key, ReadableTable, ReadableTableMetadata, StorageError, TableDefinition,
+    TableError, TableHandle, Value, WriteTransaction,
 };
 
 use crate::engine::journal::format::{EntryBuilder, OP_PUT, OP_REMOVE, TABLE_PLAIN};
@@ -86,26 +86,124 @@ impl<'t> Wtx<'t> {
     }
 }
 
-/// A table in a batch's write transaction. Reads are redb's ([`ReadableTable`], through
-/// `Deref`); writes go to redb and, in journal mode, into the batch's journal entry, so they
-/// survive a crash exactly when the batch's answer does.
+/// A table in a batch's write transaction: the batch's state of one table, read and written
+/// through idem so that, in journal mode, every write joins the batch's journal entry and
+/// survives a crash exactly when the batch's answer does.
 ///
-/// The methods that write mirror redb's `Table` (same arguments, same results).
+/// Its methods mirror redb's `Table` and `ReadableTable` (same arguments; reads return idem's
+/// [`Guard`] and [`Range`], which give `.value()` as redb's do). Reads see every write made
+/// earlier in the batch, by this closure or an earlier member's.
 pub struct Table<'t, K: Key + 'static, V: Value + 'static> {
     inner: redb::Table<'t, K, V>,
     /// The batch's entry, and this table's index in its table list once it has one.
     capture: Option<(&'t Capture, Option<u16>)>,
 }
 
-impl<'t, K: Key + 'static, V: Value + 'static> Deref for Table<'t, K, V> {
-    type Target = redb::Table<'t, K, V>;
+/// A key or value read from a [`Table`] (redb's `AccessGuard`, behind idem's type): its
+/// [`value`](Guard::value) borrows from the guard.
+pub struct Guard<'a, T: Value + 'static> {
+    inner: AccessGuard<'a, T>,
+}
 
-    fn deref(&self) -> &Self::Target {
-        &self.inner
+impl<'a, T: Value + 'static> Guard<'a, T> {
+    fn new(inner: AccessGuard<'a, T>) -> Self {
+        Guard { inner }
+    }
+
+    /// The key or value, as its type reads it.
+    pub fn value(&self) -> T::SelfType<'_> {
+        self.inner.value()
+    }
+}
+
+impl<T: Value + 'static> std::fmt::Debug for Guard<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&self.value(), f)
+    }
+}
+
+/// A key and its value, as [`Table::first`], [`Table::last`] and [`Range`] give them.
+pub type Pair<'a, K, V> = (Guard<'a, K>, Guard<'a, V>);
+
+/// The entries of a range of a [`Table`], in key order (reversed with `rev()`).
+pub struct Range<'a, K: Key + 'static, V: Value + 'static> {
+    inner: redb::Range<'a, K, V>,
+}
+
+fn pair<'a, K: Key + 'static, V: Value + 'static>(
+    (k, v): (AccessGuard<'a, K>, AccessGuard<'a, V>),
+) -> Pair<'a, K, V> {
+    (Guard::new(k), Guard::new(v))
+}
+
+impl<'a, K: Key + 'static, V: Value + 'static> Iterator for Range<'a, K, V> {
+    type Item = Result<Pair<'a, K, V>, StorageError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.inner.next().map(|r| r.map(pair))
+    }
+}
+
+impl<K: Key + 'static, V: Value + 'static> DoubleEndedIterator for Range<'_, K, V> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        self.inner.next_back().map(|r| r.map(pair))
     }
 }
 
 impl<K: Key + 'static, V: Value + 'static> Table<'_, K, V> {
+    /// The value under `key`, if any.
+    pub fn get<'a>(
+        &self,
+        key: impl Borrow<K::SelfType<'a>>,
+    ) -> Result<Option<Guard<'_, V>>, StorageError> {
+        Ok(self.inner.get(key)?.map(Guard::new))
+    }
+
+    /// The entries whose keys are in `range`, in key order.
+    pub fn range<'a, KR>(
+        &self,
+        range: impl RangeBounds<KR> + 'a,
+    ) -> Result<Range<'_, K, V>, StorageError>
+    where
+        KR: Borrow<K::SelfType<'a>> + 'a,
+    {
+        Ok(Range {
+            inner: self.inner.range(range)?,
+        })
+    }
+
+    /// Every entry, in key order.
+    pub fn iter(&self) -> Result<Range<'_, K, V>, StorageError> {
+        Ok(Range {
+            inner: self.inner.iter()?,
+        })
+    }
+
+    /// The entry with the smallest key, if any.
+    pub fn first(&self) -> Result<Option<Pair<'_, K, V>>, StorageError> {
+        Ok(self.inner.first()?.map(pair))
+    }
+
+    /// The entry with the largest key, if any.
+    pub fn last(&self) -> Result<Option<Pair<'_, K, V>>, StorageError> {
+        Ok(self.inner.last()?.map(pair))
+    }
+
+    /// The number of entries.
+    pub fn len(&self) -> Result<u64, StorageError> {
+        self.inner.len()
+    }
+
+    /// Whether the table has no entry.
+    pub fn is_empty(&self) -> Result<bool, StorageError> {
+        self.inner.is_empty()
+    }
+
+    /// The table's name.
+    pub fn name(&self) -> &str {
+        self.inner.name()
+    }
+
     fn record(&mut self, op: u8, key: &[u8], value: Option<&[u8]>) {
         let Some((capture, index)) = &mut self.capture else {
             return;

@@ -21,8 +21,8 @@ pub(crate) mod format;
 pub(crate) mod log;
 pub(crate) mod recover;
 
-pub use capture::Table;
 pub(crate) use capture::{Capture, Wtx};
+pub use capture::{Guard, Pair, Range, Table};
 pub use recover::journal_path;
 
 /// The journal's default capacity: 64 MiB.

@@ -118,7 +118,8 @@ impl Store {
         key: &[u8],
     ) -> Result<Option<Record>, Error> {
         let table = open.records().map_err(|e| self.storage(e))?;
-        record_in(&**table, key).map_err(|e| self.observe(e))
+        let value = table.get(key).map_err(|e| self.storage(e))?;
+        value.map(|v| Record::decode(v.value())).transpose()
     }
 
     /// Writes a record, moving its expiry-index entry in the same transaction.
