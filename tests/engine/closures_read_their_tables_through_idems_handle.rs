@@ -14,7 +14,10 @@ use idem::{Abort, ExecuteAnswer, Response, Store, StoreBuilder};
 /// read that ordered by bytes would be caught.
 const LEDGER: TableDefinition<u64, &str> = TableDefinition::new("ledger");
 
-fn modes() -> [(&'static str, fn(StoreBuilder) -> StoreBuilder); 2] {
+/// A mode's name and how the builder opens it.
+type Mode = (&'static str, fn(StoreBuilder) -> StoreBuilder);
+
+fn modes() -> [Mode; 2] {
     [
         ("direct", |b| b.journal(false)),
         ("journal", |b| b.journal(true).journal_table(LEDGER)),
@@ -102,7 +105,19 @@ fn a_later_claim_reads_what_earlier_claims_wrote_and_so_does_a_reopen() {
                 Some("nine"),
                 "{mode}"
             );
-            t.pop_first()?;
+            {
+                let (k, v) = t.pop_first()?.expect("an entry");
+                assert_eq!(
+                    (k.value(), v.value()),
+                    (9, "nine"),
+                    "{mode}: the smallest key"
+                );
+            }
+            assert!(t.insert(1, "one")?.is_none(), "{mode}: no old value");
+            let old = t.insert(1, "uno")?.map(|g| g.value().to_owned());
+            assert_eq!(old.as_deref(), Some("one"), "{mode}: the old value");
+            let old = t.remove(1)?.map(|g| g.value().to_owned());
+            assert_eq!(old.as_deref(), Some("uno"), "{mode}: the removed value");
             t.insert(1, "one")?;
             Ok(())
         });

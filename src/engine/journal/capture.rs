@@ -230,50 +230,44 @@ impl<K: Key + 'static, V: Value + 'static> Table<'_, K, V> {
         &mut self,
         key: impl Borrow<K::SelfType<'k>>,
         value: impl Borrow<V::SelfType<'v>>,
-    ) -> Result<Option<AccessGuard<'_, V>>, StorageError> {
+    ) -> Result<Option<Guard<'_, V>>, StorageError> {
         let (key, value) = (key.borrow(), value.borrow());
         if self.capture.is_some() {
             let (k, v) = (K::as_bytes(key), V::as_bytes(value));
             self.record(OP_PUT, k.as_ref(), Some(v.as_ref()));
         }
-        self.inner.insert(key, value)
+        Ok(self.inner.insert(key, value)?.map(Guard::new))
     }
 
     /// Removes `key`, returning its value (redb's `Table::remove`).
     pub fn remove<'a>(
         &mut self,
         key: impl Borrow<K::SelfType<'a>>,
-    ) -> Result<Option<AccessGuard<'_, V>>, StorageError> {
+    ) -> Result<Option<Guard<'_, V>>, StorageError> {
         let key = key.borrow();
         if self.capture.is_some() {
             let k = K::as_bytes(key);
             self.record(OP_REMOVE, k.as_ref(), None);
         }
-        self.inner.remove(key)
+        Ok(self.inner.remove(key)?.map(Guard::new))
     }
 
     /// Removes and returns the first entry (redb's `Table::pop_first`).
-    #[allow(clippy::type_complexity, reason = "redb's own signature")]
-    pub fn pop_first(
-        &mut self,
-    ) -> Result<Option<(AccessGuard<'_, K>, AccessGuard<'_, V>)>, StorageError> {
+    pub fn pop_first(&mut self) -> Result<Option<Pair<'_, K, V>>, StorageError> {
         let first = self.inner.first()?.map(|(k, _)| k.value_bytes());
         if let Some(k) = &first {
             self.record(OP_REMOVE, k, None);
         }
-        self.inner.pop_first()
+        Ok(self.inner.pop_first()?.map(pair))
     }
 
     /// Removes and returns the last entry (redb's `Table::pop_last`).
-    #[allow(clippy::type_complexity, reason = "redb's own signature")]
-    pub fn pop_last(
-        &mut self,
-    ) -> Result<Option<(AccessGuard<'_, K>, AccessGuard<'_, V>)>, StorageError> {
+    pub fn pop_last(&mut self) -> Result<Option<Pair<'_, K, V>>, StorageError> {
         let last = self.inner.last()?.map(|(k, _)| k.value_bytes());
         if let Some(k) = &last {
             self.record(OP_REMOVE, k, None);
         }
-        self.inner.pop_last()
+        Ok(self.inner.pop_last()?.map(pair))
     }
 
     /// Keeps the entries for which `predicate` is true (redb's `Table::retain`).
