@@ -14,11 +14,13 @@
 //! | `log.rs` | the running journal: the head, LSNs, the group sync, fail-stop |
 //! | `recover.rs` | creating, replaying and closing the journal at open and close |
 //! | `apply.rs` | the tables recovery can apply records to, with their types |
+//! | `pending.rs` | the pending set: versions sealed but not applied, read over a snapshot in key order |
 
 pub(crate) mod apply;
 pub(crate) mod capture;
 pub(crate) mod format;
 pub(crate) mod log;
+pub(crate) mod pending;
 pub(crate) mod recover;
 
 pub(crate) use capture::{Capture, Wtx};
