@@ -17,7 +17,9 @@
 //! and `send` (default) or `execute`, or `replay`: the callers replay 10,000 keys claimed first
 //! (untimed), the lookups of finished keys. The store opens with a 1 GiB page cache
 //! (`IDEM_CACHE_MB=N`: N MiB); `IDEM_JOURNAL=1` opens it in journal mode
-//! (`StoreBuilder::journal`). Claimed keys are sequential per caller; `IDEM_RANDOM_KEYS=1`
+//! (`StoreBuilder::journal`), with `IDEM_JOURNAL_KIB` and `IDEM_CHECKPOINT_KIB` setting its
+//! capacity and checkpoint bytes. The file sizes are printed with the rate (bytes per claim are
+//! the run's when the file was new). Claimed keys are sequential per caller; `IDEM_RANDOM_KEYS=1`
 //! spreads them over the key space, as `bench-peers`' keys are (every claim then writes a
 //! random leaf of the caller's table, not the last one).
 
@@ -103,6 +105,12 @@ fn main() -> ExitCode {
     let mut builder = Store::builder().cache_size(cache_mb << 20);
     if std::env::var("IDEM_JOURNAL").is_ok_and(|v| v == "1") {
         builder = builder.journal(true).journal_table(EFFECTS);
+        if let Some(kib) = env_parse::<u64>("IDEM_JOURNAL_KIB") {
+            builder = builder.journal_capacity(kib << 10);
+        }
+        if let Some(kib) = env_parse::<u64>("IDEM_CHECKPOINT_KIB") {
+            builder = builder.checkpoint_bytes(kib << 10);
+        }
     }
     let store = match builder.open(path) {
         Ok(store) => store,
@@ -207,6 +215,16 @@ fn main() -> ExitCode {
             m.commits
         );
     }
+    // Sizes at rest: after the close's checkpoint.
+    drop(store);
+    let path = std::path::Path::new(path);
+    let size = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len());
+    let (file, journal) = (size(path), size(&idem::store::journal_path(path)));
+    println!(
+        "on disk: store file {file} B, journal {journal} B; {:.0} B per claim of this run (with the journal {:.0})",
+        file as f64 / n.max(1) as f64,
+        (file + journal) as f64 / n.max(1) as f64
+    );
     for f in &failures {
         eprintln!("{f}");
     }
