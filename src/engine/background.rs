@@ -76,6 +76,8 @@ impl Store {
     /// a [`WeakStore`] between ticks and stops when its channel's sender, kept in the store's
     /// [`Background`], is dropped.
     pub(crate) fn start_background(&self) -> Result<(), Error> {
+        // Background mode's applier first: the sweeper's batches need it.
+        self.start_applier()?;
         let mut threads = self.background().threads.lock();
         if let Durability::Periodic(interval) = self.durability() {
             threads.spawn("idem-flusher", self.downgrade(), interval, flush)?;
@@ -101,6 +103,7 @@ impl Store {
     /// Stops the background threads and waits for them to end.
     pub(crate) fn stop_background(&self) {
         self.background().stop();
+        self.suspend_applier();
     }
 
     /// A token that can be upgraded exactly while this store's background sweeper thread runs

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use redb::WriteTransaction;
 
-use crate::engine::journal::{Capture, Wtx};
+use crate::engine::journal::{Capture, View, Wtx};
 
 use crate::engine::boundary::{Panicked, catch_storage_panic, damaged};
 use crate::engine::open::Open;
@@ -47,16 +47,33 @@ pub(crate) enum Durable {
     Forced,
 }
 
-/// A batch's redb write transaction and, in journal mode, the entry its writes make.
+/// What a batch runs on: redb's write transaction, or (background mode) a view.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one per batch, moved with it: boxing would add an allocation per batch"
+)]
+enum Source {
+    Redb(WriteTransaction),
+    View(View),
+}
+
+/// A batch's source and, in journal mode, the entry its writes make.
 pub(crate) struct Batch {
-    txn: WriteTransaction,
+    source: Source,
     capture: Option<Capture>,
 }
 
 impl Batch {
     /// The handle members write through.
     pub(crate) fn wtx(&self) -> Wtx<'_> {
-        Wtx::new(&self.txn, self.capture.as_ref())
+        match (&self.source, &self.capture) {
+            (Source::View(view), Some(capture)) => Wtx::view(view, capture),
+            (Source::Redb(txn), capture) => Wtx::new(txn, capture.as_ref()),
+            // Invariant: `begin_txn` gives every view a capture.
+            (Source::View(view), None) => {
+                unreachable!("a view without a capture ({} sealed)", view.through)
+            }
+        }
     }
 }
 
@@ -141,9 +158,26 @@ impl BatchEngine for Store {
     }
 
     fn begin_txn(&self) -> Result<Batch, Error> {
+        if let (Some(applier), Some(journal)) = (self.applier(), self.journal()) {
+            // The snapshot first: P keeps every version above it while the view lives, and no
+            // entry is sealed until this batch seals its own.
+            let snap = applier.snapshot();
+            let view = View {
+                snap,
+                applier: Arc::clone(applier),
+                through: journal.sealed(),
+            };
+            return Ok(Batch {
+                source: Source::View(view),
+                capture: Some(Capture::default()),
+            });
+        }
         let txn = self.begin_batch_txn()?;
         let capture = self.journal().map(|_| Capture::default());
-        Ok(Batch { txn, capture })
+        Ok(Batch {
+            source: Source::Redb(txn),
+            capture,
+        })
     }
 
     fn open_run<'t>(&self, batch: &'t Batch) -> Open<'t> {
@@ -155,7 +189,15 @@ impl BatchEngine for Store {
     }
 
     fn commit_txn(&self, batch: Batch, durable: bool) -> Result<u64, Error> {
-        let Batch { mut txn, capture } = batch;
+        let Batch { source, capture } = batch;
+        let mut txn = match source {
+            Source::Redb(txn) => txn,
+            Source::View(view) => {
+                // Invariant: `begin_txn` gives every view a capture.
+                let capture = capture.unwrap_or_default();
+                return self.commit_view(view, capture, durable);
+            }
+        };
         if let Some(capture) = capture {
             return self.commit_journaled(txn, capture, durable);
         }
@@ -173,7 +215,10 @@ impl BatchEngine for Store {
     }
 
     fn abort_txn(&self, batch: Batch) {
-        self.abort(batch.txn);
+        // A view's writes are its capture's: dropping it is the abort.
+        if let Source::Redb(txn) = batch.source {
+            self.abort(txn);
+        }
     }
 
     fn pipelined(&self) -> bool {

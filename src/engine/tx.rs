@@ -87,12 +87,21 @@ impl<'t> Tx<'t> {
         definition: TableDefinition<K, V>,
     ) -> Result<Table<'t, K, V>, Error> {
         check_name(definition.name())?;
+        let known = self.store.journal_table_known::<K, V>(definition.name());
+        if self.txn.in_view() && !known {
+            return Err(Error::Config {
+                reason: format!(
+                    "the table `{}` is not registered with StoreBuilder::journal_table (with these key and value types): with the journal applied in the background, every table a closure writes must be registered or of redb's leaf types",
+                    definition.name()
+                ),
+            });
+        }
         let table = self
             .txn
             .open_table(definition)
             .map_err(|e| self.storage(e))?;
         // `TableDefinition` is `Copy`: its name is still here after the open.
-        if self.txn.journaled() && !self.store.journal_table_known::<K, V>(definition.name()) {
+        if self.txn.journaled() && !known {
             self.txn.unjournaled();
             self.store.warn_unjournaled(
                 definition.name(),
@@ -114,9 +123,15 @@ impl<'t> Tx<'t> {
             self.store
                 .warn_unjournaled(definition.name(), "a multimap table");
         }
-        self.txn
-            .redb()
-            .open_multimap_table(definition)
+        let Some(txn) = self.txn.redb() else {
+            return Err(Error::Config {
+                reason: format!(
+                    "the multimap table `{}`: with the journal applied in the background a closure writes plain tables only",
+                    definition.name()
+                ),
+            });
+        };
+        txn.open_multimap_table(definition)
             .map_err(|e| self.storage(e))
     }
 

@@ -82,12 +82,17 @@ impl Harness {
 }
 
 /// `IDEM_TEST_JOURNAL=1` runs the harness's stores in journal mode (`StoreBuilder::journal`),
-/// with the tests' effect table registered: the same tests, proving the same promises there.
+/// with the tests' effect table registered: the same tests, proving the same promises there;
+/// `IDEM_TEST_JOURNAL=applier` with the journal applied in the background (unfinished).
 pub fn journal_from_env(builder: StoreBuilder) -> StoreBuilder {
-    if std::env::var("IDEM_TEST_JOURNAL").is_ok_and(|v| v == "1") {
-        builder.journal(true).journal_table(EFFECTS)
-    } else {
-        builder
+    match std::env::var("IDEM_TEST_JOURNAL").as_deref() {
+        Ok("1") => builder.journal(true).journal_table(EFFECTS),
+        #[cfg(feature = "__internal_whitebox")]
+        Ok("applier") => builder
+            .journal(true)
+            .journal_table(EFFECTS)
+            .__journal_applier(true),
+        _ => builder,
     }
 }
 

@@ -296,15 +296,14 @@ fn an_entry_for_a_table_the_open_does_not_know_is_a_config_error() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = closed_store(dir.path(), "s.redb");
     let row = row(&path);
-    let f = frame(
-        &row,
-        1,
-        KIND_ENTRY,
-        &effects_entry(b"crafted", &41u64.to_le_bytes()),
-    );
+    // A compound key type: tables of redb's leaf types need no registration.
+    let mut e = EntryBuilder::default();
+    let t = e.table("test.notes", TABLE_PLAIN, "(&str,u64)", "u64");
+    e.record(OP_PUT, t, b"crafted", Some(&41u64.to_le_bytes()));
+    let f = frame(&row, 1, KIND_ENTRY, &e.finish().expect("a small entry"));
     write_at(&journal_path(&path), row.position, &f);
     match Store::builder().journal(true).open(&path) {
-        Err(Error::Config { reason }) => assert!(reason.contains("test.effects"), "{reason}"),
+        Err(Error::Config { reason }) => assert!(reason.contains("test.notes"), "{reason}"),
         other => panic!("expected Config naming the table, got {other:?}"),
     }
 }

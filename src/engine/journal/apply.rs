@@ -96,6 +96,57 @@ impl<K: Key + 'static, V: Value + 'static> Apply for redb::Table<'_, K, V> {
     }
 }
 
+fn typed<K: Key + 'static, V: Value + 'static>(name: String) -> Arc<dyn TableType> {
+    Arc::new(Typed::<K, V> {
+        name,
+        key_type: K::type_name().name().to_owned(),
+        value_type: V::type_name().name().to_owned(),
+        types: PhantomData,
+    })
+}
+
+/// Whether `name` is the name redb gives type `T`.
+fn is<T: Value + 'static>(name: &str) -> bool {
+    T::type_name().name() == name
+}
+
+/// The value types of [`leaf`] tables, for one key type `K`.
+macro_rules! leaf_values {
+    ($K:ty, $name:expr, $value_type:expr, [$($V:ty),*]) => {
+        $(
+            if is::<$V>($value_type) {
+                return Some(typed::<$K, $V>($name.to_owned()));
+            }
+        )*
+    };
+}
+
+/// The key types of [`leaf`] tables, each with every leaf value type.
+macro_rules! leaf_tables {
+    ($name:expr, $key_type:expr, $value_type:expr, [$($K:ty),*], $values:tt) => {
+        $(
+            if is::<$K>($key_type) {
+                leaf_values!($K, $name, $value_type, $values);
+                return None;
+            }
+        )*
+    };
+}
+
+/// A table whose key and value are both of redb's common leaf types (integers, `bool`, `char`,
+/// `&str`, `String`, `&[u8]`, `()`; as values also floats and `Vec<u8>`): recovery and the
+/// applier open it from the type names an entry records, so it needs no registration.
+fn leaf(name: &str, key_type: &str, value_type: &str) -> Option<Arc<dyn TableType>> {
+    leaf_tables!(
+        name,
+        key_type,
+        value_type,
+        [u8, u16, u32, u64, u128, i32, i64, bool, char, &'static str, String, &'static [u8], ()],
+        [u8, u16, u32, u64, u128, i8, i16, i32, i64, i128, f32, f64, bool, char, &'static str, String, &'static [u8], Vec<u8>, ()]
+    );
+    None
+}
+
 /// The tables recovery can apply records to, by name.
 #[derive(Clone, Default)]
 pub(crate) struct Registry(HashMap<String, Arc<dyn TableType>>);
@@ -126,20 +177,21 @@ impl Registry {
         definition: TableDefinition<'static, K, V>,
     ) {
         let name = definition.name().to_owned();
-        let typed = Typed::<K, V> {
-            name: name.clone(),
-            key_type: K::type_name().name().to_owned(),
-            value_type: V::type_name().name().to_owned(),
-            types: PhantomData,
-        };
-        self.0.insert(name, Arc::new(typed));
+        self.0.insert(name.clone(), typed::<K, V>(name));
     }
 
-    /// Whether `name` is registered with these types.
+    /// The table `name` with these types: registered, or else of redb's leaf types
+    /// ([`leaf`]), which need no registration.
+    fn table(&self, name: &str, key_type: &str, value_type: &str) -> Option<Arc<dyn TableType>> {
+        match self.0.get(name) {
+            Some(t) if t.types() == (key_type, value_type) => Some(Arc::clone(t)),
+            _ => leaf(name, key_type, value_type),
+        }
+    }
+
+    /// Whether `name` with these types can be applied: registered, or of leaf types.
     pub(crate) fn knows(&self, name: &str, key_type: &str, value_type: &str) -> bool {
-        self.0
-            .get(name)
-            .is_some_and(|t| t.types() == (key_type, value_type))
+        self.table(name, key_type, value_type).is_some()
     }
 
     /// Why an entry's tables cannot all be applied, if they cannot: recovery refuses before it
@@ -167,7 +219,7 @@ impl Registry {
     ) -> Result<(), String> {
         for r in records {
             let t = &tables[usize::from(r.table)];
-            if let Some(ty) = self.0.get(&t.name) {
+            if let Some(ty) = self.table(&t.name, &t.key_type, &t.value_type) {
                 ty.check(&body[r.key.clone()], r.value.clone().map(|v| &body[v]))?;
             }
         }
@@ -187,7 +239,7 @@ impl Registry {
             let t = &tables[usize::from(r.table)];
             if !open.contains_key(&t.name) {
                 // Invariant: `check` passed for these tables before anything was applied.
-                let Some(ty) = self.0.get(&t.name) else {
+                let Some(ty) = self.table(&t.name, &t.key_type, &t.value_type) else {
                     continue;
                 };
                 open.insert(t.name.clone(), ty.open(txn)?);

@@ -69,6 +69,13 @@ pub(crate) struct Journal {
     unframed: AtomicU64,
     /// White-box tests only: answers do not wait for the sync (`BrokenJournal::AnswerBeforeSync`).
     answer_before_sync: bool,
+    /// Entries reach redb through the applier (`applier.rs`), which makes the checkpoints: a
+    /// seal never asks the batch for one, and waits for space instead of going unframed.
+    background: bool,
+    /// A seal waits for a checkpoint to free journal space (background mode).
+    space_wanted: std::sync::atomic::AtomicBool,
+    /// `Head::since_checkpoint`, readable without the head's lock.
+    since_checkpoint: AtomicU64,
     replayed: u64,
     frames: AtomicU64,
     frame_bytes: AtomicU64,
@@ -95,6 +102,7 @@ impl Journal {
         row: Row,
         checkpoint_bytes: u64,
         answer_before_sync: bool,
+        background: bool,
         replayed: u64,
     ) -> Journal {
         Journal {
@@ -118,6 +126,9 @@ impl Journal {
             durable: AtomicU64::new(row.lsn),
             unframed: AtomicU64::new(0),
             answer_before_sync,
+            background,
+            space_wanted: std::sync::atomic::AtomicBool::new(false),
+            since_checkpoint: AtomicU64::new(0),
             replayed,
             frames: AtomicU64::new(0),
             frame_bytes: AtomicU64::new(0),
@@ -176,13 +187,31 @@ impl Journal {
         self.check()?;
         let mut head = self.head.lock();
         let lsn = head.next;
-        let area = self.capacity - HEADER_LEN;
         let len = body.map_or(0, |b| frame_len(b.len()));
-        let checkpoint = head.since_checkpoint >= self.checkpoint_bytes || len > area / 4;
-        let place = match body {
+        let checkpoint =
+            !self.background && (head.since_checkpoint >= self.checkpoint_bytes || !self.fits(len));
+        let mut place = match body {
             Some(_) if !checkpoint => self.place(&head, len),
             _ => None,
         };
+        while self.background && place.is_none() && body.is_some() && self.fits(len) {
+            // Background mode: the live journal reaches the head; the applier's next
+            // checkpoint moves its start (backpressure, not an unframed entry).
+            let checkpoints = self.checkpoints.load(Ordering::Acquire);
+            self.space_wanted.store(true, Ordering::Release);
+            drop(head);
+            {
+                let mut s = self.sync.lock();
+                self.synced.notify_all();
+                while s.failed.is_none() && self.checkpoints.load(Ordering::Acquire) == checkpoints
+                {
+                    self.synced.wait(&mut s);
+                }
+            }
+            self.check()?;
+            head = self.head.lock();
+            place = self.place(&head, len);
+        }
         let body = body.unwrap_or_default();
         let Some((wrap, at)) = place else {
             // Unframed: the durable commit is the entry's only copy. The next frame goes where
@@ -221,6 +250,8 @@ impl Journal {
         head.chain = sum;
         head.next = lsn + 1;
         head.since_checkpoint += written + len;
+        self.since_checkpoint
+            .store(head.since_checkpoint, Ordering::Release);
         self.frames.fetch_add(1, Ordering::Relaxed);
         self.frame_bytes.fetch_add(written + len, Ordering::Relaxed);
         // `written` first: a reader that sees this LSN sealed finds its frame written.
@@ -237,6 +268,52 @@ impl Journal {
             },
             checkpoint: false,
         })
+    }
+
+    /// Whether a frame of `len` bytes may be written: at most a quarter of the area.
+    pub(crate) fn fits(&self, len: u64) -> bool {
+        len <= (self.capacity - HEADER_LEN) / 4
+    }
+
+    /// Whether the applier's next commit should be a checkpoint (background mode): enough
+    /// frames since the last one, or a seal waiting for space.
+    pub(crate) fn checkpoint_due(&self) -> bool {
+        self.space_wanted.load(Ordering::Acquire)
+            || self.since_checkpoint.load(Ordering::Acquire) >= self.checkpoint_bytes
+    }
+
+    /// Waits until `ready()` holds, without syncing (the applier: the members' waits run the
+    /// syncs). `ready` is checked under the sync lock, which every change it can depend on
+    /// notifies under ([`Journal::wake`], a sync, a checkpoint, a failure), so no wake is lost;
+    /// it must take no lock the journal holds while taking the sync lock (the head's).
+    pub(crate) fn wait_until(&self, mut ready: impl FnMut() -> bool) -> Result<(), String> {
+        let mut s = self.sync.lock();
+        loop {
+            if let Some(f) = &s.failed {
+                return Err(f.clone());
+            }
+            if ready() {
+                return Ok(());
+            }
+            self.synced.wait(&mut s);
+        }
+    }
+
+    /// Wakes the applier if entry `lsn` is already durable: called after queuing it, under
+    /// the sync lock, so either this sees the sync that covered it or that sync's wake comes
+    /// after the entry was queued.
+    pub(crate) fn wake_if_durable(&self, lsn: u64) {
+        let _s = self.sync.lock();
+        if self.durable() >= lsn {
+            self.synced.notify_all();
+        }
+    }
+
+    /// Wakes every thread waiting on the journal (the applier: an entry was queued, a seal
+    /// wants space, the store closes).
+    pub(crate) fn wake(&self) {
+        let _s = self.sync.lock();
+        self.synced.notify_all();
     }
 
     /// Where a frame of `len` bytes goes: `(wrap frame position, frame position)`, or `None`
@@ -316,6 +393,8 @@ impl Journal {
         let mut head = self.head.lock();
         head.live_from = row.position;
         head.since_checkpoint = 0;
+        self.since_checkpoint.store(0, Ordering::Release);
+        self.space_wanted.store(false, Ordering::Release);
         drop(head);
         self.durable.fetch_max(row.lsn, Ordering::AcqRel);
         let _s = self.sync.lock();
@@ -404,7 +483,7 @@ mod tests {
             chain: [0; 8],
             clean: false,
         };
-        let journal = Journal::new(Box::new(file), capacity, row, u64::MAX, false, 0);
+        let journal = Journal::new(Box::new(file), capacity, row, u64::MAX, false, false, 0);
         let mut framed = 0;
         for _ in 0..20 {
             let sealed = journal.seal(Some(&body)).unwrap();

@@ -13,9 +13,11 @@
 //! | `capture.rs` | [`Table`] and the batch's write handle: writes through to redb, recorded |
 //! | `log.rs` | the running journal: the head, LSNs, the group sync, fail-stop |
 //! | `recover.rs` | creating, replaying and closing the journal at open and close |
+//! | `applier.rs` | background mode: the thread that applies durable entries to redb, the published snapshot, P |
 //! | `apply.rs` | the tables recovery can apply records to, with their types |
 //! | `pending.rs` | the pending set: versions sealed but not applied, read over a snapshot in key order |
 
+pub(crate) mod applier;
 pub(crate) mod apply;
 pub(crate) mod capture;
 pub(crate) mod format;
@@ -23,7 +25,7 @@ pub(crate) mod log;
 pub(crate) mod pending;
 pub(crate) mod recover;
 
-pub(crate) use capture::{Capture, Wtx};
+pub(crate) use capture::{Capture, View, Wtx};
 pub use capture::{Guard, Pair, Range, Table};
 pub use recover::journal_path;
 

@@ -41,6 +41,8 @@ pub(crate) struct Settings {
     pub(crate) checkpoint_bytes: u64,
     /// A step deliberately broken (white-box tests only; `No` otherwise).
     pub(crate) broken: BrokenJournal,
+    /// Entries reach redb through the applier thread, not the batches' commits.
+    pub(crate) background: bool,
 }
 
 /// Where the journal is.
@@ -437,6 +439,7 @@ pub(crate) fn attach(
         row,
         settings.checkpoint_bytes.min(capacity / 2),
         settings.broken == BrokenJournal::AnswerBeforeSync,
+        settings.background,
         replayed,
     ))
 }

@@ -21,9 +21,10 @@ use std::sync::atomic::Ordering;
 use redb::{Key, Value, WriteTransaction};
 
 use crate::engine::boundary::redb_error;
-use crate::engine::journal::Capture;
+use crate::engine::journal::format::frame_len;
 use crate::engine::journal::recover::{self, META_JOURNAL};
-use crate::engine::store::{Inner, Store};
+use crate::engine::journal::{Capture, View};
+use crate::engine::store::{Inner, Store, WeakStore};
 use crate::engine::tables::META;
 use crate::error::{Error, StorageError};
 use crate::runtime::observe;
@@ -111,6 +112,158 @@ impl Store {
         Ok(sealed.lsn)
     }
 
+    /// Background mode: starts the applier thread. It holds the database and the journal, not
+    /// the store (a [`WeakStore`], to latch a failure), so dropping the last handle closes the
+    /// store at once; a failed round fails the journal and latches fail-stop.
+    pub(crate) fn start_applier(&self) -> Result<(), Error> {
+        let (Some(applier), Some(journal), Some(db)) =
+            (self.applier(), self.journal_arc(), self.db_arc())
+        else {
+            return Ok(());
+        };
+        if applier.running() {
+            return Ok(());
+        }
+        applier.resume(&db).map_err(|e| self.storage(e))?;
+        let registry = self.registry().clone();
+        let weak: WeakStore = self.downgrade();
+        applier
+            .start(journal, move |applier, journal| {
+                let round = catch_unwind(AssertUnwindSafe(|| {
+                    applier.round(&db, &registry, journal, false)
+                }))
+                .unwrap_or_else(|_| {
+                    Err("redb panicked while applying journal entries (a damaged file?)".into())
+                });
+                if let Err(cause) = &round {
+                    journal.fail(cause);
+                    if let Some(store) = weak.upgrade() {
+                        store.latch(cause);
+                    }
+                }
+                round
+            })
+            .map_err(|source| Error::Spawn {
+                what: "the journal applier",
+                source,
+            })
+    }
+
+    /// Background mode, before compaction or the integrity check: stops the applier and brings
+    /// redb up to every entry (a failure latches fail-stop; the operation then refuses).
+    pub(crate) fn suspend_applier(&self) {
+        let (Some(applier), Some(journal), Ok(db)) =
+            (self.applier(), self.journal(), self.inner.db.get())
+        else {
+            return;
+        };
+        if let Err(cause) = applier.suspend(db, self.registry(), journal) {
+            self.latch(&cause);
+        }
+    }
+
+    /// Seals a background-mode batch: its entry gets LSN n, its frame is written at the head
+    /// (no sync), and it joins P and the applier's queue before the next batch begins; returns
+    /// the LSN its members wait for. Nothing of redb is on this path.
+    pub(crate) fn commit_view(
+        &self,
+        view: View,
+        capture: Capture,
+        durable: bool,
+    ) -> Result<u64, Error> {
+        let (Some(journal), Some(applier)) = (self.journal(), self.applier()) else {
+            return Err(Error::Internal {
+                what: "a view batch in a store without the applier",
+            });
+        };
+        // The view's snapshot is released when this returns; P keeps what later views need.
+        drop(view);
+        let entry = capture.take();
+        if entry.is_empty() {
+            if durable {
+                // Durability::Periodic's flusher: every entry sealed so far, durable.
+                self.force_journal(journal)?;
+            }
+            return Ok(journal.sealed());
+        }
+        let body = entry.finish().map_err(|reason| Error::Config { reason })?;
+        if !journal.fits(frame_len(body.len())) {
+            return Err(Error::Config {
+                reason: format!(
+                    "a batch wrote a journal entry of {} bytes, more than a quarter of the journal's capacity: with the journal applied in the background such entries are refused; raise StoreBuilder::journal_capacity",
+                    body.len()
+                ),
+            });
+        }
+        // Backpressure: P stays within its bound while the applier catches up.
+        while applier.over_limit() {
+            let next = applier.applied() + 1;
+            journal.wait_durable(next).map_err(|cause| {
+                self.latch(&cause);
+                unknown(&cause)
+            })?;
+            applier.wait_applied(next).map_err(|cause| {
+                self.latch(&cause);
+                unknown(&cause)
+            })?;
+        }
+        let sealed = match journal.seal(Some(&body)) {
+            Ok(s) => s,
+            Err(cause) => {
+                self.latch(&cause);
+                return Err(unknown(&cause));
+            }
+        };
+        if let Err(cause) = applier.add(sealed.lsn, body, sealed.row, &capture.compares()) {
+            // Sealed and framed, but not in P: later views would miss it. Stop writing.
+            self.latch(&cause);
+            journal.fail(&cause);
+            return Err(unknown(&cause));
+        }
+        journal.wake_if_durable(sealed.lsn);
+        if durable {
+            self.force_journal(journal)?;
+        } else {
+            // Periodic: the flusher makes these durable (and so lets the applier take them).
+            self.set_unflushed(self.relaxed_durability());
+        }
+        // As in write-through mode: the next batch forms once the entry before this one is
+        // durable, gathering the callers of one sync.
+        if sealed.lsn > 1 {
+            journal.wait_durable(sealed.lsn - 1).map_err(|cause| {
+                self.latch(&cause);
+                unknown(&cause)
+            })?;
+        }
+        Ok(sealed.lsn)
+    }
+
+    /// Syncs the journal up to the last sealed entry whatever the durability mode (the
+    /// flusher's commit under `Durability::Periodic`); a failure latches.
+    fn force_journal(&self, journal: &crate::engine::journal::log::Journal) -> Result<(), Error> {
+        journal.wait_durable(journal.sealed()).map_err(|cause| {
+            self.latch(&cause);
+            unknown(&cause)
+        })?;
+        self.set_unflushed(false);
+        Ok(())
+    }
+
+    /// Background mode, before a read of redb alone (`Store::read`, `read_transaction`): waits
+    /// until every entry sealed before the call is durable and applied, so the read sees it.
+    pub(crate) fn wait_applied(&self) -> Result<(), Error> {
+        let (Some(journal), Some(applier)) = (self.journal(), self.applier()) else {
+            return Ok(());
+        };
+        let bound = journal.read_bound();
+        let failed = |cause: String| {
+            self.latch(&cause);
+            Error::FailStopped { cause }
+        };
+        journal.wait_durable(bound).map_err(failed)?;
+        applier.wait_applied(bound).map_err(failed)
+    }
+
     /// Waits until entry `lsn` is durable; a failed sync latches and is `OutcomeUnknown`.
     pub(crate) fn journal_durable(&self, lsn: u64) -> Result<(), Error> {
         let Some(journal) = self.journal() else {
@@ -167,6 +320,34 @@ impl Store {
 }
 
 impl Inner {
+    /// Background mode, at close: stops the applier and applies what it has not (every queued
+    /// entry's members were answered, so each is durable), so the closing checkpoint covers
+    /// every entry. On a failure the store is latched: the closing checkpoint is skipped and the
+    /// next open replays the journal.
+    pub(super) fn stop_applier(&mut self) {
+        let (Some(applier), Some(journal)) = (self.applier.take(), self.journal.as_deref()) else {
+            return;
+        };
+        applier.stop(journal);
+        if self.failure.lock().is_some() {
+            return;
+        }
+        let drained = match self.db.get() {
+            Ok(db) => catch_unwind(AssertUnwindSafe(|| {
+                applier.drain(db, &self.registry, journal)
+            }))
+            .unwrap_or_else(|_| Err("redb panicked while applying (a damaged file?)".into())),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(cause) = drained {
+            observe::warn!(
+                "closing the store: applying the last journal entries failed; the next open replays the journal",
+                error = observe::display(&cause),
+            );
+            self.failure.lock().get_or_insert(cause);
+        }
+    }
+
     /// The closing checkpoint (the last handle is gone): the row after every entry, clean, in
     /// a durable commit; then the journal file is synced and closed. Skipped after a failure:
     /// the next open replays the journal.

@@ -41,6 +41,7 @@ use crate::engine::builder::Durability;
 #[cfg(doc)]
 use crate::engine::builder::StoreBuilder;
 use crate::engine::commit::{Group, GroupConfig};
+use crate::engine::journal::applier::Applier;
 use crate::engine::journal::apply::Registry;
 use crate::engine::journal::log::Journal;
 #[cfg(doc)]
@@ -80,15 +81,21 @@ pub(crate) struct FileModes {
 /// the drop. (A second panic while redb unwinds from the first aborts the process, which nothing
 /// can catch: [`StoreBuilder::verify_on_open`] keeps such files from being opened.)
 /// `None` only from then on, when no call can reach it.
-struct Db(Option<redb::Database>);
+/// Shared with the applier thread in background mode, which [`Inner`]'s drop stops first, so
+/// the drop releases the last reference and closes the file.
+struct Db(Option<Arc<redb::Database>>);
 
 impl Db {
     fn get(&self) -> Result<&redb::Database, redb::Error> {
-        self.0.as_ref().ok_or(redb::Error::DatabaseClosed)
+        self.0.as_deref().ok_or(redb::Error::DatabaseClosed)
     }
 
+    /// `Err` also while another reference exists (the applier's: background mode).
     fn get_mut(&mut self) -> Result<&mut redb::Database, redb::Error> {
-        self.0.as_mut().ok_or(redb::Error::DatabaseClosed)
+        self.0
+            .as_mut()
+            .and_then(Arc::get_mut)
+            .ok_or(redb::Error::DatabaseClosed)
     }
 }
 
@@ -135,15 +142,19 @@ pub(crate) struct Inner {
     /// The layers' own state, one value per type ([`Store::extension`]).
     extensions: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
     /// The write-ahead journal, in journal mode (`engine/journal/`).
-    journal: Option<Journal>,
+    journal: Option<Arc<Journal>>,
     /// The tables a journal's entries may write, with their types.
     registry: Registry,
+    /// Background mode: the thread that applies durable entries to redb, with P and the
+    /// published snapshot (`engine/journal/applier.rs`).
+    applier: Option<Arc<Applier>>,
 }
 impl Drop for Inner {
     fn drop(&mut self) {
         self.background.stop();
         // Its read transaction ends before the file closes.
         self.snapshot.release();
+        self.stop_applier();
         self.close_journal();
         // Relaxed durability: make every acknowledged commit durable on close. No other handle
         // exists any more, so this is the only writer.
@@ -269,9 +280,10 @@ impl Store {
         modes: FileModes,
         journal: Option<Journal>,
         registry: Registry,
+        applier: Option<Arc<Applier>>,
     ) -> Store {
         let inner = Inner {
-            db: Db(Some(db)),
+            db: Db(Some(Arc::new(db))),
             config,
             clock,
             failure: Mutex::new(None),
@@ -298,8 +310,9 @@ impl Store {
             sweeps: Mutex::new(SweepTotals::default()),
             work: Arc::new(Signal::default()),
             extensions: Mutex::new(HashMap::new()),
-            journal,
+            journal: journal.map(Arc::new),
             registry,
+            applier,
         };
         Store {
             inner: Arc::new(inner),
@@ -318,7 +331,27 @@ impl Store {
 
     /// The journal, in journal mode.
     pub(crate) fn journal(&self) -> Option<&Journal> {
-        self.inner.journal.as_ref()
+        self.inner.journal.as_deref()
+    }
+
+    /// The journal, shared (the applier thread holds it).
+    pub(crate) fn journal_arc(&self) -> Option<Arc<Journal>> {
+        self.inner.journal.clone()
+    }
+
+    /// The applier, in background mode.
+    pub(crate) fn applier(&self) -> Option<&Arc<Applier>> {
+        self.inner.applier.as_ref()
+    }
+
+    /// The tables a journal's entries may write.
+    pub(crate) fn registry(&self) -> &Registry {
+        &self.inner.registry
+    }
+
+    /// The store's database, shared (the applier thread holds it).
+    pub(crate) fn db_arc(&self) -> Option<Arc<redb::Database>> {
+        self.inner.db.0.clone()
     }
 
     /// The durability mode.

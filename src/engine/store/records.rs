@@ -5,12 +5,15 @@
 
 use std::ops::ControlFlow;
 
-use redb::{ReadableDatabase, ReadableTable};
+use std::sync::Arc;
+
+use redb::{ReadableDatabase, ReadableTable, TableHandle};
 
 use crate::engine::boundary::{caller_code, contained, unlatched};
 use crate::engine::commit::{Durable, Step};
 use crate::engine::expiry::{put_in, remove_in};
 use crate::engine::journal::Wtx;
+use crate::engine::journal::pending::Lookup;
 use crate::engine::open::Open;
 #[cfg(doc)]
 use crate::engine::read_only::ReadOnlyStore;
@@ -49,6 +52,7 @@ impl Store {
     /// read through it is outside idem's storage boundary: on a damaged page, redb may panic in
     /// your code (idem's own reads return [`Error::CorruptStore`] instead).
     pub fn read_transaction(&self) -> Result<redb::ReadTransaction, Error> {
+        self.wait_applied()?;
         let db = self.inner.db.get().map_err(|e| self.storage(e))?;
         let read = db.begin_read().map_err(|e| self.storage(e))?;
         // Journal mode: nothing in it may come from an entry a crash can still lose.
@@ -85,6 +89,8 @@ impl Store {
         f: impl FnOnce(&redb::ReadTransaction) -> Result<T, Error>,
     ) -> Result<T, Error> {
         contained(while_, || {
+            // Background mode: what this read must see is in redb first.
+            self.wait_applied()?;
             let db = self.inner.db.get().map_err(|e| self.storage(e))?;
             let read = db.begin_read().map_err(|e| self.storage(e))?;
             self.read_durable()?;
@@ -95,6 +101,29 @@ impl Store {
     /// The record under `key` as of the latest commit, through the table the read path shares
     /// (engine/snapshot.rs), at the storage boundary like [`Store::read`].
     pub(crate) fn read_record(&self, key: &[u8]) -> Result<Option<Record>, Error> {
+        if let (Some(applier), Some(journal)) = (self.applier(), self.journal()) {
+            // Background mode: P's versions up to the last sealed entry over the published
+            // snapshot, taken together (one read lock); then wait until what was read is
+            // durable.
+            let bound = journal.read_bound();
+            return contained("reading a record", || {
+                let found = applier.read(|pending, snap| {
+                    match pending.get(RECORDS.name(), key, snap.lsn, bound) {
+                        Lookup::Pending(v) => Ok(v),
+                        Lookup::NotPending => match &snap.records {
+                            Some(t) => {
+                                let v = t.get(key).map_err(unlatched)?;
+                                Ok(v.map(|v| Arc::from(v.value())))
+                            }
+                            None => Ok(None),
+                        },
+                    }
+                });
+                let found: Option<Arc<[u8]>> = found.map_err(|e| self.observe(e))?;
+                self.read_durable()?;
+                found.map(|v| Record::decode(&v)).transpose()
+            });
+        }
         contained("reading a record", || {
             let table = self
                 .inner

@@ -1,0 +1,407 @@
+//! Background mode (docs/design.md, "How entries reach redb: the applier and checkpoints"): a
+//! batch decides against a redb snapshot `S(a)` plus the pending set P (entries sealed but not
+//! yet in redb) and seals its entry into P and the journal; one thread, the applier, copies
+//! durable entries into redb in LSN order with non-durable commits, and makes the checkpoints.
+//! No claim waits for redb's writer.
+//!
+//! Invariants:
+//! - the applier applies entry n only once it is durable (`n ≤ d`), in LSN order, each round's
+//!   redb commit holding the row of its last entry: every redb state, durable or not, is the
+//!   state after exactly the entries up to its row's LSN, as in write-through mode, so recovery
+//!   is unchanged;
+//! - [`Applier::publish`] replaces the published snapshot and drops from P, under P's write
+//!   lock, only the versions at or below the oldest snapshot still held by a view: a view of
+//!   `S(a)` finds every version of `(a, j]` in P for as long as it lives;
+//! - a reader takes the published snapshot and reads P under one read lock, so the pair it
+//!   uses is one the applier published.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+
+use parking_lot::{Condvar, Mutex, RwLock};
+use redb::{Database, ReadOnlyTable, ReadTransaction, ReadableDatabase};
+
+use crate::engine::journal::apply::Registry;
+use crate::engine::journal::format::{Row, decode_body};
+use crate::engine::journal::log::Journal;
+use crate::engine::journal::pending::{Compare, PendingSet, Write};
+use crate::engine::journal::recover::META_JOURNAL;
+use crate::engine::tables::{META, RECORDS};
+
+/// The records table's rows as the read path reads them.
+pub(crate) type RecordsRead = ReadOnlyTable<&'static [u8], &'static [u8]>;
+
+/// A published redb snapshot: the state after exactly the entries up to `lsn`.
+pub(crate) struct Snap {
+    pub(crate) lsn: u64,
+    /// `None` only while the applier is suspended ([`Applier::suspend`]: compaction and the
+    /// integrity check, which need the store to themselves, so no batch or reader runs).
+    pub(crate) txn: Option<ReadTransaction>,
+    /// idem's records table in it (`None` before the table exists), opened once for the read
+    /// path.
+    pub(crate) records: Option<RecordsRead>,
+}
+
+impl Snap {
+    fn new(db: &Database, lsn: u64) -> Result<Snap, redb::Error> {
+        let txn = db.begin_read()?;
+        let records = match txn.open_table(RECORDS) {
+            Ok(t) => Some(t),
+            Err(redb::TableError::TableDoesNotExist(_)) => None,
+            Err(e) => return Err(e.into()),
+        };
+        Ok(Snap {
+            lsn,
+            txn: Some(txn),
+            records,
+        })
+    }
+}
+
+/// An entry sealed and not yet applied.
+struct Queued {
+    lsn: u64,
+    body: Vec<u8>,
+    /// The row a redb state holding this entry (and no later one) carries.
+    row: Row,
+}
+
+/// P with the snapshot it sits on.
+struct State {
+    set: PendingSet,
+    published: Arc<Snap>,
+    /// Snapshots published before `published` that a view may still hold.
+    older: Vec<Arc<Snap>>,
+}
+
+/// The applier's shared state (one per store in background mode).
+pub(crate) struct Applier {
+    state: RwLock<State>,
+    queue: Mutex<VecDeque<Queued>>,
+    /// The row of the last applied entry (what a checkpoint with nothing new writes).
+    last_row: Mutex<Row>,
+    /// The last applied entry (a), with its condition for [`Applier::wait_applied`].
+    applied: Mutex<u64>,
+    applied_cv: Condvar,
+    /// P's byte bound: a seal waits while P holds more.
+    limit: usize,
+    stop: AtomicBool,
+    failed: Mutex<Option<String>>,
+    /// The key and value type names of every table a sealed entry wrote (a table P creates
+    /// before redb has it is opened with these types only).
+    types: Mutex<HashMap<String, (String, String)>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// P's default byte bound (`pending_limit` in docs/design.md).
+pub(crate) const DEFAULT_PENDING_LIMIT: usize = 32 << 20;
+
+/// Entries applied in one redb transaction at most.
+const MAX_ROUND: usize = 1024;
+
+impl Applier {
+    /// The applier of a store whose redb holds exactly the entries up to `row`'s.
+    pub(crate) fn new(db: &Database, row: Row) -> Result<Arc<Applier>, redb::Error> {
+        let snap = Arc::new(Snap::new(db, row.lsn)?);
+        Ok(Arc::new(Applier {
+            state: RwLock::new(State {
+                set: PendingSet::new(),
+                published: snap,
+                older: Vec::new(),
+            }),
+            queue: Mutex::new(VecDeque::new()),
+            last_row: Mutex::new(row),
+            applied: Mutex::new(row.lsn),
+            applied_cv: Condvar::new(),
+            limit: DEFAULT_PENDING_LIMIT,
+            stop: AtomicBool::new(false),
+            failed: Mutex::new(None),
+            types: Mutex::new(HashMap::new()),
+            thread: Mutex::new(None),
+        }))
+    }
+
+    /// The published snapshot, for a batch's view: P's versions above its LSN stay while the
+    /// returned handle lives.
+    pub(crate) fn snapshot(&self) -> Arc<Snap> {
+        Arc::clone(&self.state.read().published)
+    }
+
+    /// Runs `f` on P and the published snapshot, under one read lock (a reader's pair).
+    pub(crate) fn read<T>(&self, f: impl FnOnce(&PendingSet, &Arc<Snap>) -> T) -> T {
+        let state = self.state.read();
+        f(&state.set, &state.published)
+    }
+
+    /// Runs `f` on P (a batch's view reads its versions above the view's snapshot).
+    pub(crate) fn pending<T>(&self, f: impl FnOnce(&PendingSet) -> T) -> T {
+        f(&self.state.read().set)
+    }
+
+    /// The key and value type names a sealed entry wrote table `name` with, if one did.
+    pub(crate) fn types_of(&self, name: &str) -> Option<(String, String)> {
+        self.types.lock().get(name).cloned()
+    }
+
+    /// Whether P holds more than its bound (the sealing batch waits for the applier).
+    pub(crate) fn over_limit(&self) -> bool {
+        self.state.read().set.bytes() > self.limit
+    }
+
+    /// Adds sealed entry `lsn` (`body`, its decoded writes ordered by `compares`) to P and to
+    /// the applier's queue. Called by the sealing batch, before the next batch begins.
+    pub(crate) fn add(
+        &self,
+        lsn: u64,
+        body: Vec<u8>,
+        row: Row,
+        compares: &HashMap<String, Compare>,
+    ) -> Result<(), String> {
+        let entry = decode_body(&body).map_err(|e| format!("a sealed entry: {e:?}"))?;
+        {
+            let mut types = self.types.lock();
+            for t in &entry.tables {
+                if !types.contains_key(&t.name) {
+                    types.insert(t.name.clone(), (t.key_type.clone(), t.value_type.clone()));
+                }
+            }
+        }
+        {
+            let mut state = self.state.write();
+            let writes = entry.records.iter().filter_map(|r| {
+                let t = entry.tables.get(usize::from(r.table))?;
+                let compare = *compares.get(&t.name)?;
+                Some(Write {
+                    table: &t.name,
+                    compare,
+                    key: body.get(r.key.clone())?,
+                    value: match &r.value {
+                        Some(v) => Some(body.get(v.clone())?),
+                        None => None,
+                    },
+                })
+            });
+            state
+                .set
+                .insert_entry(lsn, writes)
+                .map_err(|e| e.to_string())?;
+        }
+        self.queue.lock().push_back(Queued { lsn, body, row });
+        Ok(())
+    }
+
+    /// Waits until entry `lsn` is in redb (a ≥ lsn); `Err` once the applier failed.
+    pub(crate) fn wait_applied(&self, lsn: u64) -> Result<(), String> {
+        let mut a = self.applied.lock();
+        loop {
+            if *a >= lsn {
+                return Ok(());
+            }
+            if let Some(f) = &*self.failed.lock() {
+                return Err(f.clone());
+            }
+            self.applied_cv.wait(&mut a);
+        }
+    }
+
+    /// The last applied entry (a).
+    pub(crate) fn applied(&self) -> u64 {
+        *self.applied.lock()
+    }
+
+    fn fail(&self, cause: &str) {
+        self.failed.lock().get_or_insert_with(|| cause.to_owned());
+        let _a = self.applied.lock();
+        self.applied_cv.notify_all();
+    }
+
+    /// Whether the applier has something to do now: a durable queued entry, or a checkpoint
+    /// due with something applied since the last one.
+    fn ready(&self, journal: &Journal) -> bool {
+        if self.stop.load(Ordering::Acquire) {
+            return true;
+        }
+        let front = self.queue.lock().front().map(|q| q.lsn);
+        front.is_some_and(|n| n <= journal.durable()) || journal.checkpoint_due()
+    }
+
+    /// One round: the durable queued entries (at most [`MAX_ROUND`]) applied in one redb
+    /// transaction with the row of the last, committed durably when a checkpoint is due (or
+    /// `force_checkpoint`), then published. `Ok(false)` when there was nothing to do.
+    pub(crate) fn round(
+        &self,
+        db: &Database,
+        registry: &Registry,
+        journal: &Journal,
+        force_checkpoint: bool,
+    ) -> Result<bool, String> {
+        let durable = journal.durable();
+        let entries: Vec<Queued> = {
+            let mut q = self.queue.lock();
+            let n = q
+                .iter()
+                .take(MAX_ROUND)
+                .take_while(|e| e.lsn <= durable)
+                .count();
+            q.drain(..n).collect()
+        };
+        let checkpoint = force_checkpoint || journal.checkpoint_due();
+        if entries.is_empty() && !checkpoint {
+            return Ok(false);
+        }
+        let row = match entries.last() {
+            Some(e) => e.row,
+            None => *self.last_row.lock(),
+        };
+        let result = (|| -> Result<(), redb::Error> {
+            let mut txn = db.begin_write()?;
+            if checkpoint {
+                txn.set_quick_repair(true);
+                txn.set_durability(redb::Durability::Immediate)?;
+            } else {
+                txn.set_durability(redb::Durability::None)?;
+            }
+            {
+                let mut open = HashMap::new();
+                for e in &entries {
+                    let entry = decode_body(&e.body).map_err(|err| {
+                        redb::Error::Corrupted(format!("a sealed entry does not decode: {err:?}"))
+                    })?;
+                    registry.apply(&txn, &mut open, &entry.tables, &entry.records, &e.body)?;
+                }
+            }
+            txn.open_table(META)?
+                .insert(META_JOURNAL, row.encode().as_slice())?;
+            txn.commit()?;
+            Ok(())
+        })();
+        if let Err(e) = result {
+            let cause = format!("applying journal entries to the store file failed: {e}");
+            self.fail(&cause);
+            return Err(cause);
+        }
+        if checkpoint {
+            journal.checkpointed(&row);
+        }
+        *self.last_row.lock() = row;
+        self.publish(db, row.lsn).map_err(|e| {
+            let cause = format!("reading the store file after applying: {e}");
+            self.fail(&cause);
+            cause
+        })?;
+        Ok(true)
+    }
+
+    /// Publishes redb's state after entry `lsn` and drops from P what no view needs.
+    fn publish(&self, db: &Database, lsn: u64) -> Result<(), redb::Error> {
+        let snap = Arc::new(Snap::new(db, lsn)?);
+        {
+            let mut state = self.state.write();
+            let old = std::mem::replace(&mut state.published, snap);
+            state.older.push(old);
+            // Only `older` holds a snapshot no view uses any more.
+            state.older.retain(|s| Arc::strong_count(s) > 1);
+            let oldest = state.older.iter().map(|s| s.lsn).min().unwrap_or(lsn);
+            state.set.drop_through(oldest.min(lsn));
+        }
+        *self.applied.lock() = lsn;
+        self.applied_cv.notify_all();
+        Ok(())
+    }
+
+    /// Starts the applier thread: it waits on the journal for work, and takes the store (a
+    /// strong handle, through `run`) for each round only.
+    pub(crate) fn start(
+        self: &Arc<Self>,
+        journal: Arc<Journal>,
+        mut run: impl FnMut(&Applier, &Journal) -> Result<bool, String> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let me = Arc::clone(self);
+        let handle = std::thread::Builder::new()
+            .name("idem-applier".into())
+            .spawn(move || {
+                loop {
+                    if journal.wait_until(|| me.ready(&journal)).is_err() {
+                        // The journal failed: nothing more becomes durable.
+                        return;
+                    }
+                    if me.stop.load(Ordering::Acquire) {
+                        return;
+                    }
+                    match run(&me, &journal) {
+                        Ok(_) => {}
+                        Err(_) => return,
+                    }
+                }
+            })?;
+        *self.thread.lock() = Some(handle);
+        Ok(())
+    }
+
+    /// For compaction and the integrity check (no batch or reader runs): stops the thread,
+    /// applies every queued entry, makes a checkpoint, and lets go of the published snapshot,
+    /// whose read transaction would keep redb from compacting.
+    pub(crate) fn suspend(
+        &self,
+        db: &Database,
+        registry: &Registry,
+        journal: &Journal,
+    ) -> Result<(), String> {
+        self.stop(journal);
+        self.drain(db, registry, journal)?;
+        self.round(db, registry, journal, true)?;
+        let mut state = self.state.write();
+        let lsn = state.published.lsn;
+        state.published = Arc::new(Snap {
+            lsn,
+            txn: None,
+            records: None,
+        });
+        state.older.clear();
+        Ok(())
+    }
+
+    /// After [`Applier::suspend`]: publishes redb's state again, ready for [`Applier::start`].
+    pub(crate) fn resume(&self, db: &Database) -> Result<(), redb::Error> {
+        self.stop.store(false, Ordering::Release);
+        let lsn = self.applied();
+        self.publish(db, lsn)
+    }
+
+    /// Whether the thread runs.
+    pub(crate) fn running(&self) -> bool {
+        self.thread.lock().is_some()
+    }
+
+    /// Stops the applier thread and waits for it (unless this is that thread).
+    pub(crate) fn stop(&self, journal: &Journal) {
+        self.stop.store(true, Ordering::Release);
+        journal.wake();
+        let handle = self.thread.lock().take();
+        if let Some(t) = handle
+            && t.thread().id() != std::thread::current().id()
+        {
+            let _ = t.join();
+        }
+    }
+
+    /// Applies everything still queued (the store closes: every queued entry's members were
+    /// answered, so each is durable or the journal failed).
+    pub(crate) fn drain(
+        &self,
+        db: &Database,
+        registry: &Registry,
+        journal: &Journal,
+    ) -> Result<(), String> {
+        while !self.queue.lock().is_empty() {
+            let before = self.queue.lock().len();
+            self.round(db, registry, journal, false)?;
+            if self.queue.lock().len() == before {
+                return Err("entries left that are not durable".into());
+            }
+        }
+        Ok(())
+    }
+}
