@@ -655,6 +655,21 @@ fn journaled_checkpoints(b: StoreBuilder) -> StoreBuilder {
     journaled(b).checkpoint_bytes(16 << 10)
 }
 
+/// Journal mode with the pending-set design (`__journal_applier`): batches decide against the
+/// published snapshot plus the entries not yet applied, and the applier thread applies durable
+/// entries to redb with non-durable commits and makes the checkpoints. Its commits and
+/// checkpoints land wherever the thread runs them among the operation's syncs.
+#[cfg(feature = "__internal_whitebox")]
+fn applier(b: StoreBuilder) -> StoreBuilder {
+    journaled(b).__journal_applier(true)
+}
+
+/// [`applier`] with a checkpoint every 16 KiB of frames.
+#[cfg(feature = "__internal_whitebox")]
+fn applier_checkpoints(b: StoreBuilder) -> StoreBuilder {
+    applier(b).checkpoint_bytes(16 << 10)
+}
+
 /// Journal mode without the caller's table registered: a batch that bumps it cannot be replayed
 /// and commits durably (a checkpoint) instead of being framed.
 fn journaled_unregistered(b: StoreBuilder) -> StoreBuilder {
@@ -1362,4 +1377,115 @@ fn a_broken_recovery_is_caught_when_the_journal_stops_at_a_wrap() {
     journal_wrap_on(journaled_checkpoints);
     let why = caught("StopAtWrap", || journal_wrap_on(journaled_stop_at_wrap));
     assert!(an_answer_was_lost(&why), "caught for another reason: {why}");
+}
+
+// ---- The pending-set design (`__journal_applier`): the same operations, the applier's
+// non-durable commits and checkpoints among their crash points. ----
+
+#[cfg(feature = "__internal_whitebox")]
+#[test]
+fn applier_flow_a_claim() {
+    flow_a_claim_on(Disk::Journal(applier));
+}
+
+#[cfg(feature = "__internal_whitebox")]
+#[test]
+fn applier_lease_begin() {
+    lease_begin_on(Disk::Journal(applier));
+}
+
+#[cfg(feature = "__internal_whitebox")]
+#[test]
+fn applier_lease_complete() {
+    lease_complete_on(Disk::Journal(applier));
+}
+
+#[cfg(feature = "__internal_whitebox")]
+#[test]
+fn applier_inbox_process() {
+    inbox_process_on(Disk::Journal(applier));
+}
+
+#[cfg(feature = "__internal_whitebox")]
+#[test]
+fn applier_execute_with_outbox_event() {
+    execute_with_outbox_event_on(Disk::Journal(applier));
+}
+
+#[cfg(feature = "__internal_whitebox")]
+#[test]
+fn applier_sweep_of_expired_records() {
+    sweep_of_expired_records_on(Disk::Journal(applier));
+}
+
+#[cfg(feature = "__internal_whitebox")]
+#[test]
+fn applier_group_commit_batch() {
+    group_commit_batch_on(Disk::Journal(applier));
+}
+
+/// A wrap with the applier: the live journal's start moves only with the applier's checkpoints.
+#[cfg(feature = "__internal_whitebox")]
+#[test]
+fn applier_wrap() {
+    journal_wrap_on(applier_checkpoints);
+}
+
+/// Claims from four threads while the applier applies and checkpoints behind them: the
+/// checkpoint (a durable commit of the applier's, quick-repair) is among the crash points.
+#[cfg(feature = "__internal_whitebox")]
+#[test]
+fn applier_checkpoint_under_load() {
+    enumerate_journal(
+        "applier: a checkpoint under load (4 threads, a checkpoint every 16 KiB)",
+        applier_checkpoints,
+        |store, _, pair| claim_until_journal_bytes(store, pair, "c", (16 << 10) - 4 * 288),
+        |slot, pair, setup| {
+            let store = slot.as_ref().expect("open");
+            let acks = claim_concurrently(store, pair, "l", 4, 4);
+            // The applier checkpoints on its own thread: wait for it.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while pair.store_syncs() == 0 && std::time::Instant::now() < deadline {
+                thread::sleep(std::time::Duration::from_millis(5));
+            }
+            assert!(
+                pair.store_syncs() >= 1,
+                "no checkpoint during the operation"
+            );
+            (setup, acks)
+        },
+        |store, _, k, _, _, (setup, acks)| {
+            check_setup(store, k, setup);
+            check_acks(store, k, acks, true);
+        },
+    );
+}
+
+/// The close with the applier: it stops the thread, applies what is left and writes the
+/// closing checkpoint; every claim answered before it is in every image.
+#[cfg(feature = "__internal_whitebox")]
+#[test]
+fn applier_close() {
+    enumerate_journal(
+        "applier: the close (the last entries applied, the closing checkpoint)",
+        applier,
+        |store, _, _| {
+            let keys: Vec<String> = (0..5).map(|i| format!("z{i}")).collect();
+            for key in &keys {
+                assert!(matches!(claim(store, key), Ok(ExecuteAnswer::Ran(_))));
+            }
+            keys
+        },
+        |slot, pair, keys| {
+            drop(slot.take());
+            assert!(pair.store_syncs() >= 1, "the close made nothing durable");
+            keys
+        },
+        |store, _, k, _, _, keys| {
+            check_setup(store, k, keys);
+            for key in keys {
+                assert_eq!(replayed(claim(store, key)).body(), key.as_bytes(), "k={k}");
+            }
+        },
+    );
 }

@@ -63,6 +63,16 @@ fn batches_that_write_an_unregistered_table_are_counted_and_registered_ones_are_
         })
     };
     let h = Harness::with(journaled);
+    if std::env::var("IDEM_TEST_JOURNAL").is_ok_and(|v| v == "applier") {
+        // The pending-set design has no durable commit of its own for such a batch: refused.
+        match note(h.store(), "a") {
+            Err(Error::Config { reason }) => {
+                assert!(reason.contains("unregistered_notes"), "{reason}")
+            }
+            other => panic!("expected Config naming the table, got {other:?}"),
+        }
+        return;
+    }
     executed(note(h.store(), "a"));
     executed(note(h.store(), "b"));
     let m = h.store().metrics().journal;
@@ -138,7 +148,12 @@ fn crash_rounds(settings: impl Fn(StoreBuilder) -> StoreBuilder) {
                     }
                 });
             }
-            // Crash while claims run: what was answered before the images is the promise.
+            // Crash while claims run, once more than ten were answered (a loaded machine may
+            // take longer to get there): what was answered before the images is the promise.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            while answered.lock().unwrap().len() <= 10 && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
             std::thread::sleep(std::time::Duration::from_millis(20 + 15 * round));
             let promised = answered.lock().unwrap().clone();
             // The journal first: a store image taken after it can only be newer.

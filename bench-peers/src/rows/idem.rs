@@ -56,6 +56,28 @@ pub const MODES: &[IdemMode] = &[
         builder: || Store::builder().journal(true).journal_table(EFFECTS),
         on_writer: true,
     },
+    IdemMode {
+        label: "idem applier",
+        what: "journal mode with the pending-set design (`__journal_applier(true)`, not public yet): a batch decides against redb's published snapshot plus the entries not yet applied, seals its entry into the journal and answers after its fdatasync; one thread applies durable entries to redb with non-durable commits and checkpoints every 8 MiB",
+        builder: || {
+            Store::builder()
+                .journal(true)
+                .journal_table(EFFECTS)
+                .__journal_applier(true)
+        },
+        on_writer: false,
+    },
+    IdemMode {
+        label: "idem applier on_writer",
+        what: "the pending-set design through `execute_on_writer`",
+        builder: || {
+            Store::builder()
+                .journal(true)
+                .journal_table(EFFECTS)
+                .__journal_applier(true)
+        },
+        on_writer: true,
+    },
 ];
 
 /// The request for `key` (benches/common/workload.rs): tenant/operation scope, a small payload.

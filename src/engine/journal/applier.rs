@@ -387,14 +387,16 @@ impl Applier {
         }
     }
 
-    /// Applies everything still queued (the store closes: every queued entry's members were
-    /// answered, so each is durable or the journal failed).
+    /// Applies everything still queued (no batch runs: the store closes, or compacts). The
+    /// journal is synced first: under `Durability::Periodic` entries may be answered before
+    /// they are durable.
     pub(crate) fn drain(
         &self,
         db: &Database,
         registry: &Registry,
         journal: &Journal,
     ) -> Result<(), String> {
+        journal.wait_durable(journal.sealed())?;
         while !self.queue.lock().is_empty() {
             let before = self.queue.lock().len();
             self.round(db, registry, journal, false)?;
