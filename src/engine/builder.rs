@@ -1029,7 +1029,8 @@ impl Store {
         };
         let applier = match &journal {
             Some(j) if b.journal.background => {
-                Some(Applier::new(&db, j.current_row(false)).map_err(unlatched)?)
+                let row_ahead = b.journal.broken == journal::BrokenJournal::ApplierRowAhead;
+                Some(Applier::new(&db, j.current_row(false), row_ahead).map_err(unlatched)?)
             }
             _ => None,
         };

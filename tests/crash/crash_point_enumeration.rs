@@ -1436,9 +1436,14 @@ fn applier_wrap() {
 #[cfg(feature = "__internal_whitebox")]
 #[test]
 fn applier_checkpoint_under_load() {
+    applier_checkpoint_under_load_on(applier_checkpoints);
+}
+
+#[cfg(feature = "__internal_whitebox")]
+fn applier_checkpoint_under_load_on(settings: fn(StoreBuilder) -> StoreBuilder) {
     enumerate_journal(
         "applier: a checkpoint under load (4 threads, a checkpoint every 16 KiB)",
-        applier_checkpoints,
+        settings,
         |store, _, pair| claim_until_journal_bytes(store, pair, "c", (16 << 10) - 4 * 288),
         |slot, pair, setup| {
             let store = slot.as_ref().expect("open");
@@ -1488,4 +1493,90 @@ fn applier_close() {
             }
         },
     );
+}
+
+/// A checkpoint while entries wait for a held sync: the journal's sync is held, claims from
+/// three threads seal frames past `checkpoint_bytes` and wait, and the applier checkpoints
+/// meanwhile; its row must be that of its last applied entry, not of the sealed ones.
+#[cfg(feature = "__internal_whitebox")]
+#[test]
+fn applier_checkpoint_while_entries_wait_for_their_sync() {
+    applier_checkpoint_behind_a_held_sync_on(applier_checkpoints);
+}
+
+#[cfg(feature = "__internal_whitebox")]
+fn applier_checkpoint_behind_a_held_sync_on(settings: fn(StoreBuilder) -> StoreBuilder) {
+    enumerate_journal(
+        "applier: a checkpoint while entries wait for a held sync (3 threads)",
+        settings,
+        |store, _, pair| claim_until_journal_bytes(store, pair, "c", (16 << 10) - 288),
+        |slot, pair, setup| {
+            let store = slot.as_ref().expect("open");
+            let store_syncs = pair.store_syncs();
+            let acks = std::sync::Mutex::new(Vec::new());
+            pair.journal.hold_syncs();
+            let _release = Release(&pair.journal);
+            thread::scope(|sc| {
+                let acks = &acks;
+                for t in 0..3 {
+                    sc.spawn(move || {
+                        let key = format!("h{t}");
+                        let r = claim(store, &key);
+                        assert!(matches!(r, Ok(ExecuteAnswer::Ran(_))), "{key}: {r:?}");
+                        acks.lock().expect("acks").push((key, pair.syncs()));
+                    });
+                }
+                wait_until("the applier's checkpoint behind the held sync", || {
+                    pair.store_syncs() > store_syncs
+                });
+                assert!(
+                    acks.lock().expect("acks").is_empty(),
+                    "answered before a sync"
+                );
+                pair.journal.release_syncs();
+            });
+            let acks = acks.into_inner().expect("acks");
+            assert_eq!(acks.len(), 3);
+            (setup, acks)
+        },
+        |store, _, k, _, _, (setup, acks)| {
+            check_setup(store, k, setup);
+            check_acks(store, k, acks, true);
+        },
+    );
+}
+
+#[cfg(feature = "__internal_whitebox")]
+fn applier_row_ahead(b: StoreBuilder) -> StoreBuilder {
+    applier_checkpoints(b).__break_journal(BrokenJournal::ApplierRowAhead)
+}
+
+/// `BrokenJournal::ApplierRowAhead` (the applier's checkpoints write the row of the last sealed
+/// entry, not of the last one they applied: the design's "a checkpoint that records j instead
+/// of a") is caught by the checkpoint behind a held sync
+/// (`applier_checkpoint_while_entries_wait_for_their_sync`): the checkpoint says redb holds the
+/// waiting entries, so recovery skips them, and the claims acknowledged once the sync is released
+/// are lost. The checkpoint falls behind the held sync only when the setup's last frames did not
+/// already make it due, which depends on frame sizes and the applier's timing: the broken run is
+/// tried up to twenty times, and the first catch ends it.
+#[cfg(feature = "__internal_whitebox")]
+#[test]
+fn a_broken_applier_is_caught_when_its_row_runs_ahead() {
+    applier_checkpoint_behind_a_held_sync_on(applier_checkpoints);
+    for attempt in 0..20 {
+        let run = std::panic::catch_unwind(|| {
+            applier_checkpoint_behind_a_held_sync_on(applier_row_ahead)
+        });
+        if let Err(payload) = run {
+            let why = panic_message(&*payload);
+            assert!(
+                why.contains("applier: ")
+                    && (why.contains("was lost") || why.contains("an answer changed")),
+                "caught for another reason: {why}"
+            );
+            eprintln!("ApplierRowAhead caught at attempt {attempt}");
+            return;
+        }
+    }
+    panic!("ApplierRowAhead: the broken step was not caught in twenty runs");
 }

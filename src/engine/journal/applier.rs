@@ -89,6 +89,9 @@ pub(crate) struct Applier {
     limit: usize,
     stop: AtomicBool,
     failed: Mutex<Option<String>>,
+    /// White-box tests only (`BrokenJournal::ApplierRowAhead`): checkpoints write the row of
+    /// the last sealed entry.
+    row_ahead: bool,
     /// The key and value type names of every table a sealed entry wrote (a table P creates
     /// before redb has it is opened with these types only).
     types: Mutex<HashMap<String, (String, String)>>,
@@ -103,7 +106,11 @@ const MAX_ROUND: usize = 1024;
 
 impl Applier {
     /// The applier of a store whose redb holds exactly the entries up to `row`'s.
-    pub(crate) fn new(db: &Database, row: Row) -> Result<Arc<Applier>, redb::Error> {
+    pub(crate) fn new(
+        db: &Database,
+        row: Row,
+        row_ahead: bool,
+    ) -> Result<Arc<Applier>, redb::Error> {
         let snap = Arc::new(Snap::new(db, row.lsn)?);
         Ok(Arc::new(Applier {
             state: RwLock::new(State {
@@ -118,6 +125,7 @@ impl Applier {
             limit: DEFAULT_PENDING_LIMIT,
             stop: AtomicBool::new(false),
             failed: Mutex::new(None),
+            row_ahead,
             types: Mutex::new(HashMap::new()),
             thread: Mutex::new(None),
         }))
@@ -255,6 +263,11 @@ impl Applier {
             Some(e) => e.row,
             None => *self.last_row.lock(),
         };
+        // White-box only: a checkpoint that records the last sealed entry instead.
+        let written = match self.row_ahead && checkpoint {
+            true => journal.current_row(false),
+            false => row,
+        };
         let result = (|| -> Result<(), redb::Error> {
             let mut txn = db.begin_write()?;
             if checkpoint {
@@ -273,7 +286,7 @@ impl Applier {
                 }
             }
             txn.open_table(META)?
-                .insert(META_JOURNAL, row.encode().as_slice())?;
+                .insert(META_JOURNAL, written.encode().as_slice())?;
             txn.commit()?;
             Ok(())
         })();

@@ -255,7 +255,14 @@ impl Journal {
         self.frames.fetch_add(1, Ordering::Relaxed);
         self.frame_bytes.fetch_add(written + len, Ordering::Relaxed);
         // `written` first: a reader that sees this LSN sealed finds its frame written.
-        self.sync.lock().written = lsn;
+        {
+            let mut s = self.sync.lock();
+            s.written = lsn;
+            if self.background && head.since_checkpoint >= self.checkpoint_bytes {
+                // A checkpoint is due: the applier makes it without waiting for a sync.
+                self.synced.notify_all();
+            }
+        }
         self.sealed.store(lsn, Ordering::Release);
         Ok(Sealed {
             lsn,

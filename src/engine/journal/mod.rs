@@ -52,4 +52,7 @@ pub enum BrokenJournal {
     AnswerBeforeSync,
     /// Recovery stops at the first wrap frame.
     StopAtWrap,
+    /// The applier's checkpoints (the pending-set design) write the row of the last sealed
+    /// entry instead of their last applied one.
+    ApplierRowAhead,
 }
