@@ -343,10 +343,12 @@ impl StoreBuilder {
     ///
     /// Needs a path ([`open`](Self::open) or [`open_existing`](Self::open_existing), or
     /// [`open_with_backends`](Self::open_with_backends)) and not
-    /// [`multi_process`](Self::multi_process). Register the tables closures write with
+    /// [`multi_process`](Self::multi_process). Tables whose key and value are redb's leaf types
+    /// (integers, `bool`, `char`, `&str`, `String`, `&[u8]`, `()`; as values also floats and
+    /// `Vec<u8>`) need nothing more; register the others closures write with
     /// [`journal_table`](Self::journal_table): a batch that writes a table recovery could not
-    /// replay (unregistered, or a multimap) is committed to redb durably instead, as without
-    /// the journal. With [`Durability::Periodic`] answers do not wait for the journal's sync,
+    /// replay (such a table unregistered, or a multimap) is committed to redb durably instead,
+    /// as without the journal. With [`Durability::Periodic`] answers do not wait for the journal's sync,
     /// and the flusher's durable commit bounds the loss window as without the journal. A store
     /// opened later without journal mode first replays what its journal holds.
     pub fn journal(mut self, enabled: bool) -> Self {
@@ -375,7 +377,8 @@ impl StoreBuilder {
 
     /// Registers one of the caller's tables for journal mode: an open after a crash applies the
     /// journal's writes to it with these types, so batches writing it are journaled (a batch
-    /// writing an unregistered table commits durably instead). Register the same tables in
+    /// writing an unregistered table commits durably instead). Tables of redb's leaf types
+    /// (see [`journal`](Self::journal)) need no registration. Register the same tables in
     /// every program that opens the store: an open whose journal holds writes to a table it does
     /// not know refuses with [`Error::Config`] naming it.
     pub fn journal_table<K: redb::Key + 'static, V: redb::Value + 'static>(
