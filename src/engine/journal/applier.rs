@@ -153,9 +153,10 @@ impl Applier {
         self.types.lock().get(name).cloned()
     }
 
-    /// Whether P holds more than its bound (the sealing batch waits for the applier).
+    /// Whether P holds more than its bound while entries wait to be applied (the sealing batch
+    /// then waits for the applier; with nothing queued, the next publish prunes P).
     pub(crate) fn over_limit(&self) -> bool {
-        self.state.read().set.bytes() > self.limit
+        self.state.read().set.bytes() > self.limit && !self.queue.lock().is_empty()
     }
 
     /// Adds sealed entry `lsn` (`body`, its decoded writes ordered by `compares`) to P and to
@@ -176,26 +177,41 @@ impl Applier {
                 }
             }
         }
-        {
-            let mut state = self.state.write();
-            let writes = entry.records.iter().filter_map(|r| {
-                let t = entry.tables.get(usize::from(r.table))?;
-                let compare = *compares.get(&t.name)?;
-                Some(Write {
-                    table: &t.name,
-                    compare,
-                    key: body.get(r.key.clone())?,
-                    value: match &r.value {
-                        Some(v) => Some(body.get(v.clone())?),
-                        None => None,
-                    },
-                })
+        let mut writes = Vec::with_capacity(entry.records.len());
+        for r in &entry.records {
+            // Invariant: every table an entry writes was opened by the batch (which noted its
+            // key order), and `decode_body` checked every range against the body.
+            let (Some(t), Some(key)) = (
+                entry.tables.get(usize::from(r.table)),
+                body.get(r.key.clone()),
+            ) else {
+                return Err("a sealed entry does not match its body".into());
+            };
+            let Some(&compare) = compares.get(&t.name) else {
+                return Err(format!(
+                    "a sealed entry writes the table `{}`, which its batch did not open",
+                    t.name
+                ));
+            };
+            let value = match &r.value {
+                Some(v) => Some(
+                    body.get(v.clone())
+                        .ok_or("a sealed entry does not match its body")?,
+                ),
+                None => None,
+            };
+            writes.push(Write {
+                table: &t.name,
+                compare,
+                key,
+                value,
             });
-            state
-                .set
-                .insert_entry(lsn, writes)
-                .map_err(|e| e.to_string())?;
         }
+        self.state
+            .write()
+            .set
+            .insert_entry(lsn, writes)
+            .map_err(|e| e.to_string())?;
         self.queue.lock().push_back(Queued { lsn, body, row });
         Ok(())
     }
