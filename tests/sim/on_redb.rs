@@ -26,6 +26,8 @@ pub struct RedbEngine {
     backend: CrashBackend,
     /// Journal mode (`StoreBuilder::journal`): the journal's disk.
     journal: Option<CrashBackend>,
+    /// Journal mode with the pending-set design (`StoreBuilder::__journal_applier`).
+    applier: bool,
     /// `None` only inside `reopen`/`crash`.
     store: Option<Store>,
     leases: Vec<Option<Lease>>,
@@ -33,22 +35,34 @@ pub struct RedbEngine {
 
 impl RedbEngine {
     pub fn open(clock: &ManualClock, multi_process: bool) -> Self {
-        Self::opened(clock, multi_process, None)
+        Self::opened(clock, multi_process, None, false)
     }
 
     /// In journal mode, with a small journal that wraps and checkpoints often.
     pub fn open_journaled(clock: &ManualClock) -> Self {
-        Self::opened(clock, false, Some(CrashBackend::default()))
+        Self::opened(clock, false, Some(CrashBackend::default()), false)
     }
 
-    fn opened(clock: &ManualClock, multi_process: bool, journal: Option<CrashBackend>) -> Self {
+    /// [`RedbEngine::open_journaled`] with the pending-set design: an applier thread applies
+    /// the journal's entries to redb behind the answers.
+    pub fn open_applier(clock: &ManualClock) -> Self {
+        Self::opened(clock, false, Some(CrashBackend::default()), true)
+    }
+
+    fn opened(
+        clock: &ManualClock,
+        multi_process: bool,
+        journal: Option<CrashBackend>,
+        applier: bool,
+    ) -> Self {
         let backend = CrashBackend::default();
-        let store = open(&backend, journal.as_ref(), clock, multi_process);
+        let store = open(&backend, journal.as_ref(), clock, multi_process, applier);
         RedbEngine {
             clock: clock.clone(),
             multi_process,
             backend,
             journal,
+            applier,
             store: Some(store),
             leases: (0..CLIENTS).map(|_| None).collect(),
         }
@@ -60,6 +74,7 @@ impl RedbEngine {
             self.journal.as_ref(),
             &self.clock,
             self.multi_process,
+            self.applier,
         )
     }
 
@@ -87,6 +102,7 @@ fn open(
     journal: Option<&CrashBackend>,
     clock: &ManualClock,
     multi_process: bool,
+    applier: bool,
 ) -> Store {
     let builder = Store::builder()
         .clock(clock.clone())
@@ -101,6 +117,7 @@ fn open(
             .journal_table(EFFECTS)
             .journal_capacity(64 << 10)
             .checkpoint_bytes(8 << 10)
+            .__journal_applier(applier)
             .open_with_backends(backend.clone(), journal.clone())
     } else if multi_process {
         builder
@@ -136,6 +153,10 @@ impl Engine for RedbEngine {
     fn name(&self) -> &'static str {
         if self.multi_process {
             "redb (multi_process)"
+        } else if self.applier {
+            "redb (journal, applier)"
+        } else if self.journal.is_some() {
+            "redb (journal)"
         } else {
             "redb"
         }
