@@ -72,7 +72,8 @@ pub(crate) struct Journal {
     /// Entries reach redb through the applier (`applier.rs`), which makes the checkpoints: a
     /// seal never asks the batch for one, and waits for space instead of going unframed.
     background: bool,
-    /// A seal waits for a checkpoint to free journal space (background mode).
+    /// A seal waits for a checkpoint to free journal space (background mode). Set and cleared by
+    /// the sealing batch only; the applier checkpoints while it is set.
     space_wanted: std::sync::atomic::AtomicBool,
     /// `Head::since_checkpoint`, readable without the head's lock.
     since_checkpoint: AtomicU64,
@@ -211,6 +212,11 @@ impl Journal {
             self.check()?;
             head = self.head.lock();
             place = self.place(&head, len);
+        }
+        // Only the sealing batch (one at a time) clears its request, once it has space: a
+        // checkpoint that began before the request must not clear it.
+        if self.background {
+            self.space_wanted.store(false, Ordering::Release);
         }
         let body = body.unwrap_or_default();
         let Some((wrap, at)) = place else {
@@ -401,7 +407,6 @@ impl Journal {
         head.live_from = row.position;
         head.since_checkpoint = 0;
         self.since_checkpoint.store(0, Ordering::Release);
-        self.space_wanted.store(false, Ordering::Release);
         drop(head);
         self.durable.fetch_max(row.lsn, Ordering::AcqRel);
         let _s = self.sync.lock();
