@@ -250,3 +250,43 @@ fn every_write_method_of_a_table_is_replayed_after_a_crash() {
     );
     assert_eq!(rows(&reopened), before);
 }
+
+/// The pending-set design with a journal that fills again and again (64 KiB, checkpoints every
+/// 32 KiB, eight callers): a seal that finds no space waits for the applier's checkpoint, and the
+/// two never wait for each other. A watchdog turns a deadlock into a failure.
+#[cfg(feature = "__internal_whitebox")]
+#[test]
+fn a_full_journal_waits_for_the_applier_and_never_deadlocks() {
+    let h = Harness::with(|b| {
+        journaled(b)
+            .journal_capacity(64 << 10)
+            .checkpoint_bytes(32 << 10)
+            .__journal_applier(true)
+    });
+    let store = h.store().clone();
+    let (done, finished) = std::sync::mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        std::thread::scope(|s| {
+            for t in 0..8 {
+                let store = &store;
+                s.spawn(move || {
+                    for i in 0..250 {
+                        executed(claim(store, &format!("f{t}-{i}")));
+                    }
+                });
+            }
+        });
+        let _ = done.send(store.metrics().journal);
+    });
+    let m = finished
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("the claims finished (a seal and the applier waited for each other?)");
+    worker.join().expect("no caller panicked");
+    assert!(
+        m.checkpoints >= 10,
+        "the journal filled and was checkpointed many times: {m:?}"
+    );
+    for t in 0..8 {
+        assert_eq!(effects(h.store(), &format!("f{t}-249")), 1);
+    }
+}
