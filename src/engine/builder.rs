@@ -343,9 +343,10 @@ impl StoreBuilder {
     ///
     /// Needs a path ([`open`](Self::open) or [`open_existing`](Self::open_existing), or
     /// [`open_with_backends`](Self::open_with_backends)) and not
-    /// [`multi_process`](Self::multi_process). Tables whose key and value are redb's leaf types
-    /// (integers, `bool`, `char`, `&str`, `String`, `&[u8]`, `()`; as values also floats and
-    /// `Vec<u8>`) need nothing more; register the others closures write with
+    /// [`multi_process`](Self::multi_process). Tables whose key and value types are a common pair
+    /// of redb's leaf types (`&str`, `&[u8]` or `u64` keys with `&str`, `&[u8]`, `String`,
+    /// `Vec<u8>`, `u64`, `u32`, `i64`, `u8`, `bool` or `()` values; the list is in
+    /// `engine/journal/apply.rs`) need nothing more; register the others closures write with
     /// [`journal_table`](Self::journal_table): a batch that writes a table recovery could not
     /// replay (such a table unregistered, or a multimap) is committed to redb durably instead,
     /// as without the journal. With [`Durability::Periodic`] answers do not wait for the journal's sync,
@@ -377,8 +378,8 @@ impl StoreBuilder {
 
     /// Registers one of the caller's tables for journal mode: an open after a crash applies the
     /// journal's writes to it with these types, so batches writing it are journaled (a batch
-    /// writing an unregistered table commits durably instead). Tables of redb's leaf types
-    /// (see [`journal`](Self::journal)) need no registration. Register the same tables in
+    /// writing an unregistered table commits durably instead). Tables of common pairs of
+    /// redb's leaf types (see [`journal`](Self::journal)) need no registration. Register the same tables in
     /// every program that opens the store: an open whose journal holds writes to a table it does
     /// not know refuses with [`Error::Config`] naming it.
     pub fn journal_table<K: redb::Key + 'static, V: redb::Value + 'static>(
@@ -401,7 +402,7 @@ impl StoreBuilder {
     /// NOT PUBLIC API (feature `__internal_whitebox`), and not finished: journal mode with the
     /// pending-set design (docs/design.md): batches decide against a redb snapshot plus the
     /// entries not yet applied, and one background thread applies durable entries to redb and
-    /// makes the checkpoints. A table a closure writes must be of redb's leaf types or
+    /// makes the checkpoints. A table a closure writes must be of a common pair of leaf types or
     /// registered ([`journal_table`](Self::journal_table)), and multimap tables are refused.
     /// For its tests and benchmarks until it replaces the write-through commit.
     #[cfg(feature = "__internal_whitebox")]

@@ -91,7 +91,7 @@ impl<'t> Tx<'t> {
         if self.txn.in_view() && !known {
             return Err(Error::Config {
                 reason: format!(
-                    "the table `{}` is not registered with StoreBuilder::journal_table (with these key and value types): with the journal applied in the background, every table a closure writes must be registered or of redb's leaf types",
+                    "the table `{}` is not registered with StoreBuilder::journal_table (with these key and value types): with the journal applied in the background, every table a closure writes must be registered or of a common pair of redb's leaf types",
                     definition.name()
                 ),
             });

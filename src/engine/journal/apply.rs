@@ -110,39 +110,46 @@ fn is<T: Value + 'static>(name: &str) -> bool {
     T::type_name().name() == name
 }
 
-/// The value types of [`leaf`] tables, for one key type `K`.
-macro_rules! leaf_values {
-    ($K:ty, $name:expr, $value_type:expr, [$($V:ty),*]) => {
+/// The [`leaf`] tables: each pair of key and value types gets its own copy of redb's B-tree
+/// code, so the list is the common pairs, not every combination (a build-time cost).
+macro_rules! leaf_pairs {
+    ($name:expr, $key_type:expr, $value_type:expr, [$(($K:ty, $V:ty)),*]) => {
         $(
-            if is::<$V>($value_type) {
+            if is::<$K>($key_type) && is::<$V>($value_type) {
                 return Some(typed::<$K, $V>($name.to_owned()));
             }
         )*
     };
 }
 
-/// The key types of [`leaf`] tables, each with every leaf value type.
-macro_rules! leaf_tables {
-    ($name:expr, $key_type:expr, $value_type:expr, [$($K:ty),*], $values:tt) => {
-        $(
-            if is::<$K>($key_type) {
-                leaf_values!($K, $name, $value_type, $values);
-                return None;
-            }
-        )*
-    };
-}
-
-/// A table whose key and value are both of redb's common leaf types (integers, `bool`, `char`,
-/// `&str`, `String`, `&[u8]`, `()`; as values also floats and `Vec<u8>`): recovery and the
-/// applier open it from the type names an entry records, so it needs no registration.
+/// A table whose key and value types are a common pair of redb's leaf types (`&str`, `&[u8]`
+/// or `u64` keys; `&str`, `&[u8]`, `String`, `Vec<u8>`, `u64`, `u32`, `i64`, `u8`, `bool` or `()`
+/// values): recovery and the applier open it from the type names an entry records, so it needs
+/// no registration. Other tables are registered with `StoreBuilder::journal_table`.
 fn leaf(name: &str, key_type: &str, value_type: &str) -> Option<Arc<dyn TableType>> {
-    leaf_tables!(
+    leaf_pairs!(
         name,
         key_type,
         value_type,
-        [u8, u16, u32, u64, u128, i32, i64, bool, char, &'static str, String, &'static [u8], ()],
-        [u8, u16, u32, u64, u128, i8, i16, i32, i64, i128, f32, f64, bool, char, &'static str, String, &'static [u8], Vec<u8>, ()]
+        [
+            (&'static str, &'static str),
+            (&'static str, &'static [u8]),
+            (&'static str, String),
+            (&'static str, u64),
+            (&'static str, u32),
+            (&'static str, i64),
+            (&'static str, bool),
+            (&'static str, ()),
+            (&'static [u8], &'static [u8]),
+            (&'static [u8], Vec<u8>),
+            (&'static [u8], u64),
+            (&'static [u8], u8),
+            (&'static [u8], ()),
+            (u64, &'static str),
+            (u64, &'static [u8]),
+            (u64, u64),
+            (u64, ())
+        ]
     );
     None
 }
