@@ -87,7 +87,9 @@ impl<'t> Tx<'t> {
         definition: TableDefinition<K, V>,
     ) -> Result<Table<'t, K, V>, Error> {
         check_name(definition.name())?;
-        let known = self.store.journal_table_known::<K, V>(definition.name());
+        // Looked up in journal mode only: direct mode's claims pay nothing for it.
+        let known =
+            !self.txn.journaled() || self.store.journal_table_known::<K, V>(definition.name());
         if self.txn.in_view() && !known {
             return Err(Error::Config {
                 reason: format!(

@@ -1210,9 +1210,13 @@ fn journal_oversized_entry() {
 /// flag) in a durable commit. Every claim answered before it is in every image.
 #[test]
 fn journal_close() {
+    journal_close_on("journal: the close (the closing checkpoint)", journaled);
+}
+
+fn journal_close_on(name: &str, settings: fn(StoreBuilder) -> StoreBuilder) {
     enumerate_journal(
-        "journal: the close (the closing checkpoint)",
-        journaled,
+        name,
+        settings,
         |store, _, _| {
             let keys: Vec<String> = (0..5).map(|i| format!("z{i}")).collect();
             for key in &keys {
@@ -1471,27 +1475,9 @@ fn applier_checkpoint_under_load_on(settings: fn(StoreBuilder) -> StoreBuilder) 
 #[cfg(feature = "__internal_whitebox")]
 #[test]
 fn applier_close() {
-    enumerate_journal(
+    journal_close_on(
         "applier: the close (the last entries applied, the closing checkpoint)",
         applier,
-        |store, _, _| {
-            let keys: Vec<String> = (0..5).map(|i| format!("z{i}")).collect();
-            for key in &keys {
-                assert!(matches!(claim(store, key), Ok(ExecuteAnswer::Ran(_))));
-            }
-            keys
-        },
-        |slot, pair, keys| {
-            drop(slot.take());
-            assert!(pair.store_syncs() >= 1, "the close made nothing durable");
-            keys
-        },
-        |store, _, k, _, _, keys| {
-            check_setup(store, k, keys);
-            for key in keys {
-                assert_eq!(replayed(claim(store, key)).body(), key.as_bytes(), "k={k}");
-            }
-        },
     );
 }
 
