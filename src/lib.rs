@@ -212,8 +212,8 @@ pub mod __journal {
 pub mod store {
     pub use crate::engine::builder::{DEFAULT_CACHE_SIZE, Durability, StoreBuilder};
     pub use crate::engine::journal::{
-        DEFAULT_CAPACITY as DEFAULT_JOURNAL_CAPACITY, DEFAULT_CHECKPOINT_BYTES, Guard, Pair, Range,
-        Table, journal_path,
+        DEFAULT_CAPACITY as DEFAULT_JOURNAL_CAPACITY, DEFAULT_CHECKPOINT_BYTES,
+        DEFAULT_PENDING_BYTES, Guard, Pair, Range, Table, journal_path,
     };
     pub use crate::engine::maintenance::{JournalMetrics, Metrics};
     pub use crate::engine::read_only::ReadOnlyStore;

@@ -18,8 +18,8 @@
 //! (untimed), the lookups of finished keys. The store opens with a 1 GiB page cache
 //! (`IDEM_CACHE_MB=N`: N MiB); `IDEM_JOURNAL=1` opens it in journal mode
 //! (`StoreBuilder::journal`), with `IDEM_JOURNAL_KIB` and `IDEM_CHECKPOINT_KIB` setting its
-//! capacity and checkpoint bytes, and `IDEM_APPLIER=1` applies it in the background (the
-//! pending-set design, not finished: `StoreBuilder::__journal_applier`). The file sizes are printed with the rate (bytes per claim are
+//! capacity and checkpoint bytes, and `IDEM_WRITE_THROUGH=1` in its earlier write-through
+//! design (`StoreBuilder::__journal_write_through`). The file sizes are printed with the rate (bytes per claim are
 //! the run's when the file was new). Claimed keys are sequential per caller; `IDEM_RANDOM_KEYS=1`
 //! spreads them over the key space, as `bench-peers`' keys are (every claim then writes a
 //! random leaf of the caller's table, not the last one).
@@ -112,8 +112,8 @@ fn main() -> ExitCode {
         if let Some(kib) = env_parse::<u64>("IDEM_CHECKPOINT_KIB") {
             builder = builder.checkpoint_bytes(kib << 10);
         }
-        if std::env::var("IDEM_APPLIER").is_ok_and(|v| v == "1") {
-            builder = builder.__journal_applier(true);
+        if std::env::var("IDEM_WRITE_THROUGH").is_ok_and(|v| v == "1") {
+            builder = builder.__journal_write_through(true);
         }
     }
     let store = match builder.open(path) {

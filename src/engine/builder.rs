@@ -175,7 +175,8 @@ impl Default for StoreBuilder {
                 capacity: journal::DEFAULT_CAPACITY,
                 checkpoint_bytes: journal::DEFAULT_CHECKPOINT_BYTES,
                 broken: journal::BrokenJournal::No,
-                background: false,
+                background: true,
+                pending_bytes: journal::DEFAULT_PENDING_BYTES,
             },
             registry: Registry::with_idem_tables(),
         }
@@ -354,7 +355,6 @@ impl StoreBuilder {
     /// opened later without journal mode first replays what its journal holds.
     pub fn journal(mut self, enabled: bool) -> Self {
         self.journal.enabled = enabled;
-        self.journal.background &= enabled;
         self
     }
 
@@ -399,16 +399,24 @@ impl StoreBuilder {
         self
     }
 
-    /// NOT PUBLIC API (feature `__internal_whitebox`), and not finished: journal mode with the
-    /// pending-set design (docs/design.md): batches decide against a redb snapshot plus the
-    /// entries not yet applied, and one background thread applies durable entries to redb and
-    /// makes the checkpoints. A table a closure writes must be of a common pair of leaf types or
-    /// registered ([`journal_table`](Self::journal_table)), and multimap tables are refused.
-    /// For its tests and benchmarks until it replaces the write-through commit.
+    /// The most bytes of journaled writes held in memory until the applier has them in redb's
+    /// file (journal mode). Batches read them there in the meantime; a batch that finds more
+    /// waits for the applier before it seals its entry, so a burst of writes faster than redb
+    /// takes them slows to redb's pace instead of growing memory. Default
+    /// [`crate::store::DEFAULT_PENDING_BYTES`] (32 MiB); above 0.
+    pub fn journal_pending_bytes(mut self, bytes: usize) -> Self {
+        self.journal.pending_bytes = bytes;
+        self
+    }
+
+    /// NOT PUBLIC API (feature `__internal_whitebox`): journal mode's earlier design, in which
+    /// every batch commits its own redb transaction (without an fsync) and makes the
+    /// checkpoints, instead of the applier thread. For the tests and benchmarks that compare
+    /// the two.
     #[cfg(feature = "__internal_whitebox")]
     #[doc(hidden)]
-    pub fn __journal_applier(mut self, on: bool) -> Self {
-        self.journal.background = on;
+    pub fn __journal_write_through(mut self, on: bool) -> Self {
+        self.journal.background = !on;
         self
     }
 
@@ -422,6 +430,8 @@ impl StoreBuilder {
                     "journal_capacity({}) must be at least 64 KiB and a multiple of 4 KiB",
                     j.capacity
                 ))
+            } else if j.pending_bytes == 0 {
+                Some("journal_pending_bytes(0): the bound must be above 0".to_owned())
             } else if j.checkpoint_bytes == 0 || j.checkpoint_bytes > j.capacity / 2 {
                 Some(format!(
                     "checkpoint_bytes({}) must be above 0 and at most half the journal capacity ({})",
@@ -433,12 +443,6 @@ impl StoreBuilder {
             if let Some(reason) = reason {
                 return Err(Error::Config { reason });
             }
-        }
-        if self.journal.background && !self.journal.enabled {
-            return Err(Error::Config {
-                reason: "the background applier needs journal mode (StoreBuilder::journal(true))"
-                    .into(),
-            });
         }
         if self.group.max_batch == 0 || self.group.max_queue == 0 {
             return Err(Error::Config {
@@ -1034,7 +1038,15 @@ impl Store {
         let applier = match &journal {
             Some(j) if b.journal.background => {
                 let row_ahead = b.journal.broken == journal::BrokenJournal::ApplierRowAhead;
-                Some(Applier::new(&db, j.current_row(false), row_ahead).map_err(unlatched)?)
+                Some(
+                    Applier::new(
+                        &db,
+                        j.current_row(false),
+                        b.journal.pending_bytes,
+                        row_ahead,
+                    )
+                    .map_err(unlatched)?,
+                )
             }
             _ => None,
         };

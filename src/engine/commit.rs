@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use redb::WriteTransaction;
 
+use crate::engine::journal::applier::Hold;
 use crate::engine::journal::{Capture, View, Wtx};
 
 use crate::engine::boundary::{Panicked, catch_storage_panic, damaged};
@@ -61,6 +62,24 @@ enum Source {
 pub(crate) struct Batch {
     source: Source,
     capture: Option<Capture>,
+    /// Background mode, a batch on redb's own write transaction: the applier makes no rounds
+    /// while it lives.
+    hold: Option<Hold>,
+}
+
+/// A member's failure that means "run me on redb's own write transaction": its closure opened,
+/// on a view, a table the journal cannot replay. It never reaches a caller: the member runs
+/// again ([`Store::run_member`]).
+const ON_REDB: &str = "a closure needs redb's own write transaction";
+
+/// `step`, or the failure that re-runs the member on redb's own transaction when its run
+/// asked for it (a view's capture is fresh for every run: `shrink` begins a new batch).
+fn on_redb_if_asked(wtx: Wtx<'_>, step: Step<()>) -> Step<()> {
+    if wtx.wants_redb() {
+        Step::Abort(Error::Internal { what: ON_REDB })
+    } else {
+        step
+    }
 }
 
 impl Batch {
@@ -124,21 +143,37 @@ impl Store {
     fn run_member(
         &self,
         durable: Durable,
-        detached: Detached<DetachedWork>,
+        mut detached: Detached<DetachedWork>,
         mut own: impl FnMut(&Wtx<'_>, Timestamp) -> Step<()>,
     ) -> Result<(), Error> {
         if self.in_closure() {
             return Err(Error::Reentrant);
         }
-        let result = driver::run_member(self, durable == Durable::Forced, detached, |batch| {
-            own(&batch.wtx(), self.now_in_section())
-        });
-        if result.is_err() {
-            // Journal mode: a member's own error (a payload mismatch, a key in progress) may
-            // rest on an entry not yet durable; like an answer, it waits for what it read.
-            let _ = self.read_durable();
+        loop {
+            let result =
+                driver::run_member_keeping(self, durable == Durable::Forced, detached, |batch| {
+                    let wtx = batch.wtx();
+                    on_redb_if_asked(wtx, own(&wtx, self.now_in_section()))
+                });
+            match result {
+                Ok(()) => return Ok(()),
+                Err((Error::Internal { what }, work)) if what == ON_REDB => {
+                    // Background mode: the next batches run on redb's own transaction, and
+                    // this member joins one of them.
+                    if let Some(applier) = self.applier() {
+                        applier.want_redb();
+                    }
+                    detached = work.map_or_else(Detached::none, Detached::of);
+                }
+                Err((e, _)) => {
+                    // Journal mode: a member's own error (a payload mismatch, a key in
+                    // progress) may rest on an entry not yet durable; like an answer, it waits
+                    // for what it read.
+                    let _ = self.read_durable();
+                    return Err(e);
+                }
+            }
         }
-        result
     }
 }
 
@@ -158,25 +193,41 @@ impl BatchEngine for Store {
     }
 
     fn begin_txn(&self) -> Result<Batch, Error> {
-        if let (Some(applier), Some(journal)) = (self.applier(), self.journal()) {
-            // The snapshot first: P keeps every version above it while the view lives, and no
-            // entry is sealed until this batch seals its own.
-            let snap = applier.snapshot();
-            let view = View {
-                snap,
-                applier: Arc::clone(applier),
-                through: journal.sealed(),
-            };
+        let (Some(applier), Some(journal)) = (self.applier(), self.journal_arc()) else {
+            let txn = self.begin_batch_txn()?;
+            let capture = self.journal().map(|_| Capture::default());
             return Ok(Batch {
-                source: Source::View(view),
+                source: Source::Redb(txn),
+                capture,
+                hold: None,
+            });
+        };
+        if applier.take_redb_batch() {
+            // On redb's own transaction: redb first holds every sealed entry, and the applier
+            // makes no rounds until this batch ends.
+            let hold = applier.hold(&journal).map_err(|cause| {
+                self.latch(&cause);
+                Error::FailStopped { cause }
+            })?;
+            let txn = self.begin_batch_txn()?;
+            return Ok(Batch {
+                source: Source::Redb(txn),
                 capture: Some(Capture::default()),
+                hold: Some(hold),
             });
         }
-        let txn = self.begin_batch_txn()?;
-        let capture = self.journal().map(|_| Capture::default());
+        // The snapshot first: P keeps every version above it while the view lives, and no
+        // entry is sealed until this batch seals its own.
+        let snap = applier.snapshot();
+        let view = View {
+            snap,
+            applier: Arc::clone(applier),
+            through: journal.sealed(),
+        };
         Ok(Batch {
-            source: Source::Redb(txn),
-            capture,
+            source: Source::View(view),
+            capture: Some(Capture::default()),
+            hold: None,
         })
     }
 
@@ -185,11 +236,16 @@ impl BatchEngine for Store {
     }
 
     fn run_detached(&self, run: &mut Open<'_>, work: &mut DetachedWork) -> Step<()> {
-        work(run, self.now_in_section())
+        let step = work(run, self.now_in_section());
+        on_redb_if_asked(run.txn(), step)
     }
 
     fn commit_txn(&self, batch: Batch, durable: bool) -> Result<u64, Error> {
-        let Batch { source, capture } = batch;
+        let Batch {
+            source,
+            capture,
+            hold,
+        } = batch;
         let mut txn = match source {
             Source::Redb(txn) => txn,
             Source::View(view) => {
@@ -198,8 +254,13 @@ impl BatchEngine for Store {
                 return self.commit_view(view, capture, durable);
             }
         };
+        if let Some(hold) = hold {
+            // Invariant: `begin_txn` gives every held batch a capture.
+            let capture = capture.unwrap_or_default();
+            return self.commit_held(txn, capture, durable, hold);
+        }
         if let Some(capture) = capture {
-            return self.commit_journaled(txn, capture, durable);
+            return self.commit_journaled(txn, capture, durable, false);
         }
         let relaxed = !durable && self.relaxed_durability();
         if durable {

@@ -58,6 +58,10 @@ pub struct JournalMetrics {
     /// journal append; register the table to journal its writes (the first such table is
     /// also logged as a warning, feature `tracing`).
     pub unjournaled: u64,
+    /// Batches that waited for the applier before sealing their entry, because the journaled
+    /// writes not yet in redb's file exceeded
+    /// [`StoreBuilder::journal_pending_bytes`](crate::StoreBuilder::journal_pending_bytes).
+    pub pending_waits: u64,
 }
 
 impl Metrics {
@@ -88,7 +92,13 @@ impl Store {
             swept_records: sweeps.swept,
             sweep_failures: sweeps.failures,
             last_sweep: sweeps.last,
-            journal: self.journal().map(|j| j.metrics()).unwrap_or_default(),
+            journal: self
+                .journal()
+                .map(|j| JournalMetrics {
+                    pending_waits: self.applier().map_or(0, |a| a.pending_waits()),
+                    ..j.metrics()
+                })
+                .unwrap_or_default(),
         }
     }
 

@@ -91,12 +91,10 @@ impl<'t> Tx<'t> {
         let known =
             !self.txn.journaled() || self.store.journal_table_known::<K, V>(definition.name());
         if self.txn.in_view() && !known {
-            return Err(Error::Config {
-                reason: format!(
-                    "the table `{}` is not registered with StoreBuilder::journal_table (with these key and value types): with the journal applied in the background, every table a closure writes must be registered or of a common pair of redb's leaf types",
-                    definition.name()
-                ),
-            });
+            // The member runs again on redb's own transaction (`engine/commit.rs`), whatever
+            // the closure makes of this error.
+            self.txn.unjournaled();
+            return Err(on_redb(definition.name()));
         }
         let table = self
             .txn
@@ -126,12 +124,8 @@ impl<'t> Tx<'t> {
                 .warn_unjournaled(definition.name(), "a multimap table");
         }
         let Some(txn) = self.txn.redb() else {
-            return Err(Error::Config {
-                reason: format!(
-                    "the multimap table `{}`: with the journal applied in the background a closure writes plain tables only",
-                    definition.name()
-                ),
-            });
+            // A view: the member runs again on redb's own transaction (`engine/commit.rs`).
+            return Err(on_redb(definition.name()));
         };
         txn.open_multimap_table(definition)
             .map_err(|e| self.storage(e))
@@ -140,6 +134,16 @@ impl<'t> Tx<'t> {
     /// The store clock's time at which this transaction decided to run.
     pub fn now(&self) -> Timestamp {
         self.now
+    }
+}
+
+/// What a closure sees when it opens, on a view, a table the journal cannot replay: it never
+/// reaches the caller, since the member runs again on redb's own transaction.
+fn on_redb(name: &str) -> Error {
+    Error::Config {
+        reason: format!(
+            "the table `{name}` cannot be journaled (a multimap table, or one not registered with StoreBuilder::journal_table): this run of the closure is discarded and the call runs again on redb's own write transaction"
+        ),
     }
 }
 

@@ -186,17 +186,34 @@ fn others_than<E: BatchEngine>(
 /// returns once the batch that ran its work last committed (or with the failure). `durable`:
 /// the commit must be durable whatever the durability mode, and the caller is never turned away
 /// by a full queue.
+#[cfg(test)]
 pub(crate) fn run_member<E: BatchEngine>(
     engine: &E,
     durable: bool,
     detached: Detached<E::Work>,
-    mut own: impl FnMut(&E::Txn) -> Step<()>,
+    own: impl FnMut(&E::Txn) -> Step<()>,
 ) -> Result<(), Error> {
-    engine.check_writable()?;
+    run_member_keeping(engine, durable, detached, own).map_err(|(e, _)| e)
+}
+
+/// [`run_member`], which on a failure also gives back the member's detached work (for a
+/// caller that runs it again).
+pub(crate) fn run_member_keeping<E: BatchEngine>(
+    engine: &E,
+    durable: bool,
+    detached: Detached<E::Work>,
+    mut own: impl FnMut(&E::Txn) -> Step<()>,
+) -> Result<(), (Error, Option<E::Work>)> {
+    if let Err(e) = engine.check_writable() {
+        return Err((e, detached.take()));
+    }
     let group = engine.group();
     let me = Member::<E>::new(durable, detached);
     let mut queued = QueueWait::start();
-    let mut signal = group.join(&me)?;
+    let mut signal = match group.join(&me) {
+        Ok(s) => s,
+        Err(e) => return Err((e, me.meta.take())),
+    };
     loop {
         signal = match signal {
             Signal::Wait => me.wait(),
@@ -238,7 +255,7 @@ pub(crate) fn run_member<E: BatchEngine>(
                         let prefix = baton.batch[..baton.pos].to_vec();
                         // A failed shrink has latched and answered the prefix itself.
                         let _ = guarded(engine, &prefix, "rolling back", || shrink(engine, baton));
-                        return Err(e);
+                        return Err((e, me.meta.take()));
                     }
                     Err(Fault::Caller(panic)) => {
                         let prefix = baton.batch[..baton.pos].to_vec();
@@ -251,14 +268,15 @@ pub(crate) fn run_member<E: BatchEngine>(
                         let e = engine.latch_damage(e);
                         let prefix = baton.batch[..baton.pos].to_vec();
                         let _ = guarded(engine, &prefix, "rolling back", || shrink(engine, baton));
-                        return Err(e);
+                        return Err((e, me.meta.take()));
                     }
                 };
                 baton.durable |= me.durable;
                 pass_on(engine, baton, &me)
             }
             Signal::Committed => return Ok(()),
-            Signal::Failed(e) => return Err(e),
+            // A failed detached run was put back before this member heard of it.
+            Signal::Failed(e) => return Err((e, me.meta.take())),
             Signal::Panicked(panic) => resume_unwind(panic),
         };
     }

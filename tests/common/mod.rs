@@ -81,17 +81,18 @@ impl Harness {
     }
 }
 
-/// `IDEM_TEST_JOURNAL=1` runs the harness's stores in journal mode (`StoreBuilder::journal`),
-/// with the tests' effect table registered: the same tests, proving the same promises there;
-/// `IDEM_TEST_JOURNAL=applier` with the journal applied in the background (unfinished).
+/// `IDEM_TEST_JOURNAL=1` runs the harness's stores in journal mode (`StoreBuilder::journal`,
+/// the pending-set design), with the tests' effect table registered: the same tests, proving
+/// the same promises there; `IDEM_TEST_JOURNAL=write_through` in journal mode's write-through
+/// design (white-box switch).
 pub fn journal_from_env(builder: StoreBuilder) -> StoreBuilder {
     match std::env::var("IDEM_TEST_JOURNAL").as_deref() {
         Ok("1") => builder.journal(true).journal_table(EFFECTS),
         #[cfg(feature = "__internal_whitebox")]
-        Ok("applier") => builder
+        Ok("write_through") => builder
             .journal(true)
             .journal_table(EFFECTS)
-            .__journal_applier(true),
+            .__journal_write_through(true),
         _ => builder,
     }
 }

@@ -641,13 +641,16 @@ fn outbox_delivered_mark() {
 // the reopened store gave.
 // ---------------------------------------------------------------------------------------------
 
-/// Journal mode with the caller's table registered: its batches are journaled. A small journal
-/// (its capacity is copied at every crash point) whose checkpoints are far apart.
+/// Journal mode's write-through design (`__journal_write_through`: each batch commits its
+/// own redb transaction and makes the checkpoints), with the caller's table registered: its
+/// batches are journaled. A small journal (its capacity is copied at every crash point) whose
+/// checkpoints are far apart.
 fn journaled(b: StoreBuilder) -> StoreBuilder {
     b.journal(true)
         .journal_table(EFFECTS)
         .journal_capacity(64 << 10)
         .checkpoint_bytes(32 << 10)
+        .__journal_write_through(true)
 }
 
 /// [`journaled`] with a checkpoint every 16 KiB of frames.
@@ -655,13 +658,13 @@ fn journaled_checkpoints(b: StoreBuilder) -> StoreBuilder {
     journaled(b).checkpoint_bytes(16 << 10)
 }
 
-/// Journal mode with the pending-set design (`__journal_applier`): batches decide against the
+/// Journal mode's default, the pending-set design: batches decide against the
 /// published snapshot plus the entries not yet applied, and the applier thread applies durable
 /// entries to redb with non-durable commits and makes the checkpoints. Its commits and
 /// checkpoints land wherever the thread runs them among the operation's syncs.
 #[cfg(feature = "__internal_whitebox")]
 fn applier(b: StoreBuilder) -> StoreBuilder {
-    journaled(b).__journal_applier(true)
+    journaled(b).__journal_write_through(false)
 }
 
 /// [`applier`] with a checkpoint every 16 KiB of frames.
@@ -676,6 +679,12 @@ fn journaled_unregistered(b: StoreBuilder) -> StoreBuilder {
     b.journal(true)
         .journal_capacity(64 << 10)
         .checkpoint_bytes(32 << 10)
+        .__journal_write_through(true)
+}
+
+/// [`journaled_unregistered`] in the pending-set design.
+fn applier_unregistered(b: StoreBuilder) -> StoreBuilder {
+    journaled_unregistered(b).__journal_write_through(false)
 }
 
 fn open_journaled(
@@ -1139,11 +1148,29 @@ fn journal_leaf_table_needs_no_registration() {
 /// durably (a checkpoint).
 #[test]
 fn journal_unregistered_table() {
+    unregistered_table_on(
+        "journal: a claim writing an unregistered table (a durable commit)",
+        journaled_unregistered,
+    );
+}
+
+/// The same with the applier: the claim's closure opens the table on a view, runs again on
+/// redb's own write transaction (the applier held, every earlier entry applied first), and
+/// that batch commits durably as an unframed entry.
+#[test]
+fn applier_unregistered_table() {
+    unregistered_table_on(
+        "applier: a claim writing an unregistered table (run again on redb's transaction, a durable commit)",
+        applier_unregistered,
+    );
+}
+
+fn unregistered_table_on(name: &str, settings: fn(StoreBuilder) -> StoreBuilder) {
     const NOTES: idem::redb::TableDefinition<(&str, u64), u64> =
         idem::redb::TableDefinition::new("test.notes");
     enumerate_journal(
-        "journal: a claim writing an unregistered table (a durable commit)",
-        journaled_unregistered,
+        name,
+        settings,
         |_, _, _| (),
         |slot, pair, ()| {
             let store = slot.as_ref().expect("open");
@@ -1168,10 +1195,27 @@ fn journal_unregistered_table() {
 /// journal) is not framed: its batch commits durably.
 #[test]
 fn journal_oversized_entry() {
-    let body = "b".repeat(20 << 10);
-    enumerate_journal(
+    oversized_entry_on(
         "journal: an oversized entry (20 KiB in a 64 KiB journal: a durable commit)",
         journaled,
+    );
+}
+
+/// The same with the applier: the sealed entry is applied to redb in one durable commit with
+/// the applier held, never framed.
+#[test]
+fn applier_oversized_entry() {
+    oversized_entry_on(
+        "applier: an oversized entry (20 KiB in a 64 KiB journal: applied in a durable commit)",
+        applier,
+    );
+}
+
+fn oversized_entry_on(name: &str, settings: fn(StoreBuilder) -> StoreBuilder) {
+    let body = "b".repeat(20 << 10);
+    enumerate_journal(
+        name,
+        settings,
         |_, _, _| (),
         |slot, pair, ()| {
             let store = slot.as_ref().expect("open");
@@ -1383,7 +1427,7 @@ fn a_broken_recovery_is_caught_when_the_journal_stops_at_a_wrap() {
     assert!(an_answer_was_lost(&why), "caught for another reason: {why}");
 }
 
-// ---- The pending-set design (`__journal_applier`): the same operations, the applier's
+// ---- The pending-set design (journal mode's default): the same operations, the applier's
 // non-durable commits and checkpoints among their crash points. ----
 
 #[cfg(feature = "__internal_whitebox")]

@@ -16,11 +16,15 @@ use idem::{Error, ExecuteAnswer, Response, Store, StoreBuilder};
 /// Frames of this many bytes make a checkpoint due.
 const CHECKPOINT: u64 = 16 << 10;
 
-fn journaled(b: StoreBuilder) -> StoreBuilder {
+/// Journal mode; `write_through`: its write-through design, in which the batches themselves
+/// write the store file (so the first write to fail is known), else the default, in which the
+/// applier thread does.
+fn journaled(b: StoreBuilder, write_through: bool) -> StoreBuilder {
     b.journal(true)
         .journal_table(EFFECTS)
         .journal_capacity(64 << 10)
         .checkpoint_bytes(CHECKPOINT)
+        .__journal_write_through(write_through)
 }
 
 fn claim(store: &Store, key: &str) -> Result<ExecuteAnswer, Error> {
@@ -34,7 +38,14 @@ fn claim(store: &Store, key: &str) -> Result<ExecuteAnswer, Error> {
 /// checkpoint's durable commit.
 #[test]
 fn journal_full_disk_during_checkpoint_loses_no_answered_claim() {
-    full_disk(3, true);
+    full_disk(3, Some(true));
+}
+
+/// The default design: the applier thread meets the full disk (at its next commit, durable or
+/// not), latches fail-stop, and the claims after it fail; nothing answered is lost.
+#[test]
+fn journal_full_disk_under_the_applier_loses_no_answered_claim() {
+    full_disk(3, None);
 }
 
 /// The store file fills right after the open: redb grows its file (and syncs it) inside an
@@ -44,15 +55,15 @@ fn journal_full_disk_during_checkpoint_loses_no_answered_claim() {
 /// store file to grow: a full disk is not only met by checkpoints.)
 #[test]
 fn journal_full_disk_when_redb_grows_its_file_loses_no_answered_claim() {
-    full_disk(0, false);
+    full_disk(0, Some(false));
 }
 
 /// Claims `warm` keys, then fills the store file's disk (every write and sync of it fails from
-/// then on) and claims until one fails; `at_checkpoint`: the failure must come when a
-/// checkpoint is due.
-fn full_disk(warm: usize, at_checkpoint: bool) {
+/// then on) and claims until one fails. Write-through design: `Some(at_checkpoint)`, the
+/// failure must come when a checkpoint is due (or before); `None`: the applier's design.
+fn full_disk(warm: usize, write_through: Option<bool>) {
     let pair = CountingPair::new();
-    let store = journaled(Store::builder())
+    let store = journaled(Store::builder(), write_through.is_some())
         .open_with_backends(pair.store.clone(), pair.journal.clone())
         .expect("open");
     // With `warm` > 1: redb grows and syncs the store file once early on (inside the second
@@ -88,7 +99,7 @@ fn full_disk(warm: usize, at_checkpoint: bool) {
         pair.store.injected() >= 1,
         "the store file was never written"
     );
-    if at_checkpoint {
+    if write_through == Some(true) {
         assert!(
             frame_bytes >= CHECKPOINT,
             "{key} failed before a checkpoint was due ({frame_bytes} frame bytes): {error}"
@@ -97,7 +108,7 @@ fn full_disk(warm: usize, at_checkpoint: bool) {
             matches!(error, Error::OutcomeUnknown { .. }),
             "{key}: {error:?}"
         );
-    } else {
+    } else if write_through == Some(false) {
         assert!(
             frame_bytes < CHECKPOINT,
             "{key} failed only at the checkpoint: {error}"
@@ -108,10 +119,10 @@ fn full_disk(warm: usize, at_checkpoint: bool) {
     assert!(later.is_err(), "a claim after the fail-stop: {later:?}");
     eprintln!(
         "full disk ({}): {} claims answered, {key} failed after {frame_bytes} frame bytes ({error:?}); fail-stop: {cause}",
-        if at_checkpoint {
-            "at the checkpoint"
-        } else {
-            "redb growing its file"
+        match write_through {
+            Some(true) => "at the checkpoint",
+            Some(false) => "redb growing its file",
+            None => "the applier",
         },
         answered.len()
     );
@@ -129,7 +140,8 @@ fn full_disk(warm: usize, at_checkpoint: bool) {
     };
     full.fail_at(0, true);
     let journal = crash_backend_from_image(jr_image.clone());
-    let refused = journaled(Store::builder()).open_with_backends(full.clone(), journal.clone());
+    let refused = journaled(Store::builder(), write_through.is_some())
+        .open_with_backends(full.clone(), journal.clone());
     assert!(refused.is_err(), "opened on a full disk");
     assert_eq!(
         full.inner.durable_image(),
@@ -139,7 +151,7 @@ fn full_disk(warm: usize, at_checkpoint: bool) {
     assert_eq!(journal.durable_image(), jr_image, "the journal changed");
 
     // Once there is space: every answered key replays, its effect once.
-    let reopened = journaled(Store::builder())
+    let reopened = journaled(Store::builder(), write_through.is_some())
         .open_with_backends(
             crash_backend_from_image(db_image),
             crash_backend_from_image(jr_image),

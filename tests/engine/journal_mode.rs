@@ -63,16 +63,6 @@ fn batches_that_write_an_unregistered_table_are_counted_and_registered_ones_are_
         })
     };
     let h = Harness::with(journaled);
-    if std::env::var("IDEM_TEST_JOURNAL").is_ok_and(|v| v == "applier") {
-        // The pending-set design has no durable commit of its own for such a batch: refused.
-        match note(h.store(), "a") {
-            Err(Error::Config { reason }) => {
-                assert!(reason.contains("unregistered_notes"), "{reason}")
-            }
-            other => panic!("expected Config naming the table, got {other:?}"),
-        }
-        return;
-    }
     executed(note(h.store(), "a"));
     executed(note(h.store(), "b"));
     let m = h.store().metrics().journal;
@@ -251,17 +241,15 @@ fn every_write_method_of_a_table_is_replayed_after_a_crash() {
     assert_eq!(rows(&reopened), before);
 }
 
-/// The pending-set design with a journal that fills again and again (64 KiB, checkpoints every
+/// Journal mode with a journal that fills again and again (64 KiB, checkpoints every
 /// 32 KiB, eight callers): a seal that finds no space waits for the applier's checkpoint, and the
 /// two never wait for each other. A watchdog turns a deadlock into a failure.
-#[cfg(feature = "__internal_whitebox")]
 #[test]
 fn a_full_journal_waits_for_the_applier_and_never_deadlocks() {
     let h = Harness::with(|b| {
         journaled(b)
             .journal_capacity(64 << 10)
             .checkpoint_bytes(32 << 10)
-            .__journal_applier(true)
     });
     let store = h.store().clone();
     let (done, finished) = std::sync::mpsc::channel();

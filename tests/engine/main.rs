@@ -24,6 +24,7 @@ mod group_commit_isolation;
 mod group_commit_runs_send_closures_on_the_batch_thread;
 mod group_commit_stops_at_the_latch;
 mod journal_mode;
+mod journal_mode_commits_what_the_journal_cannot_hold;
 mod lease_dropped_at_thread_exit;
 mod lease_takeover_fencing;
 mod lost_response_replays;

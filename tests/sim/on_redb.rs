@@ -26,7 +26,8 @@ pub struct RedbEngine {
     backend: CrashBackend,
     /// Journal mode (`StoreBuilder::journal`): the journal's disk.
     journal: Option<CrashBackend>,
-    /// Journal mode with the pending-set design (`StoreBuilder::__journal_applier`).
+    /// Journal mode with the pending-set design (its default); `false`: the write-through
+    /// design (`StoreBuilder::__journal_write_through`).
     applier: bool,
     /// `None` only inside `reopen`/`crash`.
     store: Option<Store>,
@@ -117,7 +118,7 @@ fn open(
             .journal_table(EFFECTS)
             .journal_capacity(64 << 10)
             .checkpoint_bytes(8 << 10)
-            .__journal_applier(applier)
+            .__journal_write_through(!applier)
             .open_with_backends(backend.clone(), journal.clone())
     } else if multi_process {
         builder

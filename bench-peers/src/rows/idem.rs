@@ -46,7 +46,7 @@ pub const MODES: &[IdemMode] = &[
     },
     IdemMode {
         label: "idem journal",
-        what: "the same in journal mode (`journal(true)`, the caller's table registered): the batch's writes appended to the journal, one fdatasync per group of batches, redb committed without an fsync, a durable checkpoint every 8 MiB of journal",
+        what: "the same in journal mode (`journal(true)`, the caller's table registered): a batch decides against redb's published snapshot plus the entries not yet applied, appends its writes to the journal and answers after its fdatasync (one per group of batches); one thread applies durable entries to redb with non-durable commits and checkpoints every 8 MiB of journal",
         builder: || Store::builder().journal(true).journal_table(EFFECTS),
         on_writer: false,
     },
@@ -57,24 +57,24 @@ pub const MODES: &[IdemMode] = &[
         on_writer: true,
     },
     IdemMode {
-        label: "idem applier",
-        what: "journal mode with the pending-set design (`__journal_applier(true)`, not public yet): a batch decides against redb's published snapshot plus the entries not yet applied, seals its entry into the journal and answers after its fdatasync; one thread applies durable entries to redb with non-durable commits and checkpoints every 8 MiB",
+        label: "idem journal write-through",
+        what: "journal mode's earlier write-through design (`__journal_write_through(true)`, a white-box switch): each batch commits its own redb transaction without an fsync and makes the checkpoints",
         builder: || {
             Store::builder()
                 .journal(true)
                 .journal_table(EFFECTS)
-                .__journal_applier(true)
+                .__journal_write_through(true)
         },
         on_writer: false,
     },
     IdemMode {
-        label: "idem applier on_writer",
-        what: "the pending-set design through `execute_on_writer`",
+        label: "idem journal write-through on_writer",
+        what: "the write-through design through `execute_on_writer`",
         builder: || {
             Store::builder()
                 .journal(true)
                 .journal_table(EFFECTS)
-                .__journal_applier(true)
+                .__journal_write_through(true)
         },
         on_writer: true,
     },

@@ -17,7 +17,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 
 use parking_lot::{Condvar, Mutex, RwLock};
@@ -87,6 +87,16 @@ pub(crate) struct Applier {
     applied_cv: Condvar,
     /// P's byte bound: a seal waits while P holds more.
     limit: usize,
+    /// Seals that waited for the applier because P was over its bound.
+    pending_waits: AtomicU64,
+    /// A batch runs on redb's own write transaction ([`Hold`]): the thread makes no rounds.
+    held: AtomicBool,
+    /// Taken by every round for its length: [`Applier::hold`] waits on it for a round that
+    /// began before the hold.
+    round_lock: Mutex<()>,
+    /// How many of the next batches run on redb's own write transaction (a closure needed it:
+    /// a table the journal cannot replay; [`Applier::want_redb`]).
+    redb_batches: AtomicU32,
     stop: AtomicBool,
     failed: Mutex<Option<String>>,
     /// White-box tests only (`BrokenJournal::ApplierRowAhead`): checkpoints write the row of
@@ -98,8 +108,10 @@ pub(crate) struct Applier {
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
-/// P's default byte bound (`pending_limit` in docs/design.md).
-pub(crate) const DEFAULT_PENDING_LIMIT: usize = 32 << 20;
+/// Batches that run on redb's own write transaction after a closure needed it: the caller
+/// that needed it retries into one of them, and a run of such closures does not drain the
+/// applier once per batch.
+const REDB_BURST: u32 = 16;
 
 /// Entries applied in one redb transaction at most.
 const MAX_ROUND: usize = 1024;
@@ -109,6 +121,7 @@ impl Applier {
     pub(crate) fn new(
         db: &Database,
         row: Row,
+        limit: usize,
         row_ahead: bool,
     ) -> Result<Arc<Applier>, redb::Error> {
         let snap = Arc::new(Snap::new(db, row.lsn)?);
@@ -122,7 +135,11 @@ impl Applier {
             last_row: Mutex::new(row),
             applied: Mutex::new(row.lsn),
             applied_cv: Condvar::new(),
-            limit: DEFAULT_PENDING_LIMIT,
+            limit,
+            pending_waits: AtomicU64::new(0),
+            held: AtomicBool::new(false),
+            round_lock: Mutex::new(()),
+            redb_batches: AtomicU32::new(0),
             stop: AtomicBool::new(false),
             failed: Mutex::new(None),
             row_ahead,
@@ -157,6 +174,54 @@ impl Applier {
     /// then waits for the applier; with nothing queued, the next publish prunes P).
     pub(crate) fn over_limit(&self) -> bool {
         self.state.read().set.bytes() > self.limit && !self.queue.lock().is_empty()
+    }
+
+    /// Counts a seal that waited for the applier (P over its bound).
+    pub(crate) fn count_pending_wait(&self) {
+        self.pending_waits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Seals that waited for the applier because P was over its bound.
+    pub(crate) fn pending_waits(&self) -> u64 {
+        self.pending_waits.load(Ordering::Relaxed)
+    }
+
+    /// A closure needed redb's own write transaction: the next [`REDB_BURST`] batches run on
+    /// it.
+    pub(crate) fn want_redb(&self) {
+        self.redb_batches.store(REDB_BURST, Ordering::Release);
+    }
+
+    /// Whether the batch beginning now runs on redb's own write transaction (and counts it).
+    pub(crate) fn take_redb_batch(&self) -> bool {
+        self.redb_batches
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    /// For a batch on redb's own write transaction (the only sealer while it runs): waits
+    /// until every entry up to `sealed` is durable and applied, then keeps the thread from
+    /// making rounds until the returned [`Hold`] is dropped. Redb then holds exactly the entries
+    /// up to `sealed`, the queue is empty, and the batch's commit is the next state of redb.
+    pub(crate) fn hold(self: &Arc<Self>, journal: &Arc<Journal>) -> Result<Hold, String> {
+        let sealed = journal.sealed();
+        journal.wait_durable(sealed)?;
+        self.wait_applied(sealed)?;
+        self.held.store(true, Ordering::SeqCst);
+        let hold = Hold {
+            applier: Arc::clone(self),
+            journal: Arc::clone(journal),
+        };
+        // A round that began before the hold ends first; a later one sees `held` (it checks
+        // it under this lock) and does nothing.
+        drop(self.round_lock.lock());
+        if !self.queue.lock().is_empty() {
+            return Err(
+                "the applier holds entries while a batch on redb's own transaction begins (a bug)"
+                    .into(),
+            );
+        }
+        Ok(hold)
     }
 
     /// Adds sealed entry `lsn` (`body`, its decoded writes ordered by `compares`) to P and to
@@ -247,6 +312,9 @@ impl Applier {
         if self.stop.load(Ordering::Acquire) {
             return true;
         }
+        if self.held.load(Ordering::Acquire) {
+            return false;
+        }
         let front = self.queue.lock().front().map(|q| q.lsn);
         front.is_some_and(|n| n <= journal.durable()) || journal.checkpoint_due()
     }
@@ -261,6 +329,10 @@ impl Applier {
         journal: &Journal,
         force_checkpoint: bool,
     ) -> Result<bool, String> {
+        let _round = self.round_lock.lock();
+        if self.held.load(Ordering::SeqCst) {
+            return Ok(false);
+        }
         let durable = journal.durable();
         let entries: Vec<Queued> = {
             let mut q = self.queue.lock();
@@ -284,29 +356,8 @@ impl Applier {
             true => journal.current_row(false),
             false => row,
         };
-        let result = (|| -> Result<(), redb::Error> {
-            let mut txn = db.begin_write()?;
-            if checkpoint {
-                txn.set_quick_repair(true);
-                txn.set_durability(redb::Durability::Immediate)?;
-            } else {
-                txn.set_durability(redb::Durability::None)?;
-            }
-            {
-                let mut open = HashMap::new();
-                for e in &entries {
-                    let entry = decode_body(&e.body).map_err(|err| {
-                        redb::Error::Corrupted(format!("a sealed entry does not decode: {err:?}"))
-                    })?;
-                    registry.apply(&txn, &mut open, &entry.tables, &entry.records, &e.body)?;
-                }
-            }
-            txn.open_table(META)?
-                .insert(META_JOURNAL, written.encode().as_slice())?;
-            txn.commit()?;
-            Ok(())
-        })();
-        if let Err(e) = result {
+        let bodies = entries.iter().map(|e| e.body.as_slice());
+        if let Err(e) = apply_entries(db, registry, bodies, &written, checkpoint) {
             let cause = format!("applying journal entries to the store file failed: {e}");
             self.fail(&cause);
             return Err(cause);
@@ -324,6 +375,7 @@ impl Applier {
     }
 
     /// Publishes redb's state after entry `lsn` and drops from P what no view needs.
+    /// Called by rounds, and under a [`Hold`] (no round runs).
     fn publish(&self, db: &Database, lsn: u64) -> Result<(), redb::Error> {
         let snap = Arc::new(Snap::new(db, lsn)?);
         {
@@ -434,5 +486,63 @@ impl Applier {
             }
         }
         Ok(())
+    }
+}
+
+/// Applies entry `bodies` (in LSN order) to redb in one transaction holding `row`, committed
+/// durably with quick-repair when `checkpoint`, else with `Durability::None`.
+pub(crate) fn apply_entries<'b>(
+    db: &Database,
+    registry: &Registry,
+    bodies: impl Iterator<Item = &'b [u8]>,
+    row: &Row,
+    checkpoint: bool,
+) -> Result<(), redb::Error> {
+    let mut txn = db.begin_write()?;
+    if checkpoint {
+        txn.set_quick_repair(true);
+        txn.set_durability(redb::Durability::Immediate)?;
+    } else {
+        txn.set_durability(redb::Durability::None)?;
+    }
+    {
+        let mut open = HashMap::new();
+        for body in bodies {
+            let entry = decode_body(body).map_err(|err| {
+                redb::Error::Corrupted(format!("a sealed entry does not decode: {err:?}"))
+            })?;
+            registry.apply(&txn, &mut open, &entry.tables, &entry.records, body)?;
+        }
+    }
+    txn.open_table(META)?
+        .insert(META_JOURNAL, row.encode().as_slice())?;
+    txn.commit()?;
+    Ok(())
+}
+
+/// The applier held for a batch on redb's own write transaction ([`Applier::hold`]): dropping
+/// it lets the thread make rounds again.
+pub(crate) struct Hold {
+    applier: Arc<Applier>,
+    journal: Arc<Journal>,
+}
+
+impl Hold {
+    /// After the held batch's durable commit of entry `row.lsn` returned Ok: that state is
+    /// the applied one, and the published snapshot.
+    pub(crate) fn committed(&self, db: &Database, row: Row) -> Result<(), String> {
+        *self.applier.last_row.lock() = row;
+        self.applier.publish(db, row.lsn).map_err(|e| {
+            let cause = format!("reading the store file after a commit: {e}");
+            self.applier.fail(&cause);
+            cause
+        })
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.applier.held.store(false, Ordering::SeqCst);
+        self.journal.wake();
     }
 }

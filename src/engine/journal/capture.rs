@@ -200,8 +200,15 @@ impl<'t> Wtx<'t> {
         matches!(self.source, Source::View(_))
     }
 
+    /// Whether a member asked, on a view, for a table the journal cannot replay: it runs again
+    /// on redb's own write transaction (`engine/commit.rs`).
+    pub(crate) fn wants_redb(&self) -> bool {
+        self.in_view() && self.capture.is_some_and(Capture::unjournaled)
+    }
+
     /// A table recovery cannot apply records to was opened for writing: this batch commits
-    /// durably instead (its writes need no replay).
+    /// durably instead (its writes need no replay); on a view, the member runs again on redb's
+    /// own write transaction.
     pub(crate) fn unjournaled(&self) {
         if let Some(c) = self.capture {
             c.unjournaled.store(true, Ordering::Relaxed);

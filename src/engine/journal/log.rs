@@ -149,6 +149,7 @@ impl Journal {
             checkpoints: get(&self.checkpoints),
             replayed: self.replayed,
             unjournaled: get(&self.unjournaled),
+            pending_waits: 0,
         }
     }
 

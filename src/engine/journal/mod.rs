@@ -33,6 +33,8 @@ pub use recover::journal_path;
 pub const DEFAULT_CAPACITY: u64 = 64 << 20;
 /// The default frame bytes between two checkpoints: 8 MiB.
 pub const DEFAULT_CHECKPOINT_BYTES: u64 = 8 << 20;
+/// The default bound on journaled writes held in memory until they are in redb's file: 32 MiB.
+pub const DEFAULT_PENDING_BYTES: usize = 32 << 20;
 
 /// NOT PUBLIC API: a recovery or commit step deliberately broken, for the tests that prove the
 /// crash tests catch it. Only `StoreBuilder::__break_journal` (feature `__internal_whitebox`)

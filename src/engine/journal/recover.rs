@@ -41,8 +41,11 @@ pub(crate) struct Settings {
     pub(crate) checkpoint_bytes: u64,
     /// A step deliberately broken (white-box tests only; `No` otherwise).
     pub(crate) broken: BrokenJournal,
-    /// Entries reach redb through the applier thread, not the batches' commits.
+    /// Entries reach redb through the applier thread, not the batches' commits (the default;
+    /// off only through the white-box switch `StoreBuilder::__journal_write_through`).
     pub(crate) background: bool,
+    /// P's byte bound (`StoreBuilder::journal_pending_bytes`).
+    pub(crate) pending_bytes: usize,
 }
 
 /// Where the journal is.

@@ -16,11 +16,13 @@
 //!    fail-stop and every waiting member hears `OutcomeUnknown`.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use redb::{Key, Value, WriteTransaction};
 
 use crate::engine::boundary::redb_error;
+use crate::engine::journal::applier::{Applier, Hold, apply_entries};
 use crate::engine::journal::format::frame_len;
 use crate::engine::journal::recover::{self, META_JOURNAL};
 use crate::engine::journal::{Capture, View};
@@ -37,11 +39,14 @@ fn unknown(cause: &str) -> Error {
 
 impl Store {
     /// Commits a journal-mode batch (steps 1 to 3 above); returns the LSN its members wait for.
+    /// `unframed`: the batch's writes go to redb's file in a durable commit, whatever it wrote
+    /// (a batch on redb's own transaction in background mode).
     pub(crate) fn commit_journaled(
         &self,
         mut txn: WriteTransaction,
         capture: Capture,
         durable: bool,
+        unframed: bool,
     ) -> Result<u64, Error> {
         let Some(journal) = self.journal() else {
             return Err(Error::Internal {
@@ -55,8 +60,10 @@ impl Store {
             self.abort(txn);
             return Ok(journal.sealed());
         }
-        let body = if unjournaled {
-            journal.count_unjournaled();
+        let body = if unjournaled || unframed {
+            if unjournaled {
+                journal.count_unjournaled();
+            }
             None
         } else {
             match entry.finish() {
@@ -109,6 +116,86 @@ impl Store {
                 unknown(&cause)
             })?;
         }
+        Ok(sealed.lsn)
+    }
+
+    /// Background mode: commits a batch that ran on redb's own write transaction, the applier
+    /// held (`hold`): its entry is unframed and its commit durable (the entry's only copy), and
+    /// that state becomes the applied and published one.
+    pub(crate) fn commit_held(
+        &self,
+        txn: WriteTransaction,
+        capture: Capture,
+        durable: bool,
+        hold: Hold,
+    ) -> Result<u64, Error> {
+        let before = self.journal().map_or(0, |j| j.sealed());
+        let lsn = self.commit_journaled(txn, capture, durable, true)?;
+        if lsn == before {
+            // Nothing was written: nothing sealed or committed.
+            return Ok(lsn);
+        }
+        self.held_committed(&hold)?;
+        Ok(lsn)
+    }
+
+    /// After a held commit of the last sealed entry: the applier's state is that commit.
+    fn held_committed(&self, hold: &Hold) -> Result<(), Error> {
+        let (Some(journal), Ok(db)) = (self.journal(), self.inner.db.get()) else {
+            return Err(Error::Internal {
+                what: "a held commit in a store without a journal",
+            });
+        };
+        // Invariant: no batch seals while this one commits, so the head is right after its
+        // unframed entry, and that is the row its commit wrote.
+        hold.committed(db, journal.current_row(false))
+            .map_err(|cause| {
+                self.latch(&cause);
+                unknown(&cause)
+            })
+    }
+
+    /// Background mode: a sealed entry larger than the journal takes, committed to redb's file
+    /// directly in one durable commit (the entry's only copy) with the applier held.
+    fn commit_oversized(
+        &self,
+        journal: &crate::engine::journal::log::Journal,
+        applier: &Arc<Applier>,
+        body: &[u8],
+    ) -> Result<u64, Error> {
+        let (Some(journal_arc), Ok(db)) = (self.journal_arc(), self.inner.db.get()) else {
+            return Err(Error::Internal {
+                what: "an oversized entry in a store without a journal",
+            });
+        };
+        let failed = |cause: String| {
+            self.latch(&cause);
+            unknown(&cause)
+        };
+        let hold = applier.hold(&journal_arc).map_err(failed)?;
+        let sealed = journal.seal(None).map_err(failed)?;
+        let applied = catch_unwind(AssertUnwindSafe(|| {
+            apply_entries(
+                db,
+                self.registry(),
+                std::iter::once(body),
+                &sealed.row,
+                true,
+            )
+        }))
+        .unwrap_or_else(|_| {
+            Err(redb::Error::Corrupted(
+                "redb panicked while committing an entry (a damaged file?)".into(),
+            ))
+        });
+        if let Err(e) = applied {
+            return Err(failed(format!(
+                "committing an entry larger than the journal takes failed: {e}"
+            )));
+        }
+        journal.checkpointed(&sealed.row);
+        journal.count_unjournaled();
+        self.held_committed(&hold)?;
         Ok(sealed.lsn)
     }
 
@@ -188,15 +275,11 @@ impl Store {
         }
         let body = entry.finish().map_err(|reason| Error::Config { reason })?;
         if !journal.fits(frame_len(body.len())) {
-            return Err(Error::Config {
-                reason: format!(
-                    "a batch wrote a journal entry of {} bytes, more than a quarter of the journal's capacity: with the journal applied in the background such entries are refused; raise StoreBuilder::journal_capacity",
-                    body.len()
-                ),
-            });
+            return self.commit_oversized(journal, applier, &body);
         }
         // Backpressure: P stays within its bound while the applier catches up.
         while applier.over_limit() {
+            applier.count_pending_wait();
             let next = applier.applied() + 1;
             journal.wait_durable(next).map_err(|cause| {
                 self.latch(&cause);
