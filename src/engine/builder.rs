@@ -336,11 +336,15 @@ impl StoreBuilder {
     }
 
     /// Journal mode (default off): a batch's writes are appended to a write-ahead journal
-    /// beside the store file (its path with `.journal` appended, [`crate::store::journal_path`]) and
-    /// synced with one `fdatasync`, and redb commits without an fsync; a durable redb commit
-    /// (a checkpoint) every [`checkpoint_bytes`](Self::checkpoint_bytes) of journal, and an
-    /// open after a crash replays the journal's entries after the last one redb holds. Every
-    /// promise of [`Durability::Immediate`] holds: no answer before its writes are on disk.
+    /// beside the store file (its path with `.journal` appended, [`crate::store::journal_path`]),
+    /// and its members are answered after one `fdatasync` of it, which concurrent batches
+    /// share. A batch decides against redb's last applied state plus the journaled writes not
+    /// yet in it (held in memory, at most [`journal_pending_bytes`](Self::journal_pending_bytes));
+    /// one background thread applies durable entries to redb with commits that do not fsync,
+    /// and makes a durable redb commit (a checkpoint) every
+    /// [`checkpoint_bytes`](Self::checkpoint_bytes) of journal. An open after a crash replays
+    /// the journal's entries after the last one redb holds. Every promise of
+    /// [`Durability::Immediate`] holds: no answer before its writes are on disk.
     ///
     /// Needs a path ([`open`](Self::open) or [`open_existing`](Self::open_existing), or
     /// [`open_with_backends`](Self::open_with_backends)) and not
@@ -348,11 +352,15 @@ impl StoreBuilder {
     /// of redb's leaf types (`&str`, `&[u8]` or `u64` keys with `&str`, `&[u8]`, `String`,
     /// `Vec<u8>`, `u64`, `u32`, `i64`, `u8`, `bool` or `()` values; the list is in
     /// `engine/journal/apply.rs`) need nothing more; register the others closures write with
-    /// [`journal_table`](Self::journal_table): a batch that writes a table recovery could not
-    /// replay (such a table unregistered, or a multimap) is committed to redb durably instead,
-    /// as without the journal. With [`Durability::Periodic`] answers do not wait for the journal's sync,
-    /// and the flusher's durable commit bounds the loss window as without the journal. A store
-    /// opened later without journal mode first replays what its journal holds.
+    /// [`journal_table`](Self::journal_table). A batch that writes a table recovery could not
+    /// replay (such a table unregistered, or a multimap), or whose entry is larger than a
+    /// quarter of the journal, is committed to redb durably instead, after every earlier entry
+    /// (its closure may run once more for that: a closure may always run more than once, only
+    /// the committed run counts). With [`Durability::Periodic`] answers do not wait for the
+    /// journal's sync, and the flusher's sync bounds the loss window as without the journal.
+    /// Reads of redb itself ([`Store::read_transaction`](crate::Store::read_transaction)) wait
+    /// until every entry answered before them is applied. A store opened later without journal
+    /// mode first replays what its journal holds.
     pub fn journal(mut self, enabled: bool) -> Self {
         self.journal.enabled = enabled;
         self
