@@ -10,7 +10,7 @@ use redb::{ReadableDatabase, ReadableTable, StorageBackend};
 
 use crate::engine::boundary::{catch_storage_panic, unlatched};
 use crate::engine::commit::GroupConfig;
-use crate::engine::journal::applier::Applier;
+use crate::engine::journal::applier::{Applier, Snap};
 use crate::engine::journal::{
     self,
     apply::Registry,
@@ -1046,15 +1046,9 @@ impl Store {
         let applier = match &journal {
             Some(j) if b.journal.background => {
                 let row_ahead = b.journal.broken == journal::BrokenJournal::ApplierRowAhead;
-                Some(
-                    Applier::new(
-                        &db,
-                        j.current_row(false),
-                        b.journal.pending_bytes,
-                        row_ahead,
-                    )
-                    .map_err(unlatched)?,
-                )
+                let row = j.current_row(false);
+                let snap = Snap::of(&db, row.lsn).map_err(unlatched)?;
+                Some(Applier::new(snap, row, b.journal.pending_bytes, row_ahead))
             }
             _ => None,
         };

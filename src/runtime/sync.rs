@@ -1,7 +1,9 @@
-//! The blocking primitives of the group-commit protocol (`group.rs`, `driver.rs`):
-//! parking_lot's `Mutex` and `Condvar` in every build, loom's when the crate's unit tests are
-//! built with `--cfg idem_loom`, so that the model checker (`model_check.rs`) explores every
-//! interleaving of the shipped protocol code, not of a copy. The switch is idem's own cfg, not
+//! The blocking primitives of the group-commit protocol (`group.rs`, `driver.rs`) and of journal
+//! mode's journal and applier (`engine/journal/log.rs`, `applier.rs`): parking_lot's `Mutex`,
+//! `Condvar` and `RwLock` and std's atomics in every build, loom's when the crate's unit tests
+//! are built with `--cfg idem_loom`, so that the model checkers (`model_check.rs`,
+//! `engine/journal/model_check.rs`) explore every interleaving of the shipped code, not of a
+//! copy. The switch is idem's own cfg, not
 //! the customary `loom`: tokio (a dev-dependency) reads `--cfg loom` too and builds without its
 //! networking, which the PostgreSQL client among the dev-dependencies needs.
 //!
@@ -11,7 +13,15 @@
 //! and every count without modelling any state the protocol decides on.
 
 #[cfg(not(all(idem_loom, test)))]
-pub(crate) use parking_lot::{Condvar, Mutex};
+pub(crate) use parking_lot::{Condvar, Mutex, RwLock};
+
+/// The atomics the journal and the applier decide on (their statistics stay std's).
+pub(crate) mod atomic {
+    #[cfg(all(idem_loom, test))]
+    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64};
+    #[cfg(not(all(idem_loom, test)))]
+    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64};
+}
 
 /// Asserts an invariant of the protocol in debug builds and under the model checker (which
 /// runs in release); compiled out of release builds. Not while the thread unwinds: a second
@@ -26,7 +36,7 @@ macro_rules! protocol_invariant {
 pub(crate) use protocol_invariant;
 
 #[cfg(all(idem_loom, test))]
-pub(crate) use self::model::{Condvar, Mutex};
+pub(crate) use self::model::{Condvar, Mutex, RwLock};
 
 /// parking_lot's API (no poisoning, `wait(&mut guard)`) over loom's primitives.
 #[cfg(all(idem_loom, test))]
@@ -50,6 +60,24 @@ mod model {
 
         pub(crate) fn get_mut(&mut self) -> &mut T {
             self.0.get_mut().unwrap_or_else(PoisonError::into_inner)
+        }
+    }
+
+    /// A loom read-write lock with parking_lot's `read` and `write`.
+    #[derive(Debug)]
+    pub(crate) struct RwLock<T>(loom::sync::RwLock<T>);
+
+    impl<T> RwLock<T> {
+        pub(crate) fn new(value: T) -> Self {
+            RwLock(loom::sync::RwLock::new(value))
+        }
+
+        pub(crate) fn read(&self) -> loom::sync::RwLockReadGuard<'_, T> {
+            self.0.read().unwrap_or_else(PoisonError::into_inner)
+        }
+
+        pub(crate) fn write(&self) -> loom::sync::RwLockWriteGuard<'_, T> {
+            self.0.write().unwrap_or_else(PoisonError::into_inner)
         }
     }
 

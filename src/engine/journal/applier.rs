@@ -17,11 +17,14 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64 as Counter, Ordering};
 use std::thread::JoinHandle;
 
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::Mutex as Plain;
 use redb::{Database, ReadOnlyTable, ReadTransaction, ReadableDatabase};
+
+use crate::runtime::sync::atomic::{AtomicBool, AtomicU64};
+use crate::runtime::sync::{Condvar, Mutex, RwLock};
 
 use crate::engine::journal::apply::Registry;
 use crate::engine::journal::format::{Row, decode_body};
@@ -45,7 +48,8 @@ pub(crate) struct Snap {
 }
 
 impl Snap {
-    fn new(db: &Database, lsn: u64) -> Result<Snap, redb::Error> {
+    /// redb's current state, as the state after entry `lsn`.
+    pub(crate) fn of(db: &Database, lsn: u64) -> Result<Snap, redb::Error> {
         let txn = db.begin_read()?;
         let records = match txn.open_table(RECORDS) {
             Ok(t) => Some(t),
@@ -81,16 +85,19 @@ pub(crate) struct Applier {
     state: RwLock<State>,
     queue: Mutex<VecDeque<Queued>>,
     /// The row of the last applied entry (what a checkpoint with nothing new writes).
-    last_row: Mutex<Row>,
+    last_row: Plain<Row>,
     /// The last applied entry (a), with its condition for [`Applier::wait_applied`].
     applied: Mutex<u64>,
     applied_cv: Condvar,
     /// P's byte bound: a seal waits while P holds more.
     limit: usize,
     /// Seals that waited for the applier because P was over its bound.
-    pending_waits: AtomicU64,
+    pending_waits: Counter,
     /// A batch runs on redb's own write transaction ([`Hold`]): the thread makes no rounds.
     held: AtomicBool,
+    /// The LSN of the row of the last checkpoint (a durable commit), made by a round or a held
+    /// batch: a checkpoint with nothing applied since would free no journal space.
+    checkpointed: AtomicU64,
     /// Taken by every round for its length: [`Applier::hold`] waits on it for a round that
     /// began before the hold.
     round_lock: Mutex<()>,
@@ -98,14 +105,14 @@ pub(crate) struct Applier {
     /// a table the journal cannot replay; [`Applier::want_redb`]).
     redb_batches: AtomicU32,
     stop: AtomicBool,
-    failed: Mutex<Option<String>>,
+    failed: Plain<Option<String>>,
     /// White-box tests only (`BrokenJournal::ApplierRowAhead`): checkpoints write the row of
     /// the last sealed entry.
     row_ahead: bool,
     /// The key and value type names of every table a sealed entry wrote (a table P creates
     /// before redb has it is opened with these types only).
-    types: Mutex<HashMap<String, (String, String)>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    types: Plain<HashMap<String, (String, String)>>,
+    thread: Plain<Option<JoinHandle<()>>>,
 }
 
 /// Batches that run on redb's own write transaction after a closure needed it: the caller
@@ -117,35 +124,31 @@ const REDB_BURST: u32 = 16;
 const MAX_ROUND: usize = 1024;
 
 impl Applier {
-    /// The applier of a store whose redb holds exactly the entries up to `row`'s.
-    pub(crate) fn new(
-        db: &Database,
-        row: Row,
-        limit: usize,
-        row_ahead: bool,
-    ) -> Result<Arc<Applier>, redb::Error> {
-        let snap = Arc::new(Snap::new(db, row.lsn)?);
-        Ok(Arc::new(Applier {
+    /// The applier of a store whose redb holds exactly the entries up to `row`'s, `snap` its
+    /// state.
+    pub(crate) fn new(snap: Snap, row: Row, limit: usize, row_ahead: bool) -> Arc<Applier> {
+        Arc::new(Applier {
             state: RwLock::new(State {
                 set: PendingSet::new(),
-                published: snap,
+                published: Arc::new(snap),
                 older: Vec::new(),
             }),
             queue: Mutex::new(VecDeque::new()),
-            last_row: Mutex::new(row),
+            last_row: Plain::new(row),
             applied: Mutex::new(row.lsn),
             applied_cv: Condvar::new(),
             limit,
-            pending_waits: AtomicU64::new(0),
+            pending_waits: Counter::new(0),
             held: AtomicBool::new(false),
+            checkpointed: AtomicU64::new(row.lsn),
             round_lock: Mutex::new(()),
             redb_batches: AtomicU32::new(0),
             stop: AtomicBool::new(false),
-            failed: Mutex::new(None),
+            failed: Plain::new(None),
             row_ahead,
-            types: Mutex::new(HashMap::new()),
-            thread: Mutex::new(None),
-        }))
+            types: Plain::new(HashMap::new()),
+            thread: Plain::new(None),
+        })
     }
 
     /// The published snapshot, for a batch's view: P's versions above its LSN stay while the
@@ -176,9 +179,26 @@ impl Applier {
         self.state.read().set.bytes() > self.limit && !self.queue.lock().is_empty()
     }
 
-    /// Counts a seal that waited for the applier (P over its bound).
-    pub(crate) fn count_pending_wait(&self) {
-        self.pending_waits.fetch_add(1, Ordering::Relaxed);
+    /// Backpressure, before a seal: while P is over its bound, waits for the applier to apply
+    /// the next entry. The entry waited for is one already sealed: the applier may apply
+    /// everything between the bound's check and the read of `a`, and a wait for an unsealed
+    /// entry would never end (no sync covers it, and this batch is the only sealer).
+    pub(crate) fn wait_for_room(&self, journal: &Journal) -> Result<(), String> {
+        let mut counted = false;
+        while self.over_limit() {
+            let next = self.applied() + 1;
+            if next > journal.sealed() {
+                // Everything sealed is applied: the next check finds the queue empty.
+                continue;
+            }
+            if !counted {
+                self.pending_waits.fetch_add(1, Ordering::Relaxed);
+                counted = true;
+            }
+            journal.wait_durable(next)?;
+            self.wait_applied(next)?;
+        }
+        Ok(())
     }
 
     /// Seals that waited for the applier because P was over its bound.
@@ -316,7 +336,14 @@ impl Applier {
             return false;
         }
         let front = self.queue.lock().front().map(|q| q.lsn);
-        front.is_some_and(|n| n <= journal.durable()) || journal.checkpoint_due()
+        front.is_some_and(|n| n <= journal.durable())
+            || (journal.checkpoint_due() && self.applied_since_checkpoint())
+    }
+
+    /// Whether entries were applied since the last checkpoint (one now would move the live
+    /// journal's start).
+    fn applied_since_checkpoint(&self) -> bool {
+        self.applied() > self.checkpointed.load(Ordering::Acquire)
     }
 
     /// One round: the durable queued entries (at most [`MAX_ROUND`]) applied in one redb
@@ -324,8 +351,7 @@ impl Applier {
     /// `force_checkpoint`), then published. `Ok(false)` when there was nothing to do.
     pub(crate) fn round(
         &self,
-        db: &Database,
-        registry: &Registry,
+        target: &dyn Target,
         journal: &Journal,
         force_checkpoint: bool,
     ) -> Result<bool, String> {
@@ -343,7 +369,9 @@ impl Applier {
                 .count();
             q.drain(..n).collect()
         };
-        let checkpoint = force_checkpoint || journal.checkpoint_due();
+        let checkpoint = force_checkpoint
+            || (journal.checkpoint_due()
+                && (!entries.is_empty() || self.applied_since_checkpoint()));
         if entries.is_empty() && !checkpoint {
             return Ok(false);
         }
@@ -356,17 +384,18 @@ impl Applier {
             true => journal.current_row(false),
             false => row,
         };
-        let bodies = entries.iter().map(|e| e.body.as_slice());
-        if let Err(e) = apply_entries(db, registry, bodies, &written, checkpoint) {
+        let bodies: Vec<&[u8]> = entries.iter().map(|e| e.body.as_slice()).collect();
+        if let Err(e) = target.apply(&bodies, &written, checkpoint) {
             let cause = format!("applying journal entries to the store file failed: {e}");
             self.fail(&cause);
             return Err(cause);
         }
         if checkpoint {
             journal.checkpointed(&row);
+            self.checkpointed.store(row.lsn, Ordering::Release);
         }
         *self.last_row.lock() = row;
-        self.publish(db, row.lsn).map_err(|e| {
+        self.publish(target, row.lsn).map_err(|e| {
             let cause = format!("reading the store file after applying: {e}");
             self.fail(&cause);
             cause
@@ -376,8 +405,8 @@ impl Applier {
 
     /// Publishes redb's state after entry `lsn` and drops from P what no view needs.
     /// Called by rounds, and under a [`Hold`] (no round runs).
-    fn publish(&self, db: &Database, lsn: u64) -> Result<(), redb::Error> {
-        let snap = Arc::new(Snap::new(db, lsn)?);
+    fn publish(&self, target: &dyn Target, lsn: u64) -> Result<(), redb::Error> {
+        let snap = Arc::new(target.snapshot(lsn)?);
         {
             let mut state = self.state.write();
             let old = std::mem::replace(&mut state.published, snap);
@@ -397,42 +426,44 @@ impl Applier {
     pub(crate) fn start(
         self: &Arc<Self>,
         journal: Arc<Journal>,
-        mut run: impl FnMut(&Applier, &Journal) -> Result<bool, String> + Send + 'static,
+        run: impl FnMut(&Applier, &Journal) -> Result<bool, String> + Send + 'static,
     ) -> std::io::Result<()> {
         let me = Arc::clone(self);
         let handle = std::thread::Builder::new()
             .name("idem-applier".into())
-            .spawn(move || {
-                loop {
-                    if journal.wait_until(|| me.ready(&journal)).is_err() {
-                        // The journal failed: nothing more becomes durable.
-                        return;
-                    }
-                    if me.stop.load(Ordering::Acquire) {
-                        return;
-                    }
-                    match run(&me, &journal) {
-                        Ok(_) => {}
-                        Err(_) => return,
-                    }
-                }
-            })?;
+            .spawn(move || me.run(&journal, run))?;
         *self.thread.lock() = Some(handle);
         Ok(())
+    }
+
+    /// The applier thread's loop: waits until there is work, runs a round through `run`, until
+    /// it is stopped or a round or the journal fails.
+    pub(crate) fn run(
+        &self,
+        journal: &Journal,
+        mut run: impl FnMut(&Applier, &Journal) -> Result<bool, String>,
+    ) {
+        loop {
+            if journal.wait_until(|| self.ready(journal)).is_err() {
+                // The journal failed: nothing more becomes durable.
+                return;
+            }
+            if self.stop.load(Ordering::Acquire) {
+                return;
+            }
+            if run(self, journal).is_err() {
+                return;
+            }
+        }
     }
 
     /// For compaction and the integrity check (no batch or reader runs): stops the thread,
     /// applies every queued entry, makes a checkpoint, and lets go of the published snapshot,
     /// whose read transaction would keep redb from compacting.
-    pub(crate) fn suspend(
-        &self,
-        db: &Database,
-        registry: &Registry,
-        journal: &Journal,
-    ) -> Result<(), String> {
+    pub(crate) fn suspend(&self, target: &dyn Target, journal: &Journal) -> Result<(), String> {
         self.stop(journal);
-        self.drain(db, registry, journal)?;
-        self.round(db, registry, journal, true)?;
+        self.drain(target, journal)?;
+        self.round(target, journal, true)?;
         let mut state = self.state.write();
         let lsn = state.published.lsn;
         state.published = Arc::new(Snap {
@@ -445,10 +476,10 @@ impl Applier {
     }
 
     /// After [`Applier::suspend`]: publishes redb's state again, ready for [`Applier::start`].
-    pub(crate) fn resume(&self, db: &Database) -> Result<(), redb::Error> {
+    pub(crate) fn resume(&self, target: &dyn Target) -> Result<(), redb::Error> {
         self.stop.store(false, Ordering::Release);
         let lsn = self.applied();
-        self.publish(db, lsn)
+        self.publish(target, lsn)
     }
 
     /// Whether the thread runs.
@@ -471,16 +502,11 @@ impl Applier {
     /// Applies everything still queued (no batch runs: the store closes, or compacts). The
     /// journal is synced first: under `Durability::Periodic` entries may be answered before
     /// they are durable.
-    pub(crate) fn drain(
-        &self,
-        db: &Database,
-        registry: &Registry,
-        journal: &Journal,
-    ) -> Result<(), String> {
+    pub(crate) fn drain(&self, target: &dyn Target, journal: &Journal) -> Result<(), String> {
         journal.wait_durable(journal.sealed())?;
         while !self.queue.lock().is_empty() {
             let before = self.queue.lock().len();
-            self.round(db, registry, journal, false)?;
+            self.round(target, journal, false)?;
             if self.queue.lock().len() == before {
                 return Err("entries left that are not durable".into());
             }
@@ -489,35 +515,49 @@ impl Applier {
     }
 }
 
-/// Applies entry `bodies` (in LSN order) to redb in one transaction holding `row`, committed
-/// durably with quick-repair when `checkpoint`, else with `Durability::None`.
-pub(crate) fn apply_entries<'b>(
-    db: &Database,
-    registry: &Registry,
-    bodies: impl Iterator<Item = &'b [u8]>,
-    row: &Row,
-    checkpoint: bool,
-) -> Result<(), redb::Error> {
-    let mut txn = db.begin_write()?;
-    if checkpoint {
-        txn.set_quick_repair(true);
-        txn.set_durability(redb::Durability::Immediate)?;
-    } else {
-        txn.set_durability(redb::Durability::None)?;
-    }
-    {
-        let mut open = HashMap::new();
-        for body in bodies {
-            let entry = decode_body(body).map_err(|err| {
-                redb::Error::Corrupted(format!("a sealed entry does not decode: {err:?}"))
-            })?;
-            registry.apply(&txn, &mut open, &entry.tables, &entry.records, body)?;
+/// Where the applier puts entries: redb's file ([`Redb`]), or a model checker's fake.
+pub(crate) trait Target {
+    /// Applies entry `bodies` (in LSN order) in one transaction holding `row`, committed
+    /// durably with quick-repair when `checkpoint`, else with `Durability::None`.
+    fn apply(&self, bodies: &[&[u8]], row: &Row, checkpoint: bool) -> Result<(), redb::Error>;
+    /// The state now, as the state after entry `lsn`, for views and readers.
+    fn snapshot(&self, lsn: u64) -> Result<Snap, redb::Error>;
+}
+
+/// The store of record: redb's file, with the tables entries may write.
+pub(crate) struct Redb<'a> {
+    pub(crate) db: &'a Database,
+    pub(crate) registry: &'a Registry,
+}
+
+impl Target for Redb<'_> {
+    fn apply(&self, bodies: &[&[u8]], row: &Row, checkpoint: bool) -> Result<(), redb::Error> {
+        let mut txn = self.db.begin_write()?;
+        if checkpoint {
+            txn.set_quick_repair(true);
+            txn.set_durability(redb::Durability::Immediate)?;
+        } else {
+            txn.set_durability(redb::Durability::None)?;
         }
+        {
+            let mut open = HashMap::new();
+            for body in bodies {
+                let entry = decode_body(body).map_err(|err| {
+                    redb::Error::Corrupted(format!("a sealed entry does not decode: {err:?}"))
+                })?;
+                self.registry
+                    .apply(&txn, &mut open, &entry.tables, &entry.records, body)?;
+            }
+        }
+        txn.open_table(META)?
+            .insert(META_JOURNAL, row.encode().as_slice())?;
+        txn.commit()?;
+        Ok(())
     }
-    txn.open_table(META)?
-        .insert(META_JOURNAL, row.encode().as_slice())?;
-    txn.commit()?;
-    Ok(())
+
+    fn snapshot(&self, lsn: u64) -> Result<Snap, redb::Error> {
+        Snap::of(self.db, lsn)
+    }
 }
 
 /// The applier held for a batch on redb's own write transaction ([`Applier::hold`]): dropping
@@ -530,9 +570,10 @@ pub(crate) struct Hold {
 impl Hold {
     /// After the held batch's durable commit of entry `row.lsn` returned Ok: that state is
     /// the applied one, and the published snapshot.
-    pub(crate) fn committed(&self, db: &Database, row: Row) -> Result<(), String> {
+    pub(crate) fn committed(&self, target: &dyn Target, row: Row) -> Result<(), String> {
         *self.applier.last_row.lock() = row;
-        self.applier.publish(db, row.lsn).map_err(|e| {
+        self.applier.checkpointed.store(row.lsn, Ordering::Release);
+        self.applier.publish(target, row.lsn).map_err(|e| {
             let cause = format!("reading the store file after a commit: {e}");
             self.applier.fail(&cause);
             cause

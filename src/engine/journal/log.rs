@@ -11,9 +11,10 @@
 //!   `durable` only ever takes the LSN of the last such frame;
 //! - a failed write or sync is never retried: the journal latches, every waiter hears it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64 as Counter, Ordering};
 
-use parking_lot::{Condvar, Mutex};
+use crate::runtime::sync::atomic::{AtomicBool, AtomicU64};
+use crate::runtime::sync::{Condvar, Mutex};
 use redb::StorageBackend;
 
 use crate::engine::journal::format::{
@@ -74,15 +75,15 @@ pub(crate) struct Journal {
     background: bool,
     /// A seal waits for a checkpoint to free journal space (background mode). Set and cleared by
     /// the sealing batch only; the applier checkpoints while it is set.
-    space_wanted: std::sync::atomic::AtomicBool,
+    space_wanted: AtomicBool,
     /// `Head::since_checkpoint`, readable without the head's lock.
     since_checkpoint: AtomicU64,
     replayed: u64,
-    frames: AtomicU64,
-    frame_bytes: AtomicU64,
-    syncs: AtomicU64,
+    frames: Counter,
+    frame_bytes: Counter,
+    syncs: Counter,
     checkpoints: AtomicU64,
-    unjournaled: AtomicU64,
+    unjournaled: Counter,
 }
 
 impl std::fmt::Debug for Journal {
@@ -128,25 +129,25 @@ impl Journal {
             unframed: AtomicU64::new(0),
             answer_before_sync,
             background,
-            space_wanted: std::sync::atomic::AtomicBool::new(false),
+            space_wanted: AtomicBool::new(false),
             since_checkpoint: AtomicU64::new(0),
             replayed,
-            frames: AtomicU64::new(0),
-            frame_bytes: AtomicU64::new(0),
-            syncs: AtomicU64::new(0),
+            frames: Counter::new(0),
+            frame_bytes: Counter::new(0),
+            syncs: Counter::new(0),
             checkpoints: AtomicU64::new(0),
-            unjournaled: AtomicU64::new(0),
+            unjournaled: Counter::new(0),
         }
     }
 
     /// The counters since open.
     pub(crate) fn metrics(&self) -> JournalMetrics {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let get = |c: &Counter| c.load(Ordering::Relaxed);
         JournalMetrics {
             frames: get(&self.frames),
             frame_bytes: get(&self.frame_bytes),
             syncs: get(&self.syncs),
-            checkpoints: get(&self.checkpoints),
+            checkpoints: self.checkpoints.load(Ordering::Relaxed),
             replayed: self.replayed,
             unjournaled: get(&self.unjournaled),
             pending_waits: 0,
@@ -403,11 +404,14 @@ impl Journal {
     /// After the durable commit of entry `lsn` whose row is `row` returned Ok: the live journal
     /// now starts at its position, and every entry up to `lsn` is durable.
     pub(crate) fn checkpointed(&self, row: &Row) {
-        self.checkpoints.fetch_add(1, Ordering::Relaxed);
         let mut head = self.head.lock();
         head.live_from = row.position;
         head.since_checkpoint = 0;
         self.since_checkpoint.store(0, Ordering::Release);
+        // Counted with the new start, under the head's lock: a seal waiting for space samples
+        // the count under that lock, so it either finds the space or sees the count change
+        // (counted before the lock, a seal could sample the new count, then miss the space).
+        self.checkpoints.fetch_add(1, Ordering::AcqRel);
         drop(head);
         self.durable.fetch_max(row.lsn, Ordering::AcqRel);
         let _s = self.sync.lock();

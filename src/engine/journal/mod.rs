@@ -1,11 +1,13 @@
 //! The write-ahead journal in front of redb (docs/design.md, "Claims at the speed of a log").
 //!
-//! In journal mode a batch's writes are captured as redo records (`capture.rs`), sealed into
-//! one checksummed frame of a preallocated file (`format.rs`, `log.rs`) and committed to redb
-//! without an fsync; its members are answered once one `fdatasync` of the journal covers the
-//! frame. Every batch also writes the checkpoint row, so whichever redb commit becomes durable
-//! says where the journal resumes; a durable redb commit (a checkpoint) every
-//! `checkpoint_bytes` of frames bounds what an open replays (`recover.rs`, `apply.rs`).
+//! In journal mode a batch's writes are captured as redo records (`capture.rs`) and sealed into
+//! one checksummed frame of a preallocated file (`format.rs`, `log.rs`); its members are
+//! answered once one `fdatasync` of the journal covers the frame. The applier thread
+//! (`applier.rs`) applies durable entries to redb without an fsync, each of its commits holding
+//! the checkpoint row, so whichever redb commit becomes durable says where the journal resumes;
+//! a durable redb commit (a checkpoint) every `checkpoint_bytes` of frames bounds what an open
+//! replays (`recover.rs`, `apply.rs`). (The write-through form, a white-box switch, commits
+//! each batch's own redb transaction with the row instead.)
 //!
 //! | file | owns |
 //! |---|---|
@@ -16,12 +18,15 @@
 //! | `applier.rs` | background mode: the thread that applies durable entries to redb, the published snapshot, P |
 //! | `apply.rs` | the tables recovery can apply records to, with their types |
 //! | `pending.rs` | the pending set: versions sealed but not applied, read over a snapshot in key order |
+//! | `model_check.rs` | the journal and the applier model-checked with loom (tests only) |
 
 pub(crate) mod applier;
 pub(crate) mod apply;
 pub(crate) mod capture;
 pub(crate) mod format;
 pub(crate) mod log;
+#[cfg(test)]
+mod model_check;
 pub(crate) mod pending;
 pub(crate) mod recover;
 

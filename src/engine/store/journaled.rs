@@ -22,7 +22,7 @@ use std::sync::atomic::Ordering;
 use redb::{Key, Value, WriteTransaction};
 
 use crate::engine::boundary::redb_error;
-use crate::engine::journal::applier::{Applier, Hold, apply_entries};
+use crate::engine::journal::applier::{Applier, Hold, Redb, Target};
 use crate::engine::journal::format::frame_len;
 use crate::engine::journal::recover::{self, META_JOURNAL};
 use crate::engine::journal::{Capture, View};
@@ -148,7 +148,11 @@ impl Store {
         };
         // Invariant: no batch seals while this one commits, so the head is right after its
         // unframed entry, and that is the row its commit wrote.
-        hold.committed(db, journal.current_row(false))
+        let target = Redb {
+            db,
+            registry: self.registry(),
+        };
+        hold.committed(&target, journal.current_row(false))
             .map_err(|cause| {
                 self.latch(&cause);
                 unknown(&cause)
@@ -174,14 +178,12 @@ impl Store {
         };
         let hold = applier.hold(&journal_arc).map_err(failed)?;
         let sealed = journal.seal(None).map_err(failed)?;
+        let target = Redb {
+            db,
+            registry: self.registry(),
+        };
         let applied = catch_unwind(AssertUnwindSafe(|| {
-            apply_entries(
-                db,
-                self.registry(),
-                std::iter::once(body),
-                &sealed.row,
-                true,
-            )
+            target.apply(&[body], &sealed.row, true)
         }))
         .unwrap_or_else(|_| {
             Err(redb::Error::Corrupted(
@@ -211,13 +213,22 @@ impl Store {
         if applier.running() {
             return Ok(());
         }
-        applier.resume(&db).map_err(|e| self.storage(e))?;
+        applier
+            .resume(&Redb {
+                db: &db,
+                registry: self.registry(),
+            })
+            .map_err(|e| self.storage(e))?;
         let registry = self.registry().clone();
         let weak: WeakStore = self.downgrade();
         applier
             .start(journal, move |applier, journal| {
                 let round = catch_unwind(AssertUnwindSafe(|| {
-                    applier.round(&db, &registry, journal, false)
+                    let target = Redb {
+                        db: &db,
+                        registry: &registry,
+                    };
+                    applier.round(&target, journal, false)
                 }))
                 .unwrap_or_else(|_| {
                     Err("redb panicked while applying journal entries (a damaged file?)".into())
@@ -244,7 +255,11 @@ impl Store {
         else {
             return;
         };
-        if let Err(cause) = applier.suspend(db, self.registry(), journal) {
+        let target = Redb {
+            db,
+            registry: self.registry(),
+        };
+        if let Err(cause) = applier.suspend(&target, journal) {
             self.latch(&cause);
         }
     }
@@ -278,18 +293,10 @@ impl Store {
             return self.commit_oversized(journal, applier, &body);
         }
         // Backpressure: P stays within its bound while the applier catches up.
-        while applier.over_limit() {
-            applier.count_pending_wait();
-            let next = applier.applied() + 1;
-            journal.wait_durable(next).map_err(|cause| {
-                self.latch(&cause);
-                unknown(&cause)
-            })?;
-            applier.wait_applied(next).map_err(|cause| {
-                self.latch(&cause);
-                unknown(&cause)
-            })?;
-        }
+        applier.wait_for_room(journal).map_err(|cause| {
+            self.latch(&cause);
+            unknown(&cause)
+        })?;
         let sealed = match journal.seal(Some(&body)) {
             Ok(s) => s,
             Err(cause) => {
@@ -417,7 +424,13 @@ impl Inner {
         }
         let drained = match self.db.get() {
             Ok(db) => catch_unwind(AssertUnwindSafe(|| {
-                applier.drain(db, &self.registry, journal)
+                applier.drain(
+                    &Redb {
+                        db,
+                        registry: &self.registry,
+                    },
+                    journal,
+                )
             }))
             .unwrap_or_else(|_| Err("redb panicked while applying (a damaged file?)".into())),
             Err(e) => Err(e.to_string()),
