@@ -259,11 +259,9 @@ mod once {
     use super::*;
 
     fn std_run(s: Scenario) {
-        run(
-            s,
-            std::thread::spawn,
-            |t: std::thread::JoinHandle<()>| t.join().expect("a model thread"),
-        );
+        run(s, std::thread::spawn, |t: std::thread::JoinHandle<()>| {
+            t.join().expect("a model thread")
+        });
     }
 
     #[test]
