@@ -97,6 +97,35 @@ pub fn journal_from_env(builder: StoreBuilder) -> StoreBuilder {
     }
 }
 
+/// Runs `callers` threads on `store`, thread `t` running `each(store, t)`, under a watchdog:
+/// panics naming `hang` if they have not all finished within two minutes (a deadlock), or if
+/// one panicked.
+pub fn callers_under_watchdog(
+    store: &Store,
+    callers: usize,
+    hang: &str,
+    each: impl Fn(&Store, usize) + Send + Sync + 'static,
+) {
+    let store = store.clone();
+    let (done, finished) = std::sync::mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        std::thread::scope(|s| {
+            for t in 0..callers {
+                let (store, each) = (&store, &each);
+                s.spawn(move || each(store, t));
+            }
+        });
+        let _ = done.send(());
+    });
+    if finished
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .is_err()
+    {
+        panic!("the callers did not finish within two minutes ({hang})");
+    }
+    worker.join().expect("no caller panicked");
+}
+
 /// A request whose payload is canonical bytes.
 pub fn req(tenant: &str, operation: &str, key: &str, payload: &[u8]) -> Request {
     Request::from_canonical_bytes(Scope::new(tenant, operation), key, payload)

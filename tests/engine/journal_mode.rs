@@ -251,25 +251,17 @@ fn a_full_journal_waits_for_the_applier_and_never_deadlocks() {
             .journal_capacity(64 << 10)
             .checkpoint_bytes(32 << 10)
     });
-    let store = h.store().clone();
-    let (done, finished) = std::sync::mpsc::channel();
-    let worker = std::thread::spawn(move || {
-        std::thread::scope(|s| {
-            for t in 0..8 {
-                let store = &store;
-                s.spawn(move || {
-                    for i in 0..250 {
-                        executed(claim(store, &format!("f{t}-{i}")));
-                    }
-                });
+    callers_under_watchdog(
+        h.store(),
+        8,
+        "a seal and the applier waited for each other?",
+        |store, t| {
+            for i in 0..250 {
+                executed(claim(store, &format!("f{t}-{i}")));
             }
-        });
-        let _ = done.send(store.metrics().journal);
-    });
-    let m = finished
-        .recv_timeout(std::time::Duration::from_secs(120))
-        .expect("the claims finished (a seal and the applier waited for each other?)");
-    worker.join().expect("no caller panicked");
+        },
+    );
+    let m = h.store().metrics().journal;
     assert!(
         m.checkpoints >= 10,
         "the journal filled and was checkpointed many times: {m:?}"

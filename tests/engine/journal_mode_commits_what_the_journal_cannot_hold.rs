@@ -6,9 +6,6 @@
 
 use crate::common;
 
-use std::sync::mpsc;
-use std::time::Duration;
-
 use common::*;
 use idem::redb::{MultimapTableDefinition, TableDefinition};
 use idem::{Error, ExecuteAnswer, Response, Store, StoreBuilder};
@@ -93,30 +90,21 @@ fn a_multimap_table_commits_with_its_claim_and_survives_a_reopen() {
 #[test]
 fn claims_mixing_journaled_and_unjournalable_tables_each_run_once() {
     let mut h = Harness::with(journaled);
-    let store = h.store().clone();
-    let (done, finished) = mpsc::channel();
-    let worker = std::thread::spawn(move || {
-        std::thread::scope(|s| {
-            for t in 0..8 {
-                let store = &store;
-                s.spawn(move || {
-                    for i in 0..60 {
-                        let key = format!("m{t}-{i}");
-                        if i % 3 == t % 3 {
-                            executed(note(store, &key));
-                        } else {
-                            executed(claim(store, &key));
-                        }
-                    }
-                });
+    callers_under_watchdog(
+        h.store(),
+        8,
+        "a batch on redb's transaction and the applier waited for each other?",
+        |store, t| {
+            for i in 0..60 {
+                let key = format!("m{t}-{i}");
+                if i % 3 == t % 3 {
+                    executed(note(store, &key));
+                } else {
+                    executed(claim(store, &key));
+                }
             }
-        });
-        let _ = done.send(());
-    });
-    finished
-        .recv_timeout(Duration::from_secs(120))
-        .expect("the claims finished (a batch on redb's transaction and the applier waited for each other?)");
-    worker.join().expect("no caller panicked");
+        },
+    );
     let check = |store: &Store| {
         for t in 0..8 {
             for i in 0..60 {
@@ -169,25 +157,17 @@ fn an_entry_over_a_quarter_of_the_journal_commits_durably_and_replays_byte_exact
 #[test]
 fn the_pending_bound_makes_batches_wait_for_the_applier_and_loses_nothing() {
     let mut h = Harness::with(|b| journaled(b).journal_pending_bytes(1));
-    let store = h.store().clone();
-    let (done, finished) = mpsc::channel();
-    let worker = std::thread::spawn(move || {
-        std::thread::scope(|s| {
-            for t in 0..8 {
-                let store = &store;
-                s.spawn(move || {
-                    for i in 0..100 {
-                        executed(claim(store, &format!("p{t}-{i}")));
-                    }
-                });
+    callers_under_watchdog(
+        h.store(),
+        8,
+        "a seal waited for an applier that waited for it?",
+        |store, t| {
+            for i in 0..100 {
+                executed(claim(store, &format!("p{t}-{i}")));
             }
-        });
-        let _ = done.send(store.metrics().journal);
-    });
-    let m = finished
-        .recv_timeout(Duration::from_secs(120))
-        .expect("the claims finished (a seal waited for an applier that waited for it?)");
-    worker.join().expect("no caller panicked");
+        },
+    );
+    let m = h.store().metrics().journal;
     if !write_through() {
         assert!(
             m.pending_waits > 0,

@@ -196,7 +196,6 @@ impl Store {
             )));
         }
         journal.checkpointed(&sealed.row);
-        journal.count_unjournaled();
         self.held_committed(&hold)?;
         Ok(sealed.lsn)
     }
