@@ -375,10 +375,12 @@ impl StoreBuilder {
         self
     }
 
-    /// Journal bytes between two checkpoints (durable redb commits with quick-repair): what an
-    /// open after a crash replays at most, and what `Store` applies to redb's file in one
-    /// fsync. Default [`crate::store::DEFAULT_CHECKPOINT_BYTES`] (8 MiB); at most half the
-    /// journal's capacity.
+    /// Journal bytes between two checkpoints (durable redb commits with quick-repair, made by
+    /// the applier once it has applied what they cover): about what an open after a crash
+    /// replays (more while the applier lags behind the batches, never more than the
+    /// journal's capacity), and what `Store` applies to redb's file in one fsync. Default
+    /// [`crate::store::DEFAULT_CHECKPOINT_BYTES`] (8 MiB); at most half the journal's
+    /// capacity.
     pub fn checkpoint_bytes(mut self, bytes: u64) -> Self {
         self.journal.checkpoint_bytes = bytes;
         self
