@@ -453,12 +453,12 @@ impl Journal {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    /// An in-memory journal file.
+    /// An in-memory journal file (also the loom model's, `model_check.rs`).
     #[derive(Debug, Default)]
-    struct Mem(parking_lot::Mutex<Vec<u8>>);
+    pub(crate) struct Mem(parking_lot::Mutex<Vec<u8>>);
 
     impl StorageBackend for Mem {
         fn len(&self) -> Result<u64, std::io::Error> {

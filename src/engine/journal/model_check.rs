@@ -39,46 +39,8 @@ use crate::engine::journal::format::{
     EntryBuilder, HEADER_LEN, OP_PUT, Row, TABLE_PLAIN, decode_body, frame_len,
 };
 use crate::engine::journal::log::Journal;
+use crate::engine::journal::log::tests::Mem;
 use crate::engine::journal::pending::Compare;
-
-/// An in-memory journal file (not a point loom schedules: its lock is held only inside a write).
-#[derive(Debug, Default)]
-struct Mem(std::sync::Mutex<Vec<u8>>);
-
-impl StorageBackend for Mem {
-    fn len(&self) -> Result<u64, std::io::Error> {
-        Ok(self.0.lock().unwrap_or_else(|p| p.into_inner()).len() as u64)
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
-        let d = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let at = usize::try_from(offset).map_err(std::io::Error::other)?;
-        let src = d
-            .get(at..at + out.len())
-            .ok_or_else(|| std::io::Error::other("read past the end"))?;
-        out.copy_from_slice(src);
-        Ok(())
-    }
-    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
-        let len = usize::try_from(len).map_err(std::io::Error::other)?;
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .resize(len, 0);
-        Ok(())
-    }
-    fn sync_data(&self) -> Result<(), std::io::Error> {
-        Ok(())
-    }
-    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
-        let mut d = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let at = usize::try_from(offset).map_err(std::io::Error::other)?;
-        let dst = d
-            .get_mut(at..at + data.len())
-            .ok_or_else(|| std::io::Error::other("write past the end"))?;
-        dst.copy_from_slice(data);
-        Ok(())
-    }
-}
 
 /// The store of record: the last applied entry, checked on every apply. Ghost state (std
 /// atomics: no scheduling points).

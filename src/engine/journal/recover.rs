@@ -22,6 +22,7 @@ use redb::{Database, ReadableDatabase, StorageBackend};
 
 use crate::engine::boundary::unlatched;
 use crate::engine::journal::BrokenJournal;
+use crate::engine::journal::applier::{Redb, Target};
 use crate::engine::journal::apply::Registry;
 use crate::engine::journal::format::{
     self, Checksum, Entry, FormatError, Frame, HEADER_LEN, Header, Row, StoreId,
@@ -362,28 +363,18 @@ fn broken_read(_: &[u8], _: u64, _: u64) -> Frame {
 
 /// Applies `live`'s entries and writes its end row in one durable commit.
 fn replay(db: &Database, live: &Live, registry: &Registry) -> Result<(), Error> {
-    let mut txn = db.begin_write().map_err(unlatched)?;
-    txn.set_quick_repair(true);
-    {
-        let mut open = std::collections::HashMap::new();
-        for (body, entry) in &live.entries {
-            registry
-                .apply(
-                    &txn,
-                    &mut open,
-                    &entry.tables,
-                    &entry.records,
-                    &live.file[body.clone()],
-                )
-                .map_err(unlatched)?;
-        }
-    }
-    {
-        let mut meta = txn.open_table(META).map_err(unlatched)?;
-        meta.insert(META_JOURNAL, live.end.encode().as_slice())
-            .map_err(unlatched)?;
-    }
-    txn.commit().map_err(unlatched)
+    // Invariant: `read_live` found every body's range inside the file it read.
+    let bodies: Option<Vec<&[u8]>> = live
+        .entries
+        .iter()
+        .map(|(body, _)| live.file.get(body.clone()))
+        .collect();
+    let bodies = bodies.ok_or(Error::Internal {
+        what: "a live journal entry's body lies outside the journal read",
+    })?;
+    Redb { db, registry }
+        .apply(&bodies, &live.end, true)
+        .map_err(unlatched)
 }
 
 /// Opens the journal of the store on `db` in journal mode: creates it for a store without one,
