@@ -71,12 +71,57 @@ pub struct Sample {
     pub elapsed: Duration,
     /// Each claim's latency in ns.
     pub latencies_ns: Vec<u64>,
+    /// CPU time the process used in the window (user + system, all threads).
+    pub cpu: Duration,
+    /// The share of the machine's CPU time that was busy in the window (any process, and the
+    /// kernel's own threads: 1.0 is every core busy).
+    pub machine_busy: f64,
+}
+
+/// The process's CPU time so far (user + system), from `/proc/self/stat` (Linux, in ticks of
+/// 1/100 s: `USER_HZ` is 100 on every architecture Linux supports); zero where it cannot be read.
+fn process_cpu() -> Duration {
+    let Ok(stat) = fs::read_to_string("/proc/self/stat") else {
+        return Duration::ZERO;
+    };
+    // The command name (field 2) is in parentheses and may hold spaces: count from after it.
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+        return Duration::ZERO;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // Fields 14 and 15 of the line (utime, stime) are the 12th and 13th after the name.
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i).and_then(|f| f.parse::<u64>().ok()))
+        .sum();
+    Duration::from_millis(ticks * 10)
+}
+
+/// The machine's (busy, total) CPU ticks so far, from the first line of `/proc/stat`: busy is
+/// everything but idle and iowait.
+fn machine_ticks() -> (u64, u64) {
+    let Ok(stat) = fs::read_to_string("/proc/stat") else {
+        return (0, 0);
+    };
+    let Some(line) = stat.lines().next() else {
+        return (0, 0);
+    };
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is inside user already)
+    let total: u64 = v.iter().take(8).sum();
+    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+    (total - idle, total)
 }
 
 /// `callers` threads each loop `row.claim` on fresh keys for `secs`, recording each latency.
 pub fn measure(row: &dyn Row, callers: usize, secs: f64, seed: u64) -> Sample {
     let stop = AtomicBool::new(false);
     let window = Duration::from_secs_f64(secs);
+    let (cpu0, (busy0, total0)) = (process_cpu(), machine_ticks());
     let start = Instant::now();
     let per_thread: Vec<Vec<u64>> = thread::scope(|s| {
         let handles: Vec<_> = (0..callers)
@@ -103,11 +148,14 @@ pub fn measure(row: &dyn Row, callers: usize, secs: f64, seed: u64) -> Sample {
             .collect()
     });
     let elapsed = start.elapsed();
+    let (cpu1, (busy1, total1)) = (process_cpu(), machine_ticks());
     let latencies_ns: Vec<u64> = per_thread.into_iter().flatten().collect();
     Sample {
         claims: latencies_ns.len() as u64,
         elapsed,
         latencies_ns,
+        cpu: cpu1.saturating_sub(cpu0),
+        machine_busy: (busy1 - busy0) as f64 / (total1 - total0).max(1) as f64,
     }
 }
 

@@ -78,7 +78,9 @@ fn main() {
     let args = parse();
     let specs: Vec<_> = rows::all()
         .into_iter()
-        .filter(|s| args.only.is_empty() || args.only.iter().any(|o| o == s.label))
+        .filter(|s| {
+            (args.only.is_empty() && !s.diagnostic) || args.only.iter().any(|o| o == s.label)
+        })
         .collect();
     if specs.is_empty() {
         let labels: Vec<_> = rows::all().iter().map(|s| s.label).collect();

@@ -1,5 +1,6 @@
-//! The markdown the run prints: per caller count, each row's claims/s, p50, p99 and its ratio to
-//! the RocksDB TransactionDB row; then each store's bytes on disk per record.
+//! The markdown the run prints: per caller count, each row's claims/s, p50 and p99 with their
+//! ratios to the RocksDB TransactionDB row, the process's CPU time per claim and how busy the
+//! machine's cores were; then each store's bytes on disk per record.
 
 use std::fmt::Write as _;
 
@@ -19,8 +20,9 @@ pub struct Cell<'a> {
 }
 
 /// The cell's claims/s over all its reps (total claims / total window time), each rep's
-/// claims/s, and its p50 and p99 latency in µs over all its claims.
-pub fn summarize(cell: &Cell<'_>) -> (f64, Vec<f64>, f64, f64) {
+/// claims/s, its p50 and p99 latency in µs over all its claims, the process's CPU µs per claim,
+/// and the machine's busy share over its windows.
+pub fn summarize(cell: &Cell<'_>) -> (f64, Vec<f64>, f64, f64, f64, f64) {
     let claims: u64 = cell.samples.iter().map(|s| s.claims).sum();
     let secs: f64 = cell.samples.iter().map(|s| s.elapsed.as_secs_f64()).sum();
     let per_rep = cell
@@ -41,7 +43,21 @@ pub fn summarize(cell: &Cell<'_>) -> (f64, Vec<f64>, f64, f64) {
         let i = ((lat.len() as f64 * p).ceil() as usize).clamp(1, lat.len()) - 1;
         lat[i] as f64 / 1000.0
     };
-    (claims as f64 / secs, per_rep, pct(0.50), pct(0.99))
+    let cpu: f64 = cell.samples.iter().map(|s| s.cpu.as_secs_f64()).sum();
+    let busy = cell
+        .samples
+        .iter()
+        .map(|s| s.machine_busy * s.elapsed.as_secs_f64())
+        .sum::<f64>()
+        / secs;
+    (
+        claims as f64 / secs,
+        per_rep,
+        pct(0.50),
+        pct(0.99),
+        cpu * 1e6 / claims.max(1) as f64,
+        busy,
+    )
 }
 
 fn fmt_us(us: f64) -> String {
@@ -65,20 +81,20 @@ fn ratio(x: f64, base: Option<f64>) -> String {
 pub fn table(cells: &[Cell<'_>], callers: &[usize]) -> String {
     let mut out = String::new();
     out.push_str(
-        "| callers | row | claims/s | per rep | p50 | p99 | claims/s vs txn | p50 vs txn | p99 vs txn |\n",
+        "| callers | row | claims/s | per rep | p50 | p99 | claims/s vs txn | p50 vs txn | p99 vs txn | CPU µs/claim | machine busy |\n",
     );
-    out.push_str("|---:|---|---:|---|---:|---:|---:|---:|---:|\n");
+    out.push_str("|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|\n");
     for &c in callers {
         let base = cells
             .iter()
             .find(|cell| cell.callers == c && cell.label == BASELINE)
             .map(summarize);
         for cell in cells.iter().filter(|cell| cell.callers == c) {
-            let (rate, per_rep, p50, p99) = summarize(cell);
+            let (rate, per_rep, p50, p99, cpu, busy) = summarize(cell);
             let reps: Vec<String> = per_rep.iter().map(|r| format!("{r:.0}")).collect();
             let _ = writeln!(
                 out,
-                "| {c} | {} | {rate:.0} | {} | {} | {} | {} | {} | {} |",
+                "| {c} | {} | {rate:.0} | {} | {} | {} | {} | {} | {} | {cpu:.0} | {:.0}% |",
                 cell.label,
                 reps.join(", "),
                 fmt_us(p50),
@@ -86,6 +102,7 @@ pub fn table(cells: &[Cell<'_>], callers: &[usize]) -> String {
                 ratio(rate, base.as_ref().map(|b| b.0)),
                 ratio(p50, base.as_ref().map(|b| b.2)),
                 ratio(p99, base.as_ref().map(|b| b.3)),
+                busy * 100.0,
             );
         }
     }

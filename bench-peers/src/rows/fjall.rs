@@ -35,6 +35,7 @@ pub fn spec() -> RowSpec {
     RowSpec {
         label: "fjall",
         what: "fjall 3 SingleWriterTxDatabase: write_tx get + insert + commit with durability Some(PersistMode::SyncData)",
+        diagnostic: false,
         open: Box::new(|dir: &Path, records: usize| {
             let path = dir.join("fjall");
             let db = SingleWriterTxDatabase::builder(&path)

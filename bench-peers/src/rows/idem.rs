@@ -8,6 +8,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use idem::redb::TableDefinition;
+use idem::redb::backends::{FileBackend, InMemoryBackend};
 use idem::{ExecuteAnswer, Request, Response, Scope, Store, StoreBuilder};
 
 use super::{Row, RowSpec};
@@ -33,6 +34,10 @@ pub struct IdemMode {
     /// Claims through `execute_on_writer` (the closure is `Send` and the batch's thread runs
     /// it) instead of `execute`.
     pub on_writer: bool,
+    /// A diagnostic row: redb on an in-memory backend, the journal a file in the row's
+    /// directory (`open_with_backends`). What it gains over the same row on disk is what the
+    /// redb file's page writes and checkpoint syncs cost; a crash loses what was checkpointed.
+    pub redb_in_memory: bool,
 }
 
 /// The idem rows. To measure another idem setting beside the default, add one entry here, e.g.
@@ -43,18 +48,21 @@ pub const MODES: &[IdemMode] = &[
         what: "idem `Store::execute`, default builder (Durability::Immediate, group commit, 64 MiB page cache): record + expiry entry + caller row, one durable redb commit per batch",
         builder: Store::builder,
         on_writer: false,
+        redb_in_memory: false,
     },
     IdemMode {
         label: "idem journal",
         what: "the same in journal mode (`journal(true)`, the caller's table registered): a batch decides against redb's published snapshot plus the entries not yet applied, appends its writes to the journal and answers after its fdatasync (one per group of batches); one thread applies durable entries to redb with non-durable commits and checkpoints every 8 MiB of journal",
         builder: || Store::builder().journal(true).journal_table(EFFECTS),
         on_writer: false,
+        redb_in_memory: false,
     },
     IdemMode {
         label: "idem journal on_writer",
         what: "journal mode through `execute_on_writer` (a `Send` closure the batch's thread runs: no thread hand-off per claim)",
         builder: || Store::builder().journal(true).journal_table(EFFECTS),
         on_writer: true,
+        redb_in_memory: false,
     },
     IdemMode {
         label: "idem journal checkpoint 32MiB",
@@ -66,6 +74,7 @@ pub const MODES: &[IdemMode] = &[
                 .checkpoint_bytes(32 << 20)
         },
         on_writer: false,
+        redb_in_memory: false,
     },
     IdemMode {
         label: "idem journal write-through",
@@ -77,6 +86,7 @@ pub const MODES: &[IdemMode] = &[
                 .__journal_write_through(true)
         },
         on_writer: false,
+        redb_in_memory: false,
     },
     IdemMode {
         label: "idem journal write-through on_writer",
@@ -88,6 +98,26 @@ pub const MODES: &[IdemMode] = &[
                 .__journal_write_through(true)
         },
         on_writer: true,
+        redb_in_memory: false,
+    },
+];
+
+/// Journal mode's rows with redb's file in memory and the journal on disk: diagnostic rows,
+/// run only when `--only` names them.
+pub const DIAGNOSTIC_MODES: &[IdemMode] = &[
+    IdemMode {
+        label: "idem journal redb in memory",
+        what: "diagnostic, not durable across a crash: `idem journal` with redb on an in-memory backend and the journal a file on disk (each claim still waits for the journal's fdatasync); the difference from `idem journal` is what the redb file's page writes and checkpoint syncs cost; its bytes on disk are the journal's only",
+        builder: || Store::builder().journal(true).journal_table(EFFECTS),
+        on_writer: false,
+        redb_in_memory: true,
+    },
+    IdemMode {
+        label: "idem journal on_writer redb in memory",
+        what: "diagnostic, not durable across a crash: `idem journal on_writer` with redb in memory, as above",
+        builder: || Store::builder().journal(true).journal_table(EFFECTS),
+        on_writer: true,
+        redb_in_memory: true,
     },
 ];
 
@@ -138,14 +168,31 @@ pub fn spec(mode: &IdemMode) -> RowSpec {
         what,
         builder,
         on_writer,
+        redb_in_memory,
     } = mode;
     RowSpec {
         label,
         what,
+        diagnostic: redb_in_memory,
         open: Box::new(move |dir: &Path, records: usize| {
-            let store = builder()
-                .open(dir.join("idem.redb"))
-                .expect("open idem store");
+            let store = if redb_in_memory {
+                let journal = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .open(dir.join("idem.journal"))
+                    .expect("create the journal file");
+                builder()
+                    .open_with_backends(
+                        InMemoryBackend::new(),
+                        FileBackend::new(journal).expect("lock the journal file"),
+                    )
+                    .expect("open idem store")
+            } else {
+                builder()
+                    .open(dir.join("idem.redb"))
+                    .expect("open idem store")
+            };
             let row = IdemRow(store, on_writer);
             let took = prefill(&row, records);
             (Box::new(row) as Box<dyn Row>, took)

@@ -27,12 +27,18 @@ pub struct RowSpec {
     pub what: &'static str,
     /// Pre-fills and opens the row's store.
     pub open: Opener,
+    /// A diagnostic row, not a peer: it runs only when `--only` names it.
+    pub diagnostic: bool,
 }
 
 /// Every row, in the order each rep runs them. The idem rows come from `idem::MODES`: one line
 /// there adds an idem row with another builder setting.
 pub fn all() -> Vec<RowSpec> {
-    let mut rows: Vec<RowSpec> = idem::MODES.iter().map(idem::spec).collect();
+    let mut rows: Vec<RowSpec> = idem::MODES
+        .iter()
+        .chain(idem::DIAGNOSTIC_MODES)
+        .map(idem::spec)
+        .collect();
     rows.push(rocksdb::txn_spec());
     rows.push(rocksdb::plain_spec());
     rows.push(fjall::spec());

@@ -79,6 +79,7 @@ pub fn txn_spec() -> RowSpec {
     RowSpec {
         label: "rocksdb txn",
         what: "RocksDB TransactionDB (pessimistic): get_for_update(key, exclusive) + put + commit, WriteOptions::set_sync(true)",
+        diagnostic: false,
         open: Box::new(|dir: &Path, records: usize| {
             let path = dir.join("rocksdb-txn");
             let took = prefill(&path, records, 0xA001);
@@ -122,6 +123,7 @@ pub fn plain_spec() -> RowSpec {
     RowSpec {
         label: "rocksdb plain",
         what: "RocksDB DB: striped mutex (64, by key hash) held across get + WriteBatch put + write_opt with set_sync(true)",
+        diagnostic: false,
         open: Box::new(|dir: &Path, records: usize| {
             let path = dir.join("rocksdb-plain");
             let took = prefill(&path, records, 0xA002);
