@@ -102,8 +102,8 @@ pub const MODES: &[IdemMode] = &[
     },
 ];
 
-/// Journal mode's rows with redb's file in memory and the journal on disk: diagnostic rows,
-/// run only when `--only` names them.
+/// Diagnostic rows, run only when `--only` names them: journal mode with redb's file in memory
+/// and the journal on disk, and with a page cache that holds the whole store.
 pub const DIAGNOSTIC_MODES: &[IdemMode] = &[
     IdemMode {
         label: "idem journal redb in memory",
@@ -118,6 +118,30 @@ pub const DIAGNOSTIC_MODES: &[IdemMode] = &[
         builder: || Store::builder().journal(true).journal_table(EFFECTS),
         on_writer: true,
         redb_in_memory: true,
+    },
+    IdemMode {
+        label: "idem journal cache 1GiB",
+        what: "diagnostic: `idem journal` with a 1 GiB page cache (`cache_size`) instead of 64 MiB, which holds the whole pre-filled store: what reads of pages outside redb's cache cost",
+        builder: || {
+            Store::builder()
+                .journal(true)
+                .journal_table(EFFECTS)
+                .cache_size(1 << 30)
+        },
+        on_writer: false,
+        redb_in_memory: false,
+    },
+    IdemMode {
+        label: "idem journal on_writer cache 1GiB",
+        what: "diagnostic: `idem journal on_writer` with a 1 GiB page cache",
+        builder: || {
+            Store::builder()
+                .journal(true)
+                .journal_table(EFFECTS)
+                .cache_size(1 << 30)
+        },
+        on_writer: true,
+        redb_in_memory: false,
     },
 ];
 
@@ -160,9 +184,10 @@ impl Row for IdemRow {
     }
 }
 
-/// The row of `MODES` entry `mode`: its store is `idem.redb` in the row's directory, pre-filled
+/// The row of `MODES` or `DIAGNOSTIC_MODES` (`diagnostic`) entry `mode`: its store is
+/// `idem.redb` in the row's directory (or in memory), pre-filled
 /// through `execute` on `PREFILL_THREADS` threads (as benches/claim_throughput pre-fills).
-pub fn spec(mode: &IdemMode) -> RowSpec {
+pub fn spec(mode: &IdemMode, diagnostic: bool) -> RowSpec {
     let &IdemMode {
         label,
         what,
@@ -173,7 +198,7 @@ pub fn spec(mode: &IdemMode) -> RowSpec {
     RowSpec {
         label,
         what,
-        diagnostic: redb_in_memory,
+        diagnostic,
         open: Box::new(move |dir: &Path, records: usize| {
             let store = if redb_in_memory {
                 let journal = std::fs::OpenOptions::new()

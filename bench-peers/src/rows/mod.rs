@@ -36,8 +36,8 @@ pub struct RowSpec {
 pub fn all() -> Vec<RowSpec> {
     let mut rows: Vec<RowSpec> = idem::MODES
         .iter()
-        .chain(idem::DIAGNOSTIC_MODES)
-        .map(idem::spec)
+        .map(|m| idem::spec(m, false))
+        .chain(idem::DIAGNOSTIC_MODES.iter().map(|m| idem::spec(m, true)))
         .collect();
     rows.push(rocksdb::txn_spec());
     rows.push(rocksdb::plain_spec());
