@@ -210,12 +210,14 @@ fn main() -> ExitCode {
     if m.journal.frames + m.journal.checkpoints > 0 {
         let per = |x: u64| x as f64 / n.max(1) as f64;
         println!(
-            "journal: {} frames ({:.0} B per claim), {} syncs ({:.3} per claim), {} checkpoints; {} commits",
+            "journal: {} frames ({:.0} B per claim), {} syncs ({:.3} per claim), {} checkpoints ({:.0} ms, {:.1}% of the run); {} commits",
             m.journal.frames,
             per(m.journal.frame_bytes),
             m.journal.syncs,
             per(m.journal.syncs),
             m.journal.checkpoints,
+            m.journal.checkpoint_time.as_secs_f64() * 1000.0,
+            m.journal.checkpoint_time.as_secs_f64() * 100.0 / elapsed,
             m.commits
         );
     }

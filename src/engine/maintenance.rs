@@ -62,6 +62,12 @@ pub struct JournalMetrics {
     /// writes not yet in redb's file exceeded
     /// [`StoreBuilder::journal_pending_bytes`](crate::StoreBuilder::journal_pending_bytes).
     pub pending_waits: u64,
+    /// Time spent in the checkpoints' durable commits, summed. Each flushes the store file's
+    /// pages written since the one before, and a journal sync beside it waits for the disk:
+    /// divided by the time since open, it is the share of time a claim may wait behind one,
+    /// which makes the latency tail of a busy store (docs/design.md, "Where the rest of the gap
+    /// is").
+    pub checkpoint_time: std::time::Duration,
 }
 
 impl Metrics {

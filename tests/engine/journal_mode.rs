@@ -266,6 +266,10 @@ fn a_full_journal_waits_for_the_applier_and_never_deadlocks() {
         m.checkpoints >= 10,
         "the journal filled and was checkpointed many times: {m:?}"
     );
+    assert!(
+        m.checkpoint_time > std::time::Duration::ZERO,
+        "the checkpoints' durable commits are timed: {m:?}"
+    );
     for t in 0..8 {
         assert_eq!(effects(h.store(), &format!("f{t}-249")), 1);
     }

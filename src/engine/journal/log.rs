@@ -84,6 +84,8 @@ pub(crate) struct Journal {
     syncs: Counter,
     checkpoints: AtomicU64,
     unjournaled: Counter,
+    /// Nanoseconds spent in the durable commits counted by `checkpoints`.
+    checkpoint_nanos: Counter,
 }
 
 impl std::fmt::Debug for Journal {
@@ -137,6 +139,7 @@ impl Journal {
             syncs: Counter::new(0),
             checkpoints: AtomicU64::new(0),
             unjournaled: Counter::new(0),
+            checkpoint_nanos: Counter::new(0),
         }
     }
 
@@ -151,6 +154,7 @@ impl Journal {
             replayed: self.replayed,
             unjournaled: get(&self.unjournaled),
             pending_waits: 0,
+            checkpoint_time: std::time::Duration::from_nanos(get(&self.checkpoint_nanos)),
         }
     }
 
@@ -401,9 +405,12 @@ impl Journal {
         }
     }
 
-    /// After the durable commit of entry `lsn` whose row is `row` returned Ok: the live journal
-    /// now starts at its position, and every entry up to `lsn` is durable.
-    pub(crate) fn checkpointed(&self, row: &Row) {
+    /// After the durable commit of entry `lsn` whose row is `row` returned Ok, having taken
+    /// `took`: the live journal now starts at its position, and every entry up to `lsn` is
+    /// durable.
+    pub(crate) fn checkpointed(&self, row: &Row, took: std::time::Duration) {
+        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        self.checkpoint_nanos.fetch_add(nanos, Ordering::Relaxed);
         let mut head = self.head.lock();
         head.live_from = row.position;
         head.since_checkpoint = 0;

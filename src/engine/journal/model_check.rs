@@ -174,7 +174,7 @@ fn run<J>(s: Scenario, spawn: impl Fn(Box<dyn FnOnce() + Send>) -> J, join: impl
             assert_eq!(fake.applied.load(Ordering::SeqCst), sealed.lsn - 1);
             // Its durable commit: the fake's state after it.
             fake.applied.store(sealed.lsn, Ordering::SeqCst);
-            journal.checkpointed(&sealed.row);
+            journal.checkpointed(&sealed.row, std::time::Duration::ZERO);
             fake.holding.store(false, Ordering::SeqCst);
             hold.committed(&*fake, journal.current_row(false))
                 .expect("publish");

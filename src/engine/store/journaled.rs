@@ -101,9 +101,10 @@ impl Store {
                 source: redb_error(e),
             });
         }
+        let started = std::time::Instant::now();
         self.commit(txn)?;
         if checkpoint {
-            journal.checkpointed(&sealed.row);
+            journal.checkpointed(&sealed.row, started.elapsed());
         }
         // Periodic: the flusher's forced commit (a checkpoint) makes these durable.
         self.set_unflushed(self.relaxed_durability() && !checkpoint);
@@ -182,6 +183,7 @@ impl Store {
             db,
             registry: self.registry(),
         };
+        let started = std::time::Instant::now();
         let applied = catch_unwind(AssertUnwindSafe(|| {
             target.apply(&[body], &sealed.row, true)
         }))
@@ -195,7 +197,7 @@ impl Store {
                 "committing an entry larger than the journal takes failed: {e}"
             )));
         }
-        journal.checkpointed(&sealed.row);
+        journal.checkpointed(&sealed.row, started.elapsed());
         self.held_committed(&hold)?;
         Ok(sealed.lsn)
     }
