@@ -19,10 +19,24 @@ pub struct Cell<'a> {
     pub samples: Vec<&'a Sample>,
 }
 
-/// The cell's claims/s over all its reps (total claims / total window time), each rep's
-/// claims/s, its p50 and p99 latency in µs over all its claims, the process's CPU µs per claim,
-/// and the machine's busy share over its windows.
-pub fn summarize(cell: &Cell<'_>) -> (f64, Vec<f64>, f64, f64, f64, f64) {
+/// One cell's figures over all its reps.
+pub struct Summary {
+    /// Claims/s: total claims over total window time.
+    pub rate: f64,
+    /// Each rep's claims/s.
+    pub per_rep: Vec<f64>,
+    /// The median latency in µs over all the cell's claims.
+    pub p50: f64,
+    /// The 99th percentile latency in µs over all the cell's claims.
+    pub p99: f64,
+    /// The process's CPU time per claim, in µs.
+    pub cpu_us: f64,
+    /// The machine's busy share over the windows (1.0: every core busy).
+    pub busy: f64,
+}
+
+/// The cell's [`Summary`].
+pub fn summarize(cell: &Cell<'_>) -> Summary {
     let claims: u64 = cell.samples.iter().map(|s| s.claims).sum();
     let secs: f64 = cell.samples.iter().map(|s| s.elapsed.as_secs_f64()).sum();
     let per_rep = cell
@@ -50,14 +64,14 @@ pub fn summarize(cell: &Cell<'_>) -> (f64, Vec<f64>, f64, f64, f64, f64) {
         .map(|s| s.machine_busy * s.elapsed.as_secs_f64())
         .sum::<f64>()
         / secs;
-    (
-        claims as f64 / secs,
+    Summary {
+        rate: claims as f64 / secs,
         per_rep,
-        pct(0.50),
-        pct(0.99),
-        cpu * 1e6 / claims.max(1) as f64,
+        p50: pct(0.50),
+        p99: pct(0.99),
+        cpu_us: cpu * 1e6 / claims.max(1) as f64,
         busy,
-    )
+    }
 }
 
 fn fmt_us(us: f64) -> String {
@@ -90,18 +104,25 @@ pub fn table(cells: &[Cell<'_>], callers: &[usize]) -> String {
             .find(|cell| cell.callers == c && cell.label == BASELINE)
             .map(summarize);
         for cell in cells.iter().filter(|cell| cell.callers == c) {
-            let (rate, per_rep, p50, p99, cpu, busy) = summarize(cell);
+            let Summary {
+                rate,
+                per_rep,
+                p50,
+                p99,
+                cpu_us,
+                busy,
+            } = summarize(cell);
             let reps: Vec<String> = per_rep.iter().map(|r| format!("{r:.0}")).collect();
             let _ = writeln!(
                 out,
-                "| {c} | {} | {rate:.0} | {} | {} | {} | {} | {} | {} | {cpu:.0} | {:.0}% |",
+                "| {c} | {} | {rate:.0} | {} | {} | {} | {} | {} | {} | {cpu_us:.0} | {:.0}% |",
                 cell.label,
                 reps.join(", "),
                 fmt_us(p50),
                 fmt_us(p99),
-                ratio(rate, base.as_ref().map(|b| b.0)),
-                ratio(p50, base.as_ref().map(|b| b.2)),
-                ratio(p99, base.as_ref().map(|b| b.3)),
+                ratio(rate, base.as_ref().map(|b| b.rate)),
+                ratio(p50, base.as_ref().map(|b| b.p50)),
+                ratio(p99, base.as_ref().map(|b| b.p99)),
                 busy * 100.0,
             );
         }

@@ -34,9 +34,9 @@ pub struct IdemMode {
     /// Claims through `execute_on_writer` (the closure is `Send` and the batch's thread runs
     /// it) instead of `execute`.
     pub on_writer: bool,
-    /// A diagnostic row: redb on an in-memory backend, the journal a file in the row's
-    /// directory (`open_with_backends`). What it gains over the same row on disk is what the
-    /// redb file's page writes and checkpoint syncs cost; a crash loses what was checkpointed.
+    /// redb on an in-memory backend, the journal a file in the row's directory
+    /// (`open_with_backends`). What it gains over the same row on disk is what the redb file's
+    /// page writes and checkpoint syncs cost; a crash loses what was checkpointed.
     pub redb_in_memory: bool,
 }
 

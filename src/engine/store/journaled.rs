@@ -38,6 +38,14 @@ fn unknown(cause: &str) -> Error {
 }
 
 impl Store {
+    /// The applier's target on this store's file `db`: redb, with the store's registered tables.
+    fn redb<'a>(&'a self, db: &'a redb::Database) -> Redb<'a> {
+        Redb {
+            db,
+            registry: self.registry(),
+        }
+    }
+
     /// Commits a journal-mode batch (steps 1 to 3 above); returns the LSN its members wait for.
     /// `unframed`: the batch's writes go to redb's file in a durable commit, whatever it wrote
     /// (a batch on redb's own transaction in background mode).
@@ -149,11 +157,7 @@ impl Store {
         };
         // Invariant: no batch seals while this one commits, so the head is right after its
         // unframed entry, and that is the row its commit wrote.
-        let target = Redb {
-            db,
-            registry: self.registry(),
-        };
-        hold.committed(&target, journal.current_row(false))
+        hold.committed(&self.redb(db), journal.current_row(false))
             .map_err(|cause| {
                 self.latch(&cause);
                 unknown(&cause)
@@ -179,10 +183,7 @@ impl Store {
         };
         let hold = applier.hold(&journal_arc).map_err(failed)?;
         let sealed = journal.seal(None).map_err(failed)?;
-        let target = Redb {
-            db,
-            registry: self.registry(),
-        };
+        let target = self.redb(db);
         let started = std::time::Instant::now();
         let applied = catch_unwind(AssertUnwindSafe(|| {
             target.apply(&[body], &sealed.row, true)
@@ -215,10 +216,7 @@ impl Store {
             return Ok(());
         }
         applier
-            .resume(&Redb {
-                db: &db,
-                registry: self.registry(),
-            })
+            .resume(&self.redb(&db))
             .map_err(|e| self.storage(e))?;
         let registry = self.registry().clone();
         let weak: WeakStore = self.downgrade();
@@ -256,11 +254,7 @@ impl Store {
         else {
             return;
         };
-        let target = Redb {
-            db,
-            registry: self.registry(),
-        };
-        if let Err(cause) = applier.suspend(&target, journal) {
+        if let Err(cause) = applier.suspend(&self.redb(db), journal) {
             self.latch(&cause);
         }
     }
