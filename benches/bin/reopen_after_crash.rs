@@ -6,13 +6,17 @@
 //!
 //! ```text
 //! cargo run --release -p idem-benches --bin reopen_after_crash -- build FILE RECORDS  # RECORDS claims, 8 threads
-//! cargo run --release -p idem-benches --bin reopen_after_crash -- crash FILE [--quick-repair] [--journal]  # claims on 8 threads, aborts after 0.7 s
+//! cargo run --release -p idem-benches --bin reopen_after_crash -- crash FILE [--quick-repair] [--journal [--full] [--checkpoint-mib N]] [--random]  # claims on 8 threads, aborts after 0.7 s
 //! cargo run --release -p idem-benches --bin reopen_after_crash -- reopen FILE [--no-prefetch] [--no-verify] [--journal]
 //! ```
 //!
 //! `--journal` claims and reopens in journal mode (`StoreBuilder::journal`): the crash leaves
 //! redb at its last checkpoint (saved with quick-repair) and the journal's live entries, which
-//! the reopen replays; its line gives the entries replayed.
+//! the reopen replays; its line gives the entries replayed. `--full` aborts instead once the
+//! journal holds 90% of `checkpoint_bytes` (8 MiB, or `--checkpoint-mib`) since the last
+//! checkpoint: the most a crash can leave to replay. `--random` claims keys spread over the key
+//! space (each claim then lands in a random leaf, as UUID keys do) instead of one sequence per
+//! thread (which appends to a few leaves).
 //!
 //! `build` commits with `Durability::Periodic(200 ms)` (a bulk load; the store is closed cleanly
 //! at the end); `crash` commits with the default `Immediate` durability and ends with
@@ -27,7 +31,7 @@ use std::time::{Duration, Instant};
 use bench_common::workload::{request, response as answer};
 use idem::{Durability, Store};
 
-const USAGE: &str = "usage: reopen_after_crash build FILE RECORDS | crash FILE [--quick-repair] [--journal] | reopen FILE [--no-prefetch] [--no-verify] [--journal]";
+const USAGE: &str = "usage: reopen_after_crash build FILE RECORDS | crash FILE [--quick-repair] [--journal [--full] [--checkpoint-mib N]] [--random] | reopen FILE [--no-prefetch] [--no-verify] [--journal]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -42,8 +46,17 @@ fn main() -> ExitCode {
         },
         "crash" => crash(
             path,
-            args.iter().any(|a| a == "--quick-repair"),
-            args.iter().any(|a| a == "--journal"),
+            Crash {
+                quick_repair: args.iter().any(|a| a == "--quick-repair"),
+                journal: args.iter().any(|a| a == "--journal"),
+                full: args.iter().any(|a| a == "--full"),
+                random: args.iter().any(|a| a == "--random"),
+                checkpoint_mib: args
+                    .iter()
+                    .position(|a| a == "--checkpoint-mib")
+                    .and_then(|i| args.get(i + 1))
+                    .and_then(|n| n.parse().ok()),
+            },
         ),
         "reopen" => reopen(
             path,
@@ -96,22 +109,80 @@ fn build(path: &str, records: u64) -> Result<(), Failure> {
     Ok(())
 }
 
-fn crash(path: &str, quick_repair: bool, journal: bool) -> Result<(), Failure> {
-    let store = Store::builder()
-        .quick_repair(quick_repair)
-        .journal(journal)
-        .open(path)?;
+/// How `crash` claims and when it aborts.
+struct Crash {
+    quick_repair: bool,
+    journal: bool,
+    /// Abort once the journal holds 90% of `checkpoint_bytes` since the last checkpoint.
+    full: bool,
+    /// Keys spread over the key space instead of one sequence per thread.
+    random: bool,
+    /// `checkpoint_bytes` in MiB (the builder's default when `None`).
+    checkpoint_mib: Option<u64>,
+}
+
+/// The checkpoint interval the store's builder defaults to (`StoreBuilder::checkpoint_bytes`).
+const DEFAULT_CHECKPOINT_BYTES: u64 = 8 << 20;
+
+fn crash(path: &str, how: Crash) -> Result<(), Failure> {
+    let mut builder = Store::builder()
+        .quick_repair(how.quick_repair)
+        .journal(how.journal);
+    let checkpoint_bytes = match how.checkpoint_mib {
+        Some(mib) => {
+            builder = builder.checkpoint_bytes(mib << 20);
+            mib << 20
+        }
+        None => DEFAULT_CHECKPOINT_BYTES,
+    };
+    let store = builder.open(path)?;
     std::thread::scope(|s| {
         for t in 0..8u64 {
             let store = &store;
+            let random = how.random;
             s.spawn(move || {
+                // xorshift64: a key sequence per thread, spread over the key space.
+                let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (t + 1);
                 for i in 0u64.. {
+                    let key = if random {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        format!("k{x:016x}")
+                    } else {
+                        format!("crash-{t}-{i:010}")
+                    };
                     // Claims until the process dies; a failed claim changes nothing here.
-                    let _ = store.execute(request(&format!("crash-{t}-{i:010}")), |_| Ok(answer()));
+                    let _ = store.execute(request(&key), |_| Ok(answer()));
                 }
             });
         }
-        std::thread::sleep(Duration::from_millis(700));
+        if how.full {
+            // The journal's bytes since the last checkpoint: frame bytes since the checkpoint
+            // count last moved (the applier's checkpoint trails the entries it covers, so the
+            // live region is at least this).
+            let started = Instant::now();
+            let (mut checkpoints, mut mark) = (u64::MAX, 0);
+            loop {
+                let m = store.metrics().journal;
+                if m.checkpoints != checkpoints {
+                    (checkpoints, mark) = (m.checkpoints, m.frame_bytes);
+                }
+                let since = m.frame_bytes - mark;
+                if since * 10 >= checkpoint_bytes * 9
+                    || started.elapsed() > Duration::from_secs(120)
+                {
+                    eprintln!(
+                        "crash: aborting with {since} B of journal since checkpoint {checkpoints} ({} frames in all)",
+                        m.frames
+                    );
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        } else {
+            std::thread::sleep(Duration::from_millis(700));
+        }
         // No destructor runs: the file keeps no clean-close mark, as after a SIGKILL.
         std::process::abort();
     })
