@@ -76,6 +76,40 @@ pub struct Sample {
     /// The share of the machine's CPU time that was busy in the window (any process, and the
     /// kernel's own threads: 1.0 is every core busy).
     pub machine_busy: f64,
+    /// Bytes written to the stores' block device in the window (its sectors written, from
+    /// `/proc/diskstats`): what reached the disk, background threads' flushes and compactions
+    /// included, whoever wrote them (the machine should be otherwise idle). Page-cache writes
+    /// reach it when they are synced or written back, so a store's deferred work counts in the
+    /// window that pays for it.
+    pub written: u64,
+}
+
+/// The block device holding `path`: its (major, minor) numbers, from the path's `st_dev`.
+pub fn device_of(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = fs::metadata(path).ok()?.dev();
+    // glibc's gnu_dev_major / gnu_dev_minor.
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    Some((major, minor))
+}
+
+/// Bytes written to `device` since boot (`/proc/diskstats`' sectors written, 512 bytes each);
+/// zero where it cannot be read.
+fn device_written(device: Option<(u64, u64)>) -> u64 {
+    let (Some((major, minor)), Ok(stats)) = (device, fs::read_to_string("/proc/diskstats")) else {
+        return 0;
+    };
+    stats
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| {
+            f.first().and_then(|v| v.parse().ok()) == Some(major)
+                && f.get(1).and_then(|v| v.parse().ok()) == Some(minor)
+        })
+        // Fields: major, minor, name, then reads (4), then writes: completed, merged, sectors.
+        .and_then(|f| f.get(9).and_then(|v| v.parse::<u64>().ok()))
+        .map_or(0, |sectors| sectors * 512)
 }
 
 /// The process's CPU time so far (user + system), from `/proc/self/stat` (Linux, in ticks of
@@ -117,11 +151,19 @@ fn machine_ticks() -> (u64, u64) {
     (total - idle, total)
 }
 
-/// `callers` threads each loop `row.claim` on fresh keys for `secs`, recording each latency.
-pub fn measure(row: &dyn Row, callers: usize, secs: f64, seed: u64) -> Sample {
+/// `callers` threads each loop `row.claim` on fresh keys for `secs`, recording each latency;
+/// `device` is the stores' block device ([`device_of`]).
+pub fn measure(
+    row: &dyn Row,
+    callers: usize,
+    secs: f64,
+    seed: u64,
+    device: Option<(u64, u64)>,
+) -> Sample {
     let stop = AtomicBool::new(false);
     let window = Duration::from_secs_f64(secs);
     let (cpu0, (busy0, total0)) = (process_cpu(), machine_ticks());
+    let written0 = device_written(device);
     let start = Instant::now();
     let per_thread: Vec<Vec<u64>> = thread::scope(|s| {
         let handles: Vec<_> = (0..callers)
@@ -149,6 +191,7 @@ pub fn measure(row: &dyn Row, callers: usize, secs: f64, seed: u64) -> Sample {
     });
     let elapsed = start.elapsed();
     let (cpu1, (busy1, total1)) = (process_cpu(), machine_ticks());
+    let written1 = device_written(device);
     let latencies_ns: Vec<u64> = per_thread.into_iter().flatten().collect();
     Sample {
         claims: latencies_ns.len() as u64,
@@ -156,6 +199,7 @@ pub fn measure(row: &dyn Row, callers: usize, secs: f64, seed: u64) -> Sample {
         latencies_ns,
         cpu: cpu1.saturating_sub(cpu0),
         machine_busy: (busy1 - busy0) as f64 / (total1 - total0).max(1) as f64,
+        written: written1.saturating_sub(written0),
     }
 }
 

@@ -11,7 +11,7 @@ use std::process::exit;
 use std::thread;
 use std::time::Duration;
 
-use harness::{Sample, dir_size, measure, strace_mark};
+use harness::{Sample, device_of, dir_size, measure, strace_mark};
 use report::{Cell, Size};
 
 /// The command line.
@@ -137,11 +137,12 @@ fn main() {
     // Each window is bracketed by strace markers (`getppid`) for the syncs-per-claim count.
     let mut samples: Vec<(usize, usize, usize, Sample)> = Vec::new();
     let mut seed = 1u64;
+    let device = device_of(temp.path());
     for rep in 1..=args.reps {
         for &callers in &args.callers {
             for (i, (label, _, row, _)) in open.iter().enumerate() {
                 strace_mark();
-                let sample = measure(row.as_ref(), callers, args.secs, seed);
+                let sample = measure(row.as_ref(), callers, args.secs, seed, device);
                 strace_mark();
                 seed += 1;
                 println!(

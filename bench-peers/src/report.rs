@@ -1,6 +1,7 @@
 //! The markdown the run prints: per caller count, each row's claims/s, p50 and p99 with their
-//! ratios to the RocksDB TransactionDB row, the process's CPU time per claim and how busy the
-//! machine's cores were; then each store's bytes on disk per record.
+//! ratios to the RocksDB TransactionDB row, the process's CPU time per claim, how busy the
+//! machine's cores were and the bytes written to the stores' disk per claim; then each store's bytes
+//! on disk per record.
 
 use std::fmt::Write as _;
 
@@ -33,6 +34,8 @@ pub struct Summary {
     pub cpu_us: f64,
     /// The machine's busy share over the windows (1.0: every core busy).
     pub busy: f64,
+    /// Bytes written to the stores' disk per claim ([`Sample::written`]), in KiB.
+    pub written_kib: f64,
 }
 
 /// The cell's [`Summary`].
@@ -64,6 +67,7 @@ pub fn summarize(cell: &Cell<'_>) -> Summary {
         .map(|s| s.machine_busy * s.elapsed.as_secs_f64())
         .sum::<f64>()
         / secs;
+    let written: u64 = cell.samples.iter().map(|s| s.written).sum();
     Summary {
         rate: claims as f64 / secs,
         per_rep,
@@ -71,6 +75,7 @@ pub fn summarize(cell: &Cell<'_>) -> Summary {
         p99: pct(0.99),
         cpu_us: cpu * 1e6 / claims.max(1) as f64,
         busy,
+        written_kib: written as f64 / 1024.0 / claims.max(1) as f64,
     }
 }
 
@@ -95,9 +100,9 @@ fn ratio(x: f64, base: Option<f64>) -> String {
 pub fn table(cells: &[Cell<'_>], callers: &[usize]) -> String {
     let mut out = String::new();
     out.push_str(
-        "| callers | row | claims/s | per rep | p50 | p99 | claims/s vs txn | p50 vs txn | p99 vs txn | CPU µs/claim | machine busy |\n",
+        "| callers | row | claims/s | per rep | p50 | p99 | claims/s vs txn | p50 vs txn | p99 vs txn | CPU µs/claim | machine busy | disk KiB/claim |\n",
     );
-    out.push_str("|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|\n");
+    out.push_str("|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for &c in callers {
         let base = cells
             .iter()
@@ -111,11 +116,12 @@ pub fn table(cells: &[Cell<'_>], callers: &[usize]) -> String {
                 p99,
                 cpu_us,
                 busy,
+                written_kib,
             } = summarize(cell);
             let reps: Vec<String> = per_rep.iter().map(|r| format!("{r:.0}")).collect();
             let _ = writeln!(
                 out,
-                "| {c} | {} | {rate:.0} | {} | {} | {} | {} | {} | {} | {cpu_us:.0} | {:.0}% |",
+                "| {c} | {} | {rate:.0} | {} | {} | {} | {} | {} | {} | {cpu_us:.0} | {:.0}% | {written_kib:.1} |",
                 cell.label,
                 reps.join(", "),
                 fmt_us(p50),
