@@ -121,9 +121,6 @@ struct Crash {
     checkpoint_mib: Option<u64>,
 }
 
-/// The checkpoint interval the store's builder defaults to (`StoreBuilder::checkpoint_bytes`).
-const DEFAULT_CHECKPOINT_BYTES: u64 = 8 << 20;
-
 fn crash(path: &str, how: Crash) -> Result<(), Failure> {
     let mut builder = Store::builder()
         .quick_repair(how.quick_repair)
@@ -133,7 +130,7 @@ fn crash(path: &str, how: Crash) -> Result<(), Failure> {
             builder = builder.checkpoint_bytes(mib << 20);
             mib << 20
         }
-        None => DEFAULT_CHECKPOINT_BYTES,
+        None => idem::store::DEFAULT_CHECKPOINT_BYTES,
     };
     let store = builder.open(path)?;
     std::thread::scope(|s| {
