@@ -109,9 +109,10 @@ impl Store {
                 source: redb_error(e),
             });
         }
-        let started = std::time::Instant::now();
+        // Only a checkpoint is timed (JournalMetrics::checkpoint_time).
+        let started = checkpoint.then(std::time::Instant::now);
         self.commit(txn)?;
-        if checkpoint {
+        if let Some(started) = started {
             journal.checkpointed(&sealed.row, started.elapsed());
         }
         // Periodic: the flusher's forced commit (a checkpoint) makes these durable.
