@@ -93,6 +93,7 @@ impl std::fmt::Display for Field {
 /// | [`UnsupportedFormat`](Error::UnsupportedFormat) | a record from a newer idem | open with that release | no |
 /// | [`UnsupportedJournal`](Error::UnsupportedJournal) | a journal from another idem build | open with that release and close cleanly | no |
 /// | [`NeedsRecovery`](Error::NeedsRecovery) | a read-only open of a file that needs crash recovery | open it for writing once, or `idem recover` | no |
+/// | [`JournalNeedsReplay`](Error::JournalNeedsReplay) | a `multi_process` open found a journal holding answers the file lacks | open once without `multi_process`, or `idem recover` | no |
 /// | [`RepairAborted`](Error::RepairAborted) | the `on_repair` callback abandoned the repair | open again without aborting | no |
 /// | [`Internal`](Error::Internal) | a broken invariant: a bug in idem | report it | no |
 #[derive(Debug, thiserror::Error)]
@@ -262,6 +263,15 @@ pub enum Error {
         "the store file was not closed cleanly (the process that last had it open for writing died, or one of its writes failed part-way: a commit or a compaction on a full or failing disk) and needs crash recovery, which a read-only open never does: open it for writing once (start the service, or run `idem recover`), or run `idem check` (it recovers and checks a copy, leaving the file as it is)"
     )]
     NeedsRecovery,
+
+    /// A [`multi_process`](crate::StoreBuilder::multi_process) open found the store's journal
+    /// (journal mode, the default for one process) holding answers the store file does not
+    /// have yet: the process that wrote it crashed, or still has the store open. A journal
+    /// belongs to one process, so a multi-process open never replays it. Nothing was done.
+    #[error(
+        "the store's journal (the file named <store>.journal beside it) holds answers the store file does not have yet: a process that opened the store in journal mode (the default for one process) crashed or still has it open, and a multi_process open never replays a journal; stop that process, open the store once without multi_process (Store::open, or `idem recover`), which replays the journal and closes it cleanly, then open it with multi_process"
+    )]
+    JournalNeedsReplay,
 
     /// The file was not closed cleanly and the caller's
     /// [`StoreBuilder::on_repair`](crate::StoreBuilder::on_repair) callback abandoned its

@@ -16,10 +16,9 @@
 //! Arguments: the store file (created if missing), the number of callers, the seconds to run,
 //! and `send` (default) or `execute`, or `replay`: the callers replay 10,000 keys claimed first
 //! (untimed), the lookups of finished keys. The store opens with a 1 GiB page cache
-//! (`IDEM_CACHE_MB=N`: N MiB); `IDEM_JOURNAL=1` opens it in journal mode
-//! (`StoreBuilder::journal`), with `IDEM_JOURNAL_KIB` and `IDEM_CHECKPOINT_KIB` setting its
-//! capacity and checkpoint bytes, and `IDEM_WRITE_THROUGH=1` in its earlier write-through
-//! design (`StoreBuilder::__journal_write_through`). The file sizes are printed with the rate (bytes per claim are
+//! (`IDEM_CACHE_MB=N`: N MiB) in the default mode, journal mode, with `IDEM_JOURNAL_KIB` and
+//! `IDEM_CHECKPOINT_KIB` setting the journal's capacity and checkpoint bytes; `IDEM_JOURNAL=0`
+//! opens it in direct mode (`StoreBuilder::journal(false)`). The file sizes are printed with the rate (bytes per claim are
 //! the run's when the file was new). Claimed keys are sequential per caller; `IDEM_RANDOM_KEYS=1`
 //! spreads them over the key space, as `bench-peers`' keys are (every claim then writes a
 //! random leaf of the caller's table, not the last one).
@@ -104,16 +103,14 @@ fn main() -> ExitCode {
     };
     let cache_mb: usize = env_parse("IDEM_CACHE_MB").unwrap_or(1024);
     let mut builder = Store::builder().cache_size(cache_mb << 20);
-    if std::env::var("IDEM_JOURNAL").is_ok_and(|v| v == "1") {
-        builder = builder.journal(true).journal_table(EFFECTS);
+    if std::env::var("IDEM_JOURNAL").is_ok_and(|v| v == "0") {
+        builder = builder.journal(false);
+    } else {
         if let Some(kib) = env_parse::<u64>("IDEM_JOURNAL_KIB") {
             builder = builder.journal_capacity(kib << 10);
         }
         if let Some(kib) = env_parse::<u64>("IDEM_CHECKPOINT_KIB") {
             builder = builder.checkpoint_bytes(kib << 10);
-        }
-        if std::env::var("IDEM_WRITE_THROUGH").is_ok_and(|v| v == "1") {
-            builder = builder.__journal_write_through(true);
         }
     }
     let store = match builder.open(path) {

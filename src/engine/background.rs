@@ -76,7 +76,7 @@ impl Store {
     /// a [`WeakStore`] between ticks and stops when its channel's sender, kept in the store's
     /// [`Background`], is dropped.
     pub(crate) fn start_background(&self) -> Result<(), Error> {
-        // Background mode's applier first: the sweeper's batches need it.
+        // Journal mode's applier first: the sweeper's batches need it.
         self.start_applier()?;
         let mut threads = self.background().threads.lock();
         if let Durability::Periodic(interval) = self.durability() {

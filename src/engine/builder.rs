@@ -126,6 +126,9 @@ pub struct StoreBuilder {
     prefetch_on_repair: bool,
     verify_on_open: bool,
     journal: journal::recover::Settings,
+    /// [`journal`](Self::journal) as the caller set it; `None`: the default (on where the open
+    /// has a path and one process opens the file).
+    journal_choice: Option<bool>,
     /// The tables a journal's entries may write: idem's and those of `journal_table`.
     registry: Registry,
 }
@@ -171,13 +174,13 @@ impl Default for StoreBuilder {
             prefetch_on_repair: true,
             verify_on_open: true,
             journal: journal::recover::Settings {
-                enabled: false,
                 capacity: journal::DEFAULT_CAPACITY,
                 checkpoint_bytes: journal::DEFAULT_CHECKPOINT_BYTES,
+                #[cfg(any(test, feature = "__internal_whitebox"))]
                 broken: journal::BrokenJournal::No,
-                background: true,
                 pending_bytes: journal::DEFAULT_PENDING_BYTES,
             },
+            journal_choice: None,
             registry: Registry::with_idem_tables(),
         }
     }
@@ -362,7 +365,7 @@ impl StoreBuilder {
     /// until every entry answered before them is applied. A store opened later without journal
     /// mode first replays what its journal holds.
     pub fn journal(mut self, enabled: bool) -> Self {
-        self.journal.enabled = enabled;
+        self.journal_choice = Some(enabled);
         self
     }
 
@@ -422,23 +425,22 @@ impl StoreBuilder {
         self
     }
 
-    /// NOT PUBLIC API (feature `__internal_whitebox`): journal mode's earlier design, in which
-    /// every batch commits its own redb transaction (without an fsync) and makes the
-    /// checkpoints, instead of the applier thread. For the tests and benchmarks that compare
-    /// the two.
-    #[cfg(feature = "__internal_whitebox")]
-    #[doc(hidden)]
-    pub fn __journal_write_through(mut self, on: bool) -> Self {
-        self.journal.background = !on;
-        self
+    /// Whether an open with a path (`with_path`) runs in journal mode: as the caller chose,
+    /// else on unless several processes share the file or the open has no path.
+    fn journal_on(&self, with_path: bool) -> bool {
+        self.journal_choice
+            .unwrap_or(with_path && !self.multi_process)
     }
 
     fn validate(&self) -> Result<(), Error> {
-        if self.journal.enabled {
+        if self.journal_choice == Some(true) && self.multi_process {
+            return Err(Error::Config {
+                reason: "journal(true) is not available with multi_process: the journal belongs to one process; drop journal(true) (multi_process commits every batch to the store file durably)".to_owned(),
+            });
+        }
+        if self.journal_on(true) {
             let j = &self.journal;
-            let reason = if self.multi_process {
-                Some("journal mode is not available with multi_process: the journal belongs to one process".to_owned())
-            } else if j.capacity < (64 << 10) || !j.capacity.is_multiple_of(4096) {
+            let reason = if j.capacity < (64 << 10) || !j.capacity.is_multiple_of(4096) {
                 Some(format!(
                     "journal_capacity({}) must be at least 64 KiB and a multiple of 4 KiB",
                     j.capacity
@@ -633,6 +635,12 @@ impl StoreBuilder {
                 .open_read_only(path)
                 .map_err(|e| open_error(e, &path.display()))?;
             check_marker(&db.begin_read().map_err(unlatched)?)?;
+            // A damaged table tree may hide one of idem's tables: say so at the open, not as
+            // a missing table at the first read of it.
+            match tables_present(&db.begin_read().map_err(unlatched)?)? {
+                Present::Some { missing } => return Err(partial(missing)),
+                Present::All | Present::None => {}
+            }
             recover::check_read_only(&db.begin_read().map_err(unlatched)?)?;
             Ok(ReadOnlyStore::new(db, self.clock, self.config.limits))
         })
@@ -1030,32 +1038,39 @@ impl Store {
         repair_time: Option<Duration>,
         journal_at: Option<Place>,
     ) -> Result<Store, Error> {
+        let on = b.journal_on(journal_at.is_some());
         let journal = match journal_at {
-            Some(place) if b.journal.enabled => {
-                Some(recover::attach(&db, place, b.journal, &b.registry)?)
-            }
-            None if b.journal.enabled => {
+            Some(place) if on => Some(recover::attach(&db, place, b.journal, &b.registry)?),
+            None if on => {
                 return Err(Error::Config {
-                    reason: "journal mode needs the store's path (StoreBuilder::open); open_with_backend opens without it".into(),
+                    reason: "journal(true) needs the store's path (StoreBuilder::open), or a journal backend (open_with_backends); open_with_backend has neither: drop journal(true)".into(),
                 });
             }
             Some(place) if !b.multi_process => {
                 recover::detach(&db, place, b.journal, &b.registry)?;
                 None
             }
+            _ if b.multi_process => {
+                recover::check_multi_process(&db.begin_read().map_err(unlatched)?)?;
+                None
+            }
+            // open_with_backend: no journal to replay.
             _ => {
                 recover::check_read_only(&db.begin_read().map_err(unlatched)?)?;
                 None
             }
         };
         let applier = match &journal {
-            Some(j) if b.journal.background => {
-                let row_ahead = b.journal.broken == journal::BrokenJournal::ApplierRowAhead;
+            Some(j) => {
                 let row = j.current_row(false);
                 let snap = Snap::of(&db, row.lsn).map_err(unlatched)?;
-                Some(Applier::new(snap, row, b.journal.pending_bytes, row_ahead))
+                let applier = Applier::new(snap, row, b.journal.pending_bytes);
+                #[cfg(any(test, feature = "__internal_whitebox"))]
+                let applier = applier
+                    .with_row_ahead(b.journal.broken == journal::BrokenJournal::ApplierRowAhead);
+                Some(applier)
             }
-            _ => None,
+            None => None,
         };
         let store = Store::new(
             db,

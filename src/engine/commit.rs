@@ -48,7 +48,7 @@ pub(crate) enum Durable {
     Forced,
 }
 
-/// What a batch runs on: redb's write transaction, or (background mode) a view.
+/// What a batch runs on: redb's write transaction, or (journal mode) a view.
 #[allow(
     clippy::large_enum_variant,
     reason = "one per batch, moved with it: boxing would add an allocation per batch"
@@ -62,7 +62,7 @@ enum Source {
 pub(crate) struct Batch {
     source: Source,
     capture: Option<Capture>,
-    /// Background mode, a batch on redb's own write transaction: the applier makes no rounds
+    /// Journal mode, a batch on redb's own write transaction: the applier makes no rounds
     /// while it lives.
     hold: Option<Hold>,
 }
@@ -158,7 +158,7 @@ impl Store {
             match result {
                 Ok(()) => return Ok(()),
                 Err((Error::Internal { what }, work)) if what == ON_REDB => {
-                    // Background mode: the next batches run on redb's own transaction, and
+                    // Journal mode: the next batches run on redb's own transaction, and
                     // this member joins one of them.
                     if let Some(applier) = self.applier() {
                         applier.want_redb();
@@ -194,11 +194,11 @@ impl BatchEngine for Store {
 
     fn begin_txn(&self) -> Result<Batch, Error> {
         let (Some(applier), Some(journal)) = (self.applier(), self.journal_arc()) else {
+            // Direct mode: redb's transaction, committed durably (or by the flusher).
             let txn = self.begin_batch_txn()?;
-            let capture = self.journal().map(|_| Capture::default());
             return Ok(Batch {
                 source: Source::Redb(txn),
-                capture,
+                capture: None,
                 hold: None,
             });
         };
@@ -258,9 +258,6 @@ impl BatchEngine for Store {
             // Invariant: `begin_txn` gives every held batch a capture.
             let capture = capture.unwrap_or_default();
             return self.commit_held(txn, capture, durable, hold);
-        }
-        if let Some(capture) = capture {
-            return self.commit_journaled(txn, capture, durable, false);
         }
         let relaxed = !durable && self.relaxed_durability();
         if durable {

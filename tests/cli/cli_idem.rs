@@ -638,8 +638,13 @@ fn check_and_export() {
     let out = stdout(&o);
     assert!(line(&out, "checking").starts_with("a copy"), "{out}");
     assert_eq!(line(&out, "file_integrity"), "ok");
-    // The copy is gone; the file itself is the only one left.
-    let files: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    // The copy and its journal are gone; the file itself (and its own journal) are left.
+    let journal = idem::store::journal_path(&file);
+    let files: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| *p != journal)
+        .collect();
     assert_eq!(files.len(), 1, "{files:?}");
     let o = idem(&file, &["check", "--in-place"]);
     assert!(o.status.success(), "{o:?}");

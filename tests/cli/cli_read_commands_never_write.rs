@@ -80,11 +80,14 @@ fn read_commands_leave_the_file_as_it_was(path: &Path, what: &str) -> Vec<Output
         assert!(!err.contains("panicked at"), "{what}: {args:?}: {err}");
         outputs.push(o);
     }
-    // `check` removed its copy: the directory holds the file alone.
+    // `check` removed its copy and the copy's journal: the directory holds the file (and the
+    // journal it was written with) alone.
     let dir = path.parent().expect("dir");
+    let journal = idem::store::journal_path(path);
     let names: Vec<_> = std::fs::read_dir(dir)
         .expect("dir")
-        .map(|e| e.expect("entry").file_name())
+        .map(|e| e.expect("entry").path())
+        .filter(|p| *p != journal)
         .collect();
     assert_eq!(names.len(), 1, "{what}: {names:?}");
     outputs
@@ -269,6 +272,11 @@ fn write_commands_refuse_a_damaged_file_even_when_forced() {
     let o = idem(&path, &purge);
     assert!(o.status.success(), "{o:?}");
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "purged");
-    let names: Vec<_> = std::fs::read_dir(dir.path()).expect("dir").collect();
+    let journal = idem::store::journal_path(&path);
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| *p != journal)
+        .collect();
     assert_eq!(names.len(), 1, "the checked copy is removed: {names:?}");
 }

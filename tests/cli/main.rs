@@ -16,6 +16,7 @@ mod idem_cli;
 
 mod cli_damaged_file_never_panics;
 mod cli_get_body_decodes_http_answers;
+mod cli_handles_a_live_journal;
 mod cli_idem;
 mod cli_output_and_permission_errors_do_not_panic;
 mod cli_pg_creates_only_when_asked;

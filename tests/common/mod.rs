@@ -81,18 +81,12 @@ impl Harness {
     }
 }
 
-/// `IDEM_TEST_JOURNAL=1` runs the harness's stores in journal mode (`StoreBuilder::journal`,
-/// the pending-set design), with the tests' effect table registered: the same tests, proving
-/// the same promises there; `IDEM_TEST_JOURNAL=write_through` in journal mode's write-through
-/// design (white-box switch).
+/// The harness's stores open in the default mode, journal mode; `IDEM_TEST_JOURNAL=0` opens
+/// them in direct mode (`StoreBuilder::journal(false)`: durable redb commits), where CI runs
+/// the suites whose promises do not depend on the mode a second time.
 pub fn journal_from_env(builder: StoreBuilder) -> StoreBuilder {
     match std::env::var("IDEM_TEST_JOURNAL").as_deref() {
-        Ok("1") => builder.journal(true).journal_table(EFFECTS),
-        #[cfg(feature = "__internal_whitebox")]
-        Ok("write_through") => builder
-            .journal(true)
-            .journal_table(EFFECTS)
-            .__journal_write_through(true),
+        Ok("0") => builder.journal(false),
         _ => builder,
     }
 }

@@ -641,50 +641,20 @@ fn outbox_delivered_mark() {
 // the reopened store gave.
 // ---------------------------------------------------------------------------------------------
 
-/// Journal mode's write-through design (`__journal_write_through`: each batch commits its
-/// own redb transaction and makes the checkpoints), with the caller's table registered: its
-/// batches are journaled. A small journal (its capacity is copied at every crash point) whose
-/// checkpoints are far apart.
+/// Journal mode: batches decide against the published snapshot plus the entries not yet
+/// applied, and the applier thread applies durable entries to redb with non-durable commits
+/// and makes the checkpoints, which land wherever the thread runs them among the operation's
+/// syncs. A small journal (its capacity is copied at every crash point) whose checkpoints are
+/// far apart.
 fn journaled(b: StoreBuilder) -> StoreBuilder {
     b.journal(true)
-        .journal_table(EFFECTS)
         .journal_capacity(64 << 10)
         .checkpoint_bytes(32 << 10)
-        .__journal_write_through(true)
 }
 
 /// [`journaled`] with a checkpoint every 16 KiB of frames.
 fn journaled_checkpoints(b: StoreBuilder) -> StoreBuilder {
     journaled(b).checkpoint_bytes(16 << 10)
-}
-
-/// Journal mode's default, the pending-set design: batches decide against the
-/// published snapshot plus the entries not yet applied, and the applier thread applies durable
-/// entries to redb with non-durable commits and makes the checkpoints. Its commits and
-/// checkpoints land wherever the thread runs them among the operation's syncs.
-#[cfg(feature = "__internal_whitebox")]
-fn applier(b: StoreBuilder) -> StoreBuilder {
-    journaled(b).__journal_write_through(false)
-}
-
-/// [`applier`] with a checkpoint every 16 KiB of frames.
-#[cfg(feature = "__internal_whitebox")]
-fn applier_checkpoints(b: StoreBuilder) -> StoreBuilder {
-    applier(b).checkpoint_bytes(16 << 10)
-}
-
-/// Journal mode without the caller's table registered: a batch that bumps it cannot be replayed
-/// and commits durably (a checkpoint) instead of being framed.
-fn journaled_unregistered(b: StoreBuilder) -> StoreBuilder {
-    b.journal(true)
-        .journal_capacity(64 << 10)
-        .checkpoint_bytes(32 << 10)
-        .__journal_write_through(true)
-}
-
-/// [`journaled_unregistered`] in the pending-set design.
-fn applier_unregistered(b: StoreBuilder) -> StoreBuilder {
-    journaled_unregistered(b).__journal_write_through(false)
 }
 
 fn open_journaled(
@@ -1095,31 +1065,6 @@ fn journal_wrap_on(settings: fn(StoreBuilder) -> StoreBuilder) {
     );
 }
 
-/// A checkpoint under load: frames fill the journal to just below `checkpoint_bytes` (16 KiB),
-/// then four threads claim at once; a batch among theirs is due for the checkpoint and commits
-/// durably (quick-repair) while the others keep sealing, writing and syncing frames.
-#[test]
-fn journal_checkpoint_under_load() {
-    enumerate_journal(
-        "journal: a checkpoint under load (4 threads, a checkpoint every 16 KiB)",
-        journaled_checkpoints,
-        |store, _, pair| claim_until_journal_bytes(store, pair, "c", (16 << 10) - 4 * 288),
-        |slot, pair, setup| {
-            let store = slot.as_ref().expect("open");
-            let acks = claim_concurrently(store, pair, "l", 4, 4);
-            assert!(
-                pair.store_syncs() >= 1,
-                "no checkpoint during the operation"
-            );
-            (setup, acks)
-        },
-        |store, _, k, _, _, (setup, acks)| {
-            check_setup(store, k, setup);
-            check_acks(store, k, acks, true);
-        },
-    );
-}
-
 /// A batch that writes a caller's table of redb's leaf types (`&str` → `u64`) that was never
 /// registered is journaled all the same: recovery applies its records from the type names the
 /// entry records, at every crash point.
@@ -1127,7 +1072,7 @@ fn journal_checkpoint_under_load() {
 fn journal_leaf_table_needs_no_registration() {
     enumerate_journal(
         "journal: claims writing an unregistered leaf-typed table (journaled)",
-        journaled_unregistered,
+        journaled,
         |_, _, _| (),
         |slot, pair, ()| {
             let store = slot.as_ref().expect("open");
@@ -1150,18 +1095,7 @@ fn journal_leaf_table_needs_no_registration() {
 fn journal_unregistered_table() {
     unregistered_table_on(
         "journal: a claim writing an unregistered table (a durable commit)",
-        journaled_unregistered,
-    );
-}
-
-/// The same with the applier: the claim's closure opens the table on a view, runs again on
-/// redb's own write transaction (the applier held, every earlier entry applied first), and
-/// that batch commits durably as an unframed entry.
-#[test]
-fn applier_unregistered_table() {
-    unregistered_table_on(
-        "applier: a claim writing an unregistered table (run again on redb's transaction, a durable commit)",
-        applier_unregistered,
+        journaled,
     );
 }
 
@@ -1198,16 +1132,6 @@ fn journal_oversized_entry() {
     oversized_entry_on(
         "journal: an oversized entry (20 KiB in a 64 KiB journal: a durable commit)",
         journaled,
-    );
-}
-
-/// The same with the applier: the sealed entry is applied to redb in one durable commit with
-/// the applier held, never framed.
-#[test]
-fn applier_oversized_entry() {
-    oversized_entry_on(
-        "applier: an oversized entry (20 KiB in a 64 KiB journal: applied in a durable commit)",
-        applier,
     );
 }
 
@@ -1427,70 +1351,18 @@ fn a_broken_recovery_is_caught_when_the_journal_stops_at_a_wrap() {
     assert!(an_answer_was_lost(&why), "caught for another reason: {why}");
 }
 
-// ---- The pending-set design (journal mode's default): the same operations, the applier's
-// non-durable commits and checkpoints among their crash points. ----
-
-#[cfg(feature = "__internal_whitebox")]
-#[test]
-fn applier_flow_a_claim() {
-    flow_a_claim_on(Disk::Journal(applier));
-}
-
-#[cfg(feature = "__internal_whitebox")]
-#[test]
-fn applier_lease_begin() {
-    lease_begin_on(Disk::Journal(applier));
-}
-
-#[cfg(feature = "__internal_whitebox")]
-#[test]
-fn applier_lease_complete() {
-    lease_complete_on(Disk::Journal(applier));
-}
-
-#[cfg(feature = "__internal_whitebox")]
-#[test]
-fn applier_inbox_process() {
-    inbox_process_on(Disk::Journal(applier));
-}
-
-#[cfg(feature = "__internal_whitebox")]
-#[test]
-fn applier_execute_with_outbox_event() {
-    execute_with_outbox_event_on(Disk::Journal(applier));
-}
-
-#[cfg(feature = "__internal_whitebox")]
-#[test]
-fn applier_sweep_of_expired_records() {
-    sweep_of_expired_records_on(Disk::Journal(applier));
-}
-
-#[cfg(feature = "__internal_whitebox")]
-#[test]
-fn applier_group_commit_batch() {
-    group_commit_batch_on(Disk::Journal(applier));
-}
-
-/// A wrap with the applier: the live journal's start moves only with the applier's checkpoints.
-#[cfg(feature = "__internal_whitebox")]
-#[test]
-fn applier_wrap() {
-    journal_wrap_on(applier_checkpoints);
-}
+// ---- The applier's checkpoints among the crash points. ----
 
 /// Claims from four threads while the applier applies and checkpoints behind them: the
 /// checkpoint (a durable commit of the applier's, quick-repair) is among the crash points.
-#[cfg(feature = "__internal_whitebox")]
 #[test]
-fn applier_checkpoint_under_load() {
-    applier_checkpoint_under_load_on(applier_checkpoints);
+fn journal_checkpoint_under_load() {
+    applier_checkpoint_under_load_on(journaled_checkpoints);
 }
 
-#[cfg(feature = "__internal_whitebox")]
 fn applier_checkpoint_under_load_on(settings: fn(StoreBuilder) -> StoreBuilder) {
     enumerate_journal(
-        "applier: a checkpoint under load (4 threads, a checkpoint every 16 KiB)",
+        "journal: a checkpoint under load (4 threads, a checkpoint every 16 KiB)",
         settings,
         |store, _, pair| claim_until_journal_bytes(store, pair, "c", (16 << 10) - 4 * 288),
         |slot, pair, setup| {
@@ -1514,30 +1386,17 @@ fn applier_checkpoint_under_load_on(settings: fn(StoreBuilder) -> StoreBuilder) 
     );
 }
 
-/// The close with the applier: it stops the thread, applies what is left and writes the
-/// closing checkpoint; every claim answered before it is in every image.
-#[cfg(feature = "__internal_whitebox")]
-#[test]
-fn applier_close() {
-    journal_close_on(
-        "applier: the close (the last entries applied, the closing checkpoint)",
-        applier,
-    );
-}
-
 /// A checkpoint while entries wait for a held sync: the journal's sync is held, claims from
 /// three threads seal frames past `checkpoint_bytes` and wait, and the applier checkpoints
 /// meanwhile; its row must be that of its last applied entry, not of the sealed ones.
-#[cfg(feature = "__internal_whitebox")]
 #[test]
 fn applier_checkpoint_while_entries_wait_for_their_sync() {
-    applier_checkpoint_behind_a_held_sync_on(applier_checkpoints);
+    applier_checkpoint_behind_a_held_sync_on(journaled_checkpoints);
 }
 
-#[cfg(feature = "__internal_whitebox")]
 fn applier_checkpoint_behind_a_held_sync_on(settings: fn(StoreBuilder) -> StoreBuilder) {
     enumerate_journal(
-        "applier: a checkpoint while entries wait for a held sync (3 threads)",
+        "journal: a checkpoint while entries wait for a held sync (3 threads)",
         settings,
         |store, _, pair| claim_until_journal_bytes(store, pair, "c", (16 << 10) - 288),
         |slot, pair, setup| {
@@ -1576,9 +1435,8 @@ fn applier_checkpoint_behind_a_held_sync_on(settings: fn(StoreBuilder) -> StoreB
     );
 }
 
-#[cfg(feature = "__internal_whitebox")]
 fn applier_row_ahead(b: StoreBuilder) -> StoreBuilder {
-    applier_checkpoints(b).__break_journal(BrokenJournal::ApplierRowAhead)
+    journaled_checkpoints(b).__break_journal(BrokenJournal::ApplierRowAhead)
 }
 
 /// `BrokenJournal::ApplierRowAhead` (the applier's checkpoints write the row of the last sealed
@@ -1589,10 +1447,9 @@ fn applier_row_ahead(b: StoreBuilder) -> StoreBuilder {
 /// are lost. The checkpoint falls behind the held sync only when the setup's last frames did not
 /// already make it due, which depends on frame sizes and the applier's timing: the broken run is
 /// tried up to twenty times, and the first catch ends it.
-#[cfg(feature = "__internal_whitebox")]
 #[test]
 fn a_broken_applier_is_caught_when_its_row_runs_ahead() {
-    applier_checkpoint_behind_a_held_sync_on(applier_checkpoints);
+    applier_checkpoint_behind_a_held_sync_on(journaled_checkpoints);
     for attempt in 0..20 {
         let run = std::panic::catch_unwind(|| {
             applier_checkpoint_behind_a_held_sync_on(applier_row_ahead)
@@ -1600,7 +1457,7 @@ fn a_broken_applier_is_caught_when_its_row_runs_ahead() {
         if let Err(payload) = run {
             let why = panic_message(&*payload);
             assert!(
-                why.contains("applier: ")
+                why.contains("journal: ")
                     && (why.contains("was lost") || why.contains("an answer changed")),
                 "caught for another reason: {why}"
             );

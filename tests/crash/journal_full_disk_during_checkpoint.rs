@@ -16,15 +16,12 @@ use idem::{Error, ExecuteAnswer, Response, Store, StoreBuilder};
 /// Frames of this many bytes make a checkpoint due.
 const CHECKPOINT: u64 = 16 << 10;
 
-/// Journal mode; `write_through`: its write-through design, in which the batches themselves
-/// write the store file (so the first write to fail is known), else the default, in which the
-/// applier thread does.
-fn journaled(b: StoreBuilder, write_through: bool) -> StoreBuilder {
+/// Journal mode with a small journal: the applier thread writes the store file, with
+/// non-durable commits and a checkpoint every [`CHECKPOINT`] bytes of frames.
+fn journaled(b: StoreBuilder) -> StoreBuilder {
     b.journal(true)
-        .journal_table(EFFECTS)
         .journal_capacity(64 << 10)
         .checkpoint_bytes(CHECKPOINT)
-        .__journal_write_through(write_through)
 }
 
 fn claim(store: &Store, key: &str) -> Result<ExecuteAnswer, Error> {
@@ -34,36 +31,28 @@ fn claim(store: &Store, key: &str) -> Result<ExecuteAnswer, Error> {
     })
 }
 
-/// The store file fills once the first claims are done: the next write of it is the first
-/// checkpoint's durable commit.
-#[test]
-fn journal_full_disk_during_checkpoint_loses_no_answered_claim() {
-    full_disk(3, Some(true));
-}
-
-/// The default design: the applier thread meets the full disk (at its next commit, durable or
-/// not), latches fail-stop, and the claims after it fail; nothing answered is lost.
+/// The store file fills once the first claims are done: the applier thread meets the full
+/// disk (at its next commit, durable or not), latches fail-stop, and the claims after it fail;
+/// nothing answered is lost.
 #[test]
 fn journal_full_disk_under_the_applier_loses_no_answered_claim() {
-    full_disk(3, None);
+    full_disk(3);
 }
 
-/// The store file fills right after the open: redb grows its file (and syncs it) inside an
-/// ordinary journaled batch early on (`TransactionalMemory::grow`, from the batch's inserts),
-/// before any checkpoint: that batch fails and the store fail-stops there, and nothing answered
-/// is lost either. (The journal never grows, but redb's non-durable commits may still need the
-/// store file to grow: a full disk is not only met by checkpoints.)
+/// The store file fills right after the open, before the applier's first commit: redb must
+/// grow its file for the first entries it applies (the journal never grows, but redb's
+/// non-durable commits may still need the store file to grow: a full disk is not only met by
+/// checkpoints). The store fail-stops there, and nothing answered is lost either.
 #[test]
-fn journal_full_disk_when_redb_grows_its_file_loses_no_answered_claim() {
-    full_disk(0, Some(false));
+fn journal_full_disk_right_after_the_open_loses_no_answered_claim() {
+    full_disk(0);
 }
 
 /// Claims `warm` keys, then fills the store file's disk (every write and sync of it fails from
-/// then on) and claims until one fails. Write-through design: `Some(at_checkpoint)`, the
-/// failure must come when a checkpoint is due (or before); `None`: the applier's design.
-fn full_disk(warm: usize, write_through: Option<bool>) {
+/// then on) and claims until one fails.
+fn full_disk(warm: usize) {
     let pair = CountingPair::new();
-    let store = journaled(Store::builder(), write_through.is_some())
+    let store = journaled(Store::builder())
         .open_with_backends(pair.store.clone(), pair.journal.clone())
         .expect("open");
     // With `warm` > 1: redb grows and syncs the store file once early on (inside the second
@@ -99,31 +88,11 @@ fn full_disk(warm: usize, write_through: Option<bool>) {
         pair.store.injected() >= 1,
         "the store file was never written"
     );
-    if write_through == Some(true) {
-        assert!(
-            frame_bytes >= CHECKPOINT,
-            "{key} failed before a checkpoint was due ({frame_bytes} frame bytes): {error}"
-        );
-        assert!(
-            matches!(error, Error::OutcomeUnknown { .. }),
-            "{key}: {error:?}"
-        );
-    } else if write_through == Some(false) {
-        assert!(
-            frame_bytes < CHECKPOINT,
-            "{key} failed only at the checkpoint: {error}"
-        );
-    }
     let cause = store.fail_stop_cause().expect("the store fail-stopped");
     let later = claim(&store, "later");
     assert!(later.is_err(), "a claim after the fail-stop: {later:?}");
     eprintln!(
-        "full disk ({}): {} claims answered, {key} failed after {frame_bytes} frame bytes ({error:?}); fail-stop: {cause}",
-        match write_through {
-            Some(true) => "at the checkpoint",
-            Some(false) => "redb growing its file",
-            None => "the applier",
-        },
+        "full disk after {warm} claims: {} claims answered, {key} failed after {frame_bytes} frame bytes ({error:?}); fail-stop: {cause}",
         answered.len()
     );
     assert!(!answered.is_empty(), "no claim answered");
@@ -140,8 +109,7 @@ fn full_disk(warm: usize, write_through: Option<bool>) {
     };
     full.fail_at(0, true);
     let journal = crash_backend_from_image(jr_image.clone());
-    let refused = journaled(Store::builder(), write_through.is_some())
-        .open_with_backends(full.clone(), journal.clone());
+    let refused = journaled(Store::builder()).open_with_backends(full.clone(), journal.clone());
     assert!(refused.is_err(), "opened on a full disk");
     assert_eq!(
         full.inner.durable_image(),
@@ -151,7 +119,7 @@ fn full_disk(warm: usize, write_through: Option<bool>) {
     assert_eq!(journal.durable_image(), jr_image, "the journal changed");
 
     // Once there is space: every answered key replays, its effect once.
-    let reopened = journaled(Store::builder(), write_through.is_some())
+    let reopened = journaled(Store::builder())
         .open_with_backends(
             crash_backend_from_image(db_image),
             crash_backend_from_image(jr_image),

@@ -274,3 +274,155 @@ fn a_full_journal_waits_for_the_applier_and_never_deadlocks() {
         assert_eq!(effects(h.store(), &format!("f{t}-249")), 1);
     }
 }
+
+/// What a newcomer gets: `Store::open` (and the builder's `open`, `open_existing`) is journal
+/// mode. It creates `<file>.journal`, and its claims, whose closure writes a table of its own
+/// without registering it, are journaled frames made durable by the journal's syncs.
+#[test]
+fn a_newcomers_store_open_is_journal_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.redb");
+    let store = Store::open(&path).expect("open");
+    assert!(journal_path(&path).exists(), "the journal beside the store");
+    for i in 0..3 {
+        executed(claim(&store, &format!("k{i}")));
+    }
+    let m = store.metrics().journal;
+    assert_eq!(m.frames, 3, "every claim a journal frame: {m:?}");
+    assert!(m.syncs >= 1, "answered after the journal's sync: {m:?}");
+    assert_eq!(m.unjournaled, 0, "{m:?}");
+    drop(store);
+
+    let store = Store::builder()
+        .open_existing(&path)
+        .expect("open_existing");
+    executed(claim(&store, "k3"));
+    assert_eq!(store.metrics().journal.frames, 1);
+    assert_eq!(replayed(claim(&store, "k0")).body(), b"k0");
+}
+
+/// The modes without a journal: `multi_process` (the journal belongs to one process),
+/// `journal(false)`, and `open_with_backend` (no path to put it beside). None creates one.
+#[test]
+fn multi_process_and_journal_false_open_without_a_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, builder) in [
+        ("multi", Store::builder().multi_process(true)),
+        ("direct", Store::builder().journal(false)),
+    ] {
+        let path = dir.path().join(format!("{name}.redb"));
+        let store = builder.open(&path).expect("open");
+        executed(claim(&store, "k"));
+        assert_eq!(store.metrics().journal.frames, 0, "{name}");
+        assert!(!journal_path(&path).exists(), "{name}: no journal");
+    }
+    let store = Store::builder()
+        .open_with_backend(CrashBackend::default())
+        .expect("open on a backend");
+    executed(claim(&store, "k"));
+    assert_eq!(store.metrics().journal.frames, 0);
+    let explicit = Store::builder()
+        .journal(true)
+        .open_with_backend(CrashBackend::default());
+    assert!(
+        matches!(explicit, Err(Error::Config { .. })),
+        "journal(true) without a journal's place: {explicit:?}"
+    );
+}
+
+/// A store written in one mode opens in the other, both ways, with every answer: direct mode's
+/// file in journal mode (a journal is created), and journal mode's file, closed cleanly, in
+/// direct mode and with `multi_process`.
+#[test]
+fn a_store_opens_in_the_other_mode_both_ways() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.redb");
+    let direct = Store::builder().journal(false).open(&path).expect("direct");
+    executed(claim(&direct, "d"));
+    drop(direct);
+    let journaled = Store::open(&path).expect("journal mode on a direct-mode file");
+    assert_eq!(replayed(claim(&journaled, "d")).body(), b"d");
+    executed(claim(&journaled, "j"));
+    drop(journaled);
+    for builder in [
+        Store::builder().journal(false),
+        Store::builder().multi_process(true),
+    ] {
+        let store = builder
+            .open(&path)
+            .expect("a cleanly closed journal-mode file");
+        for k in ["d", "j"] {
+            assert_eq!(replayed(claim(&store, k)).body(), k.as_bytes());
+            assert_eq!(effects(&store, k), 1, "{k}");
+        }
+    }
+}
+
+/// Claims `keys` on a journal-mode store on simulated disks, then crashes both: the files a
+/// crash leaves, written out at `path` and its journal's path, whose journal holds answers the
+/// store file lacks (the journal's checkpoints are far apart).
+fn crashed_files_with_a_live_journal(path: &std::path::Path, keys: &[&str]) {
+    let (db, jr) = (CrashBackend::default(), CrashBackend::default());
+    let store = open_pair(&db, &jr, Store::builder().checkpoint_bytes(16 << 20));
+    for k in keys {
+        executed(claim(&store, k));
+    }
+    let (jr_image, db_image) = (jr.durable_image(), db.durable_image());
+    drop(store);
+    std::fs::write(path, db_image).unwrap();
+    std::fs::write(journal_path(path), jr_image).unwrap();
+}
+
+/// A crash left a live journal: an open in direct mode (`journal(false)`) replays it first and
+/// keeps every answer.
+#[test]
+fn a_direct_mode_open_replays_a_live_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.redb");
+    crashed_files_with_a_live_journal(&path, &["a", "b", "c"]);
+    let read_only = Store::builder().open_read_only(&path);
+    assert!(
+        matches!(read_only, Err(Error::NeedsRecovery)),
+        "the crash left answers in the journal only: {read_only:?}"
+    );
+    let store = Store::builder().journal(false).open(&path).expect("direct");
+    for k in ["a", "b", "c"] {
+        assert_eq!(replayed(claim(&store, k)).body(), k.as_bytes());
+        assert_eq!(effects(&store, k), 1, "{k}");
+    }
+}
+
+/// A crash left a live journal: a `multi_process` open never replays it (the journal belongs to
+/// one process) and never ignores it either: it refuses with a typed error that says what to
+/// do, and changes nothing. Done as it says (one open without `multi_process`), the
+/// `multi_process` open then has every answer.
+#[test]
+fn a_multi_process_open_refuses_a_live_journal_and_says_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.redb");
+    crashed_files_with_a_live_journal(&path, &["a", "b"]);
+    let journal_before = std::fs::read(journal_path(&path)).unwrap();
+    let refused = Store::builder().multi_process(true).open(&path);
+    let Err(e @ Error::JournalNeedsReplay) = refused else {
+        panic!("expected JournalNeedsReplay, got {refused:?}");
+    };
+    let message = e.to_string();
+    assert!(
+        message.contains("without multi_process") && message.contains("idem recover"),
+        "{message}"
+    );
+    assert_eq!(
+        std::fs::read(journal_path(&path)).unwrap(),
+        journal_before,
+        "the journal is untouched"
+    );
+    drop(Store::open(&path).expect("the open that replays the journal"));
+    let store = Store::builder()
+        .multi_process(true)
+        .open(&path)
+        .expect("multi_process after the replay");
+    for k in ["a", "b"] {
+        assert_eq!(replayed(claim(&store, k)).body(), k.as_bytes());
+        assert_eq!(effects(&store, k), 1, "{k}");
+    }
+}

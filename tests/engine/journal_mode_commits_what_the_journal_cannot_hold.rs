@@ -18,12 +18,6 @@ fn journaled(b: StoreBuilder) -> StoreBuilder {
     b.journal(true).journal_table(EFFECTS)
 }
 
-/// The harness runs journal mode's write-through design (`IDEM_TEST_JOURNAL=write_through`),
-/// which has no pending set.
-fn write_through() -> bool {
-    std::env::var("IDEM_TEST_JOURNAL").is_ok_and(|v| v == "write_through")
-}
-
 fn tag(store: &Store, key: &str) -> Result<ExecuteAnswer, Error> {
     store.execute(req("t", "tag", key, key.as_bytes()), |tx| {
         bump(tx, key)?;
@@ -168,12 +162,10 @@ fn the_pending_bound_makes_batches_wait_for_the_applier_and_loses_nothing() {
         },
     );
     let m = h.store().metrics().journal;
-    if !write_through() {
-        assert!(
-            m.pending_waits > 0,
-            "no batch waited for the applier: {m:?}"
-        );
-    }
+    assert!(
+        m.pending_waits > 0,
+        "no batch waited for the applier: {m:?}"
+    );
     h.reopen();
     for t in 0..8 {
         for i in [0, 57, 99] {

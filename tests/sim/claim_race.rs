@@ -36,17 +36,15 @@ use super::model::View;
 use super::on_redb::RedbEngine;
 use super::schedule::{T0, ops};
 
-/// Runs one input, on a store in direct mode, one in journal mode and one in journal mode with
-/// the pending-set design (an applier thread) side by side.
+/// Runs one input, on a store in direct mode and one in journal mode side by side.
 pub fn run(data: &[u8]) {
     let clock = ManualClock::new(T0);
     let redb = RedbEngine::open(&clock, false);
     let journaled = RedbEngine::open_journaled(&clock);
-    let applier = RedbEngine::open_applier(&clock);
     Sim::new(
         clock,
         View::OpenInstance,
-        vec![Box::new(redb), Box::new(journaled), Box::new(applier)],
+        vec![Box::new(redb), Box::new(journaled)],
     )
     .run(&ops(data));
 }

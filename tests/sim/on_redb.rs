@@ -11,7 +11,7 @@ use idem::clock::ManualClock;
 use idem::{Abort, Error, Lease, Request, Response, Store};
 
 use super::backend::{AloneOnFile, CrashBackend};
-use super::effects::{EFFECTS, all_effects, bump};
+use super::effects::{all_effects, bump};
 use super::lockstep::{Answer, Engine, Observed};
 use super::schedule::{
     CLIENTS, End, FORGET_MS, INTENTS, LEASE_MS, RESPONSE_MS, RETRY_AFTER_CAP, SWEEP_BATCH, key,
@@ -26,9 +26,6 @@ pub struct RedbEngine {
     backend: CrashBackend,
     /// Journal mode (`StoreBuilder::journal`): the journal's disk.
     journal: Option<CrashBackend>,
-    /// Journal mode with the pending-set design (its default); `false`: the write-through
-    /// design (`StoreBuilder::__journal_write_through`).
-    applier: bool,
     /// `None` only inside `reopen`/`crash`.
     store: Option<Store>,
     leases: Vec<Option<Lease>>,
@@ -36,34 +33,23 @@ pub struct RedbEngine {
 
 impl RedbEngine {
     pub fn open(clock: &ManualClock, multi_process: bool) -> Self {
-        Self::opened(clock, multi_process, None, false)
+        Self::opened(clock, multi_process, None)
     }
 
-    /// In journal mode, with a small journal that wraps and checkpoints often.
+    /// In journal mode, with a small journal that wraps and checkpoints often: an applier
+    /// thread applies the journal's entries to redb behind the answers.
     pub fn open_journaled(clock: &ManualClock) -> Self {
-        Self::opened(clock, false, Some(CrashBackend::default()), false)
+        Self::opened(clock, false, Some(CrashBackend::default()))
     }
 
-    /// [`RedbEngine::open_journaled`] with the pending-set design: an applier thread applies
-    /// the journal's entries to redb behind the answers.
-    pub fn open_applier(clock: &ManualClock) -> Self {
-        Self::opened(clock, false, Some(CrashBackend::default()), true)
-    }
-
-    fn opened(
-        clock: &ManualClock,
-        multi_process: bool,
-        journal: Option<CrashBackend>,
-        applier: bool,
-    ) -> Self {
+    fn opened(clock: &ManualClock, multi_process: bool, journal: Option<CrashBackend>) -> Self {
         let backend = CrashBackend::default();
-        let store = open(&backend, journal.as_ref(), clock, multi_process, applier);
+        let store = open(&backend, journal.as_ref(), clock, multi_process);
         RedbEngine {
             clock: clock.clone(),
             multi_process,
             backend,
             journal,
-            applier,
             store: Some(store),
             leases: (0..CLIENTS).map(|_| None).collect(),
         }
@@ -75,7 +61,6 @@ impl RedbEngine {
             self.journal.as_ref(),
             &self.clock,
             self.multi_process,
-            self.applier,
         )
     }
 
@@ -103,7 +88,6 @@ fn open(
     journal: Option<&CrashBackend>,
     clock: &ManualClock,
     multi_process: bool,
-    applier: bool,
 ) -> Store {
     let builder = Store::builder()
         .clock(clock.clone())
@@ -115,10 +99,8 @@ fn open(
     let opened = if let Some(journal) = journal {
         builder
             .journal(true)
-            .journal_table(EFFECTS)
             .journal_capacity(64 << 10)
             .checkpoint_bytes(8 << 10)
-            .__journal_write_through(!applier)
             .open_with_backends(backend.clone(), journal.clone())
     } else if multi_process {
         builder
@@ -154,8 +136,6 @@ impl Engine for RedbEngine {
     fn name(&self) -> &'static str {
         if self.multi_process {
             "redb (multi_process)"
-        } else if self.applier {
-            "redb (journal, applier)"
         } else if self.journal.is_some() {
             "redb (journal)"
         } else {

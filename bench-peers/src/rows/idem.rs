@@ -1,7 +1,6 @@
-//! idem's row: `Store::execute` on a fresh key, whose closure writes one row to the caller's own
-//! table in the claim's transaction (benches/claim_throughput/idem_ops.rs, `idem_claim`): one
-//! record, its expiry entry and the caller's row in one durable commit (group commit batches
-//! concurrent callers).
+//! idem's rows: `Store::execute` on a fresh key, whose closure writes one row to the caller's
+//! own table in the claim's transaction (benches/claim_throughput/idem_ops.rs, `idem_claim`):
+//! one record, its expiry entry and the caller's row, answered once durable.
 
 use std::path::Path;
 use std::thread;
@@ -45,59 +44,23 @@ pub struct IdemMode {
 pub const MODES: &[IdemMode] = &[
     IdemMode {
         label: "idem execute",
-        what: "idem `Store::execute`, default builder (Durability::Immediate, group commit, 64 MiB page cache): record + expiry entry + caller row, one durable redb commit per batch",
+        what: "idem `Store::execute`, default builder (journal mode, Durability::Immediate, 64 MiB page cache): a batch decides against redb's published snapshot plus the entries not yet applied, appends its writes (record, expiry entry, caller row) to the journal and answers after its fdatasync (one per group of batches); one thread applies durable entries to redb with non-durable commits and checkpoints every 8 MiB of journal",
         builder: Store::builder,
         on_writer: false,
         redb_in_memory: false,
     },
     IdemMode {
-        label: "idem journal",
-        what: "the same in journal mode (`journal(true)`, the caller's table registered): a batch decides against redb's published snapshot plus the entries not yet applied, appends its writes to the journal and answers after its fdatasync (one per group of batches); one thread applies durable entries to redb with non-durable commits and checkpoints every 8 MiB of journal",
-        builder: || Store::builder().journal(true).journal_table(EFFECTS),
-        on_writer: false,
-        redb_in_memory: false,
-    },
-    IdemMode {
-        label: "idem journal on_writer",
-        what: "journal mode through `execute_on_writer` (a `Send` closure the batch's thread runs: no thread hand-off per claim)",
-        builder: || Store::builder().journal(true).journal_table(EFFECTS),
+        label: "idem execute_on_writer",
+        what: "the default builder through `execute_on_writer` (a `Send` closure the batch's thread runs: no thread hand-off per claim)",
+        builder: Store::builder,
         on_writer: true,
         redb_in_memory: false,
     },
     IdemMode {
-        label: "idem journal checkpoint 32MiB",
-        what: "journal mode with `checkpoint_bytes(32 MiB)` (the most a 64 MiB journal allows) instead of 8 MiB: a quarter of the durable redb commits, and an open after a crash replays up to four times more",
-        builder: || {
-            Store::builder()
-                .journal(true)
-                .journal_table(EFFECTS)
-                .checkpoint_bytes(32 << 20)
-        },
+        label: "idem direct",
+        what: "direct mode (`journal(false)`, as `multi_process` runs): record + expiry entry + caller row, one durable redb commit per batch (group commit batches concurrent callers)",
+        builder: || Store::builder().journal(false),
         on_writer: false,
-        redb_in_memory: false,
-    },
-    IdemMode {
-        label: "idem journal write-through",
-        what: "journal mode's earlier write-through design (`__journal_write_through(true)`, a white-box switch): each batch commits its own redb transaction without an fsync and makes the checkpoints",
-        builder: || {
-            Store::builder()
-                .journal(true)
-                .journal_table(EFFECTS)
-                .__journal_write_through(true)
-        },
-        on_writer: false,
-        redb_in_memory: false,
-    },
-    IdemMode {
-        label: "idem journal write-through on_writer",
-        what: "the write-through design through `execute_on_writer`",
-        builder: || {
-            Store::builder()
-                .journal(true)
-                .journal_table(EFFECTS)
-                .__journal_write_through(true)
-        },
-        on_writer: true,
         redb_in_memory: false,
     },
 ];
@@ -106,39 +69,47 @@ pub const MODES: &[IdemMode] = &[
 /// and the journal on disk, and with a page cache that holds the whole store.
 pub const DIAGNOSTIC_MODES: &[IdemMode] = &[
     IdemMode {
+        label: "idem journal 16MiB",
+        what: "diagnostic: the default builder with a 16 MiB journal (`journal_capacity`) instead of 64 MiB, checkpoints every 8 MiB as by default",
+        builder: || Store::builder().journal_capacity(16 << 20),
+        on_writer: false,
+        redb_in_memory: false,
+    },
+    IdemMode {
+        label: "idem journal checkpoint 32MiB",
+        what: "diagnostic: the default builder with `checkpoint_bytes(32 MiB)` (the most a 64 MiB journal allows) instead of 8 MiB: a quarter of the durable redb commits, and an open after a crash replays up to four times more",
+        builder: || Store::builder().checkpoint_bytes(32 << 20),
+        on_writer: false,
+        redb_in_memory: false,
+    },
+    IdemMode {
         label: "idem journal redb in memory",
-        what: "diagnostic, not durable across a crash: `idem journal` with redb on an in-memory backend and the journal a file on disk (each claim still waits for the journal's fdatasync); the difference from `idem journal` is what the redb file's page writes and checkpoint syncs cost; its bytes on disk are the journal's only",
-        builder: || Store::builder().journal(true).journal_table(EFFECTS),
+        what: "diagnostic, not durable across a crash: `idem execute` with redb on an in-memory backend and the journal a file on disk (each claim still waits for the journal's fdatasync); the difference from `idem execute` is what the redb file's page writes and checkpoint syncs cost; its bytes on disk are the journal's only",
+        builder: || Store::builder(),
         on_writer: false,
         redb_in_memory: true,
     },
     IdemMode {
         label: "idem journal on_writer redb in memory",
-        what: "diagnostic, not durable across a crash: `idem journal on_writer` with redb in memory, as above",
-        builder: || Store::builder().journal(true).journal_table(EFFECTS),
+        what: "diagnostic, not durable across a crash: `idem execute_on_writer` with redb in memory, as above",
+        builder: || Store::builder(),
         on_writer: true,
         redb_in_memory: true,
     },
     IdemMode {
         label: "idem journal cache 1GiB",
-        what: "diagnostic: `idem journal` with a 1 GiB page cache (`cache_size`) instead of 64 MiB, which holds the whole pre-filled store: what reads of pages outside redb's cache cost",
+        what: "diagnostic: `idem execute` with a 1 GiB page cache (`cache_size`) instead of 64 MiB, which holds the whole pre-filled store: what reads of pages outside redb's cache cost",
         builder: || {
-            Store::builder()
-                .journal(true)
-                .journal_table(EFFECTS)
-                .cache_size(1 << 30)
+            Store::builder().cache_size(1 << 30)
         },
         on_writer: false,
         redb_in_memory: false,
     },
     IdemMode {
         label: "idem journal on_writer cache 1GiB",
-        what: "diagnostic: `idem journal on_writer` with a 1 GiB page cache",
+        what: "diagnostic: `idem execute_on_writer` with a 1 GiB page cache",
         builder: || {
-            Store::builder()
-                .journal(true)
-                .journal_table(EFFECTS)
-                .cache_size(1 << 30)
+            Store::builder().cache_size(1 << 30)
         },
         on_writer: true,
         redb_in_memory: false,

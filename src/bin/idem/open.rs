@@ -5,7 +5,7 @@
 use std::io::{self, Write};
 use std::path::PathBuf;
 
-use idem::store::ReadOnlyStore;
+use idem::store::{ReadOnlyStore, journal_path};
 use idem::{Error, Store, StoreBuilder};
 
 use crate::args::{Cli, WriteArgs};
@@ -32,8 +32,12 @@ pub(crate) fn require_file(cli: &Cli) -> Result<(), Failure> {
     }
 }
 
+/// Direct mode (`journal(false)`): the CLI never creates a journal beside a store, and an open
+/// for writing first replays a journal a crashed service left (the service's next open starts a
+/// new one).
 pub(crate) fn builder(cli: &Cli) -> StoreBuilder {
     Store::builder()
+        .journal(false)
         .multi_process(cli.multi_process)
         // A file left by a crash takes seconds per GB to repair: say so rather than look hung.
         // (A failed write to stderr is ignored: the repair goes on.)
@@ -225,15 +229,38 @@ pub(crate) fn copy_of_file(cli: &Cli, bypass: &str) -> Result<(Removed, bool), F
     let removed = Removed(path.clone());
     io::copy(&mut from, &mut to).map_err(cannot_write)?;
     to.flush().map_err(cannot_write)?;
+    // The journal beside the file (journal mode) belongs with it: a crash may have left answers
+    // there that the file lacks, which the copy's open replays.
+    match std::fs::File::open(journal_path(&cli.file)) {
+        Ok(mut from) => {
+            let mut to = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(journal_path(&path))
+                .map_err(cannot_write)?;
+            io::copy(&mut from, &mut to).map_err(cannot_write)?;
+            to.flush().map_err(cannot_write)?;
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(format!(
+                "{}: cannot read the store's journal to copy it ({e})",
+                journal_path(&cli.file).display()
+            )
+            .into());
+        }
+    }
     Ok((removed, lock.is_some()))
 }
 
-/// A temporary file, removed when dropped (on every path out of the command).
+/// A temporary copy of a store file, removed with its journal when dropped (on every path out
+/// of the command).
 pub(crate) struct Removed(pub(crate) PathBuf);
 
 impl Drop for Removed {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
+        let _ = std::fs::remove_file(journal_path(&self.0));
     }
 }
 

@@ -1,4 +1,4 @@
-//! Background mode (docs/design.md, "How entries reach redb: the applier and checkpoints"): a
+//! The applier (docs/design.md, "How entries reach redb: the applier and checkpoints"): a
 //! batch decides against a redb snapshot `S(a)` plus the pending set P (entries sealed but not
 //! yet in redb) and seals its entry into P and the journal; one thread, the applier, copies
 //! durable entries into redb in LSN order with non-durable commits, and makes the checkpoints.
@@ -7,8 +7,8 @@
 //! Invariants:
 //! - the applier applies entry n only once it is durable (`n ≤ d`), in LSN order, each round's
 //!   redb commit holding the row of its last entry: every redb state, durable or not, is the
-//!   state after exactly the entries up to its row's LSN, as in write-through mode, so recovery
-//!   is unchanged;
+//!   state after exactly the entries up to its row's LSN, so recovery replays exactly the
+//!   entries after it;
 //! - [`Applier::publish`] replaces the published snapshot and drops from P, under P's write
 //!   lock, only the versions at or below the oldest snapshot still held by a view: a view of
 //!   `S(a)` finds every version of `(a, j]` in P for as long as it lives;
@@ -80,7 +80,7 @@ struct State {
     older: Vec<Arc<Snap>>,
 }
 
-/// The applier's shared state (one per store in background mode).
+/// The applier's shared state (one per store in journal mode).
 pub(crate) struct Applier {
     state: RwLock<State>,
     queue: Mutex<VecDeque<Queued>>,
@@ -108,6 +108,7 @@ pub(crate) struct Applier {
     failed: Plain<Option<String>>,
     /// White-box tests only (`BrokenJournal::ApplierRowAhead`): checkpoints write the row of
     /// the last sealed entry.
+    #[cfg(any(test, feature = "__internal_whitebox"))]
     row_ahead: bool,
     /// The key and value type names of every table a sealed entry wrote (a table P creates
     /// before redb has it is opened with these types only).
@@ -126,7 +127,7 @@ const MAX_ROUND: usize = 1024;
 impl Applier {
     /// The applier of a store whose redb holds exactly the entries up to `row`'s, `snap` its
     /// state.
-    pub(crate) fn new(snap: Snap, row: Row, limit: usize, row_ahead: bool) -> Arc<Applier> {
+    pub(crate) fn new(snap: Snap, row: Row, limit: usize) -> Arc<Applier> {
         Arc::new(Applier {
             state: RwLock::new(State {
                 set: PendingSet::new(),
@@ -145,10 +146,22 @@ impl Applier {
             redb_batches: AtomicU32::new(0),
             stop: AtomicBool::new(false),
             failed: Plain::new(None),
-            row_ahead,
+            #[cfg(any(test, feature = "__internal_whitebox"))]
+            row_ahead: false,
             types: Plain::new(HashMap::new()),
             thread: Plain::new(None),
         })
+    }
+
+    /// White-box tests only: an applier whose checkpoints write the row of the last sealed
+    /// entry instead of their last applied one (`BrokenJournal::ApplierRowAhead`), when `on`.
+    #[cfg(any(test, feature = "__internal_whitebox"))]
+    pub(crate) fn with_row_ahead(mut self: Arc<Self>, on: bool) -> Arc<Self> {
+        // A new applier has no other handle yet, so `get_mut` finds it.
+        if let Some(applier) = Arc::get_mut(&mut self) {
+            applier.row_ahead = on;
+        }
+        self
     }
 
     /// The published snapshot, for a batch's view: P's versions above its LSN stay while the
@@ -379,10 +392,12 @@ impl Applier {
             Some(e) => e.row,
             None => *self.last_row.lock(),
         };
+        let written = row;
         // White-box only: a checkpoint that records the last sealed entry instead.
+        #[cfg(any(test, feature = "__internal_whitebox"))]
         let written = match self.row_ahead && checkpoint {
             true => journal.current_row(false),
-            false => row,
+            false => written,
         };
         let bodies: Vec<&[u8]> = entries.iter().map(|e| e.body.as_slice()).collect();
         // Only a checkpoint is timed (JournalMetrics::checkpoint_time).

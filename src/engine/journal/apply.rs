@@ -209,8 +209,8 @@ impl Registry {
                 || !self.knows(&t.name, &t.key_type, &t.value_type)
             {
                 return Err(format!(
-                    "the journal holds writes to the table `{}` ({} -> {}), which this open does not know: register it with StoreBuilder::journal_table before opening, as the program that wrote it did",
-                    t.name, t.key_type, t.value_type
+                    "the journal holds writes to the table `{}` ({} -> {}), which this open does not know: register it with StoreBuilder::journal_table(TableDefinition::<K, V>::new(\"{}\")) with those key and value types before opening, as the program that wrote it did (the `idem` CLI registers no tables of yours: open the store once with that program, which replays the journal and closes it cleanly, then run the command again)",
+                    t.name, t.key_type, t.value_type, t.name
                 ));
             }
         }

@@ -3,9 +3,9 @@
 //! redb stores them) to the batch's entry.
 //!
 //! A batch runs on one of two sources:
-//! - **redb's write transaction** (direct and write-through journal mode): reads and writes go
-//!   to redb inside it;
-//! - **a view** (background mode, `applier.rs`): reads merge the batch's own writes (the
+//! - **redb's write transaction** (direct mode, and journal mode's batches that hold the
+//!   applier): reads and writes go to redb inside it;
+//! - **a view** (journal mode, `applier.rs`): reads merge the batch's own writes (the
 //!   capture's overlay), the pending set P's versions in `(a, j]` and the redb snapshot `S(a)`,
 //!   in the table's key order; writes go to the overlay and the entry only.
 //!
@@ -35,7 +35,7 @@ use crate::engine::journal::pending::{
 /// A key and a value as stored bytes.
 type Bytes = Arc<[u8]>;
 
-/// A batch's own writes in background mode, readable by its later reads: one version per write,
+/// A batch's own writes on a view, readable by its later reads: one version per write,
 /// numbered in order, so the newest is the batch's state of the key.
 #[derive(Debug, Default)]
 struct Overlay {
@@ -68,13 +68,13 @@ impl Capture {
         self.unjournaled.load(Ordering::Relaxed)
     }
 
-    /// The key order of every table the batch opened (background mode).
+    /// The key order of every table the batch opened (on a view).
     pub(crate) fn compares(&self) -> HashMap<String, Compare> {
         self.overlay.lock().compares.clone()
     }
 }
 
-/// A batch's view in background mode: the published snapshot `S(a)`, and P's versions up to
+/// A batch's view in journal mode: the published snapshot `S(a)`, and P's versions up to
 /// `through` (j when the batch began: no entry is sealed while it runs).
 pub(crate) struct View {
     pub(crate) snap: Arc<Snap>,
@@ -106,7 +106,7 @@ impl<'t> Wtx<'t> {
         }
     }
 
-    /// Reads through `view`, writes into `capture` (background mode).
+    /// Reads through `view`, writes into `capture` (journal mode).
     pub(crate) fn view(view: &'t View, capture: &'t Capture) -> Self {
         Wtx {
             source: Source::View(view),
@@ -182,7 +182,7 @@ impl<'t> Wtx<'t> {
     }
 
     /// redb's transaction, for what writes nothing through it (multimap tables); `None` in
-    /// background mode, where the batch has none.
+    /// a view, where the batch has none.
     pub(crate) fn redb(&self) -> Option<&'t WriteTransaction> {
         match self.source {
             Source::Redb(txn) => Some(txn),
@@ -195,7 +195,7 @@ impl<'t> Wtx<'t> {
         self.capture.is_some()
     }
 
-    /// Whether the batch runs on a view (background mode).
+    /// Whether the batch runs on a view (journal mode).
     pub(crate) fn in_view(&self) -> bool {
         matches!(self.source, Source::View(_))
     }

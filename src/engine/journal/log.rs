@@ -51,8 +51,6 @@ pub(crate) struct Sealed {
     pub(crate) lsn: u64,
     /// The row the batch's transaction writes: the state after this entry.
     pub(crate) row: Row,
-    /// The entry is not framed: the batch's commit must be durable (a checkpoint).
-    pub(crate) checkpoint: bool,
 }
 
 /// The journal of a store in journal mode.
@@ -69,11 +67,9 @@ pub(crate) struct Journal {
     /// The LSN of an unframed entry whose durable commit is running (0: none).
     unframed: AtomicU64,
     /// White-box tests only: answers do not wait for the sync (`BrokenJournal::AnswerBeforeSync`).
+    #[cfg(any(test, feature = "__internal_whitebox"))]
     answer_before_sync: bool,
-    /// Entries reach redb through the applier (`applier.rs`), which makes the checkpoints: a
-    /// seal never asks the batch for one, and waits for space instead of going unframed.
-    background: bool,
-    /// A seal waits for a checkpoint to free journal space (background mode). Set and cleared by
+    /// A seal waits for the applier's next checkpoint to free journal space. Set and cleared by
     /// the sealing batch only; the applier checkpoints while it is set.
     space_wanted: AtomicBool,
     /// `Head::since_checkpoint`, readable without the head's lock.
@@ -105,8 +101,6 @@ impl Journal {
         capacity: u64,
         row: Row,
         checkpoint_bytes: u64,
-        answer_before_sync: bool,
-        background: bool,
         replayed: u64,
     ) -> Journal {
         Journal {
@@ -129,8 +123,8 @@ impl Journal {
             sealed: AtomicU64::new(row.lsn),
             durable: AtomicU64::new(row.lsn),
             unframed: AtomicU64::new(0),
-            answer_before_sync,
-            background,
+            #[cfg(any(test, feature = "__internal_whitebox"))]
+            answer_before_sync: false,
             space_wanted: AtomicBool::new(false),
             since_checkpoint: AtomicU64::new(0),
             replayed,
@@ -141,6 +135,14 @@ impl Journal {
             unjournaled: Counter::new(0),
             checkpoint_nanos: Counter::new(0),
         }
+    }
+
+    /// White-box tests only: members are answered before the sync covers their entry
+    /// (`BrokenJournal::AnswerBeforeSync`), when `on`.
+    #[cfg(any(test, feature = "__internal_whitebox"))]
+    pub(crate) fn answering_before_sync(mut self, on: bool) -> Journal {
+        self.answer_before_sync = on;
+        self
     }
 
     /// The counters since open.
@@ -186,24 +188,23 @@ impl Journal {
         self.durable.load(Ordering::Acquire)
     }
 
-    /// Seals a batch's entry (`body`; `None` for a batch the journal cannot replay): gives it
-    /// the next LSN and either writes its frame at the head (no sync) or, when there is no
-    /// body, it is too large for the journal, the journal is full, or a checkpoint is due,
-    /// leaves it unframed for a durable commit. `Err` is a failed write, which latches.
+    /// Seals a batch's entry (`body`; `None` for a batch the journal cannot replay, or one too
+    /// large for it): gives it the next LSN and either writes its frame at the head (no sync)
+    /// or, without a body, leaves it unframed for a durable commit. A frame that would reach
+    /// the live journal waits for the applier's next checkpoint. `Err` is a failed write, which
+    /// latches.
     pub(crate) fn seal(&self, body: Option<&[u8]>) -> Result<Sealed, String> {
         self.check()?;
         let mut head = self.head.lock();
         let lsn = head.next;
         let len = body.map_or(0, |b| frame_len(b.len()));
-        let checkpoint =
-            !self.background && (head.since_checkpoint >= self.checkpoint_bytes || !self.fits(len));
         let mut place = match body {
-            Some(_) if !checkpoint => self.place(&head, len),
-            _ => None,
+            Some(_) => self.place(&head, len),
+            None => None,
         };
-        while self.background && place.is_none() && body.is_some() && self.fits(len) {
-            // Background mode: the live journal reaches the head; the applier's next
-            // checkpoint moves its start (backpressure, not an unframed entry).
+        while place.is_none() && body.is_some() && self.fits(len) {
+            // The live journal reaches the head; the applier's next checkpoint moves its
+            // start (backpressure, not an unframed entry).
             let checkpoints = self.checkpoints.load(Ordering::Acquire);
             self.space_wanted.store(true, Ordering::Release);
             drop(head);
@@ -221,9 +222,7 @@ impl Journal {
         }
         // Only the sealing batch (one at a time) clears its request, once it has space: a
         // checkpoint that began before the request must not clear it.
-        if self.background {
-            self.space_wanted.store(false, Ordering::Release);
-        }
+        self.space_wanted.store(false, Ordering::Release);
         let body = body.unwrap_or_default();
         let Some((wrap, at)) = place else {
             // Unframed: the durable commit is the entry's only copy. The next frame goes where
@@ -239,11 +238,7 @@ impl Journal {
                 chain: head.chain,
                 clean: false,
             };
-            return Ok(Sealed {
-                lsn,
-                row,
-                checkpoint: true,
-            });
+            return Ok(Sealed { lsn, row });
         };
         let mut chain = head.chain;
         let mut written = 0;
@@ -270,7 +265,7 @@ impl Journal {
         {
             let mut s = self.sync.lock();
             s.written = lsn;
-            if self.background && head.since_checkpoint >= self.checkpoint_bytes {
+            if head.since_checkpoint >= self.checkpoint_bytes {
                 // A checkpoint is due: the applier makes it without waiting for a sync.
                 self.synced.notify_all();
             }
@@ -285,7 +280,6 @@ impl Journal {
                 chain: sum,
                 clean: false,
             },
-            checkpoint: false,
         })
     }
 
@@ -294,7 +288,7 @@ impl Journal {
         len <= (self.capacity - HEADER_LEN) / 4
     }
 
-    /// Whether the applier's next commit should be a checkpoint (background mode): enough
+    /// Whether the applier's next commit should be a checkpoint: enough
     /// frames since the last one, or a seal waiting for space.
     pub(crate) fn checkpoint_due(&self) -> bool {
         self.space_wanted.load(Ordering::Acquire)
@@ -367,7 +361,11 @@ impl Journal {
     /// running (a sync covers every frame written before it began, so concurrent waiters share
     /// one).
     pub(crate) fn wait_durable(&self, lsn: u64) -> Result<(), String> {
-        if self.durable() >= lsn || self.answer_before_sync {
+        #[cfg(any(test, feature = "__internal_whitebox"))]
+        if self.answer_before_sync {
+            return Ok(());
+        }
+        if self.durable() >= lsn {
             return Ok(());
         }
         let mut s = self.sync.lock();
@@ -507,14 +505,11 @@ pub(crate) mod tests {
             chain: [0; 8],
             clean: false,
         };
-        let journal = Journal::new(Box::new(file), capacity, row, u64::MAX, false, false, 0);
+        let journal = Journal::new(Box::new(file), capacity, row, u64::MAX, 0);
         let mut framed = 0;
-        for _ in 0..20 {
-            let sealed = journal.seal(Some(&body)).unwrap();
-            if sealed.checkpoint {
-                // The area was full: this entry goes to a durable commit instead.
-                break;
-            }
+        // A seal without room waits for a checkpoint (none comes here): seal while there is.
+        while framed < 20 && journal.place(&journal.head.lock(), len).is_some() {
+            journal.seal(Some(&body)).unwrap();
             framed += 1;
         }
         assert_eq!(

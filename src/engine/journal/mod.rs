@@ -6,8 +6,7 @@
 //! (`applier.rs`) applies durable entries to redb without an fsync, each of its commits holding
 //! the checkpoint row, so whichever redb commit becomes durable says where the journal resumes;
 //! a durable redb commit (a checkpoint) every `checkpoint_bytes` of frames bounds what an open
-//! replays (`recover.rs`, `apply.rs`). (The write-through form, a white-box switch, commits
-//! each batch's own redb transaction with the row instead.)
+//! replays (`recover.rs`, `apply.rs`).
 //!
 //! | file | owns |
 //! |---|---|
@@ -15,7 +14,7 @@
 //! | `capture.rs` | [`Table`] and the batch's write handle: writes through to redb, recorded |
 //! | `log.rs` | the running journal: the head, LSNs, the group sync, fail-stop |
 //! | `recover.rs` | creating, replaying and closing the journal at open and close |
-//! | `applier.rs` | background mode: the thread that applies durable entries to redb, the published snapshot, P |
+//! | `applier.rs` | the thread that applies durable entries to redb, the published snapshot, P |
 //! | `apply.rs` | the tables recovery can apply records to, with their types |
 //! | `pending.rs` | the pending set: versions sealed but not applied, read over a snapshot in key order |
 //! | `model_check.rs` | the journal and the applier model-checked with loom (tests only) |
@@ -43,7 +42,8 @@ pub const DEFAULT_PENDING_BYTES: usize = 32 << 20;
 
 /// NOT PUBLIC API: a recovery or commit step deliberately broken, for the tests that prove the
 /// crash tests catch it. Only `StoreBuilder::__break_journal` (feature `__internal_whitebox`)
-/// sets anything but `No`.
+/// sets anything but `No`; a build without that feature (every user's) has none of it.
+#[cfg(any(test, feature = "__internal_whitebox"))]
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]

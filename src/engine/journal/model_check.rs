@@ -129,21 +129,13 @@ fn run<J>(s: Scenario, spawn: impl Fn(Box<dyn FnOnce() + Send>) -> J, join: impl
         chain: [0; 8],
         clean: false,
     };
-    let journal = Arc::new(Journal::new(
-        Box::new(file),
-        capacity,
-        row0,
-        2 * len,
-        false,
-        true,
-        0,
-    ));
+    let journal = Arc::new(Journal::new(Box::new(file), capacity, row0, 2 * len, 0));
     let snap = Snap {
         lsn: 0,
         txn: None,
         records: None,
     };
-    let applier = Applier::new(snap, row0, s.limit, s.row_ahead);
+    let applier = Applier::new(snap, row0, s.limit).with_row_ahead(s.row_ahead);
     let fake = Arc::new(Fake {
         journal: Arc::clone(&journal),
         applied: AtomicU64::new(0),

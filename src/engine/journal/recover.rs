@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use redb::{Database, ReadableDatabase, StorageBackend};
 
 use crate::engine::boundary::unlatched;
+#[cfg(any(test, feature = "__internal_whitebox"))]
 use crate::engine::journal::BrokenJournal;
 use crate::engine::journal::applier::{Redb, Target};
 use crate::engine::journal::apply::Registry;
@@ -37,14 +38,11 @@ pub(crate) const META_JOURNAL: &str = "journal";
 /// Journal settings ([`crate::StoreBuilder::journal`] and the two sizes).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Settings {
-    pub(crate) enabled: bool,
     pub(crate) capacity: u64,
     pub(crate) checkpoint_bytes: u64,
     /// A step deliberately broken (white-box tests only; `No` otherwise).
+    #[cfg(any(test, feature = "__internal_whitebox"))]
     pub(crate) broken: BrokenJournal,
-    /// Entries reach redb through the applier thread, not the batches' commits (the default;
-    /// off only through the white-box switch `StoreBuilder::__journal_write_through`).
-    pub(crate) background: bool,
     /// P's byte bound (`StoreBuilder::journal_pending_bytes`).
     pub(crate) pending_bytes: usize,
 }
@@ -279,7 +277,7 @@ fn scan(
     b: &dyn StorageBackend,
     row: &Row,
     registry: &Registry,
-    broken: BrokenJournal,
+    settings: &Settings,
 ) -> Result<Live, Error> {
     let len = b.len().map_err(|e| io("reading the journal", e))?;
     let mut file =
@@ -307,14 +305,13 @@ fn scan(
             return Err(corrupt("the journal's frames form a loop"));
         }
         steps -= 1;
-        let frame = if broken == BrokenJournal::UnchainedFrames {
-            broken_read(&file, pos, lsn)
-        } else {
-            format::read_frame(&file, &row.store_id, &chain, pos, lsn).map_err(format_error)?
-        };
+        let frame = read_frame(&file, row, &chain, pos, lsn, settings)?;
+        #[cfg(any(test, feature = "__internal_whitebox"))]
+        if settings.broken == BrokenJournal::StopAtWrap && matches!(frame, Frame::Wrap { .. }) {
+            break;
+        }
         match frame {
             Frame::Tail => break,
-            Frame::Wrap { .. } if broken == BrokenJournal::StopAtWrap => break,
             Frame::Wrap { checksum } => {
                 chain = checksum;
                 pos = HEADER_LEN;
@@ -351,14 +348,21 @@ fn scan(
     })
 }
 
-#[cfg(feature = "__internal_whitebox")]
-fn broken_read(file: &[u8], pos: u64, lsn: u64) -> Frame {
-    format::read_frame_by_lsn(file, pos, lsn)
-}
-
-#[cfg(not(feature = "__internal_whitebox"))]
-fn broken_read(_: &[u8], _: u64, _: u64) -> Frame {
-    Frame::Tail
+/// The frame at `pos`, expected to be entry `lsn` continuing `chain`.
+fn read_frame(
+    file: &[u8],
+    row: &Row,
+    chain: &Checksum,
+    pos: u64,
+    lsn: u64,
+    settings: &Settings,
+) -> Result<Frame, Error> {
+    #[cfg(any(test, feature = "__internal_whitebox"))]
+    if settings.broken == BrokenJournal::UnchainedFrames {
+        return Ok(format::read_frame_by_lsn(file, pos, lsn));
+    }
+    let _ = settings;
+    format::read_frame(file, &row.store_id, chain, pos, lsn).map_err(format_error)
 }
 
 /// Applies `live`'s entries and writes its end row in one durable commit.
@@ -410,7 +414,9 @@ pub(crate) fn attach(
                 Some(f) => f,
                 None => return Err(missing()),
             };
-            let mut live = scan(&*file, &row, registry, settings.broken)?;
+            #[allow(unused_mut, reason = "only a white-box build breaks the replay")]
+            let mut live = scan(&*file, &row, registry, &settings)?;
+            #[cfg(any(test, feature = "__internal_whitebox"))]
             if settings.broken == BrokenJournal::NoReplay {
                 live.entries.clear();
                 live.end = row;
@@ -427,15 +433,16 @@ pub(crate) fn attach(
     let capacity = file.len().map_err(|e| io("reading the journal", e))?;
     // An existing journal keeps its own capacity, which the builder's checkpoint_bytes was
     // not checked against: at most half of it, so a checkpoint always comes before it fills.
-    Ok(Journal::new(
+    let journal = Journal::new(
         file,
         capacity,
         row,
         settings.checkpoint_bytes.min(capacity / 2),
-        settings.broken == BrokenJournal::AnswerBeforeSync,
-        settings.background,
         replayed,
-    ))
+    );
+    #[cfg(any(test, feature = "__internal_whitebox"))]
+    let journal = journal.answering_before_sync(settings.broken == BrokenJournal::AnswerBeforeSync);
+    Ok(journal)
 }
 
 fn missing() -> Error {
@@ -487,7 +494,7 @@ pub(crate) fn detach(
     };
     match open_existing(place)? {
         Some(file) => {
-            let live = scan(&*file, &row, registry, settings.broken)?;
+            let live = scan(&*file, &row, registry, &settings)?;
             if !live.entries.is_empty() {
                 replay(db, &live, registry)?;
             }
@@ -505,6 +512,16 @@ pub(crate) fn detach(
 pub(crate) fn check_read_only(read: &redb::ReadTransaction) -> Result<(), Error> {
     match read_row(read)? {
         Some(row) if !row.clean => Err(Error::NeedsRecovery),
+        _ => Ok(()),
+    }
+}
+
+/// For a `multi_process` open: `Err(JournalNeedsReplay)` if a journal may hold entries redb
+/// lacks (the row is not clean). A multi-process open never replays one: the journal belongs to
+/// one process, and another may be writing it.
+pub(crate) fn check_multi_process(read: &redb::ReadTransaction) -> Result<(), Error> {
+    match read_row(read)? {
+        Some(row) if !row.clean => Err(Error::JournalNeedsReplay),
         _ => Ok(()),
     }
 }

@@ -1,19 +1,22 @@
 //! Journal mode's commit (`engine/journal/`): a batch's captured writes become one journal
-//! entry, its redb transaction commits without an fsync (or durably, as a checkpoint), and its
-//! members are answered once the entry is durable.
+//! entry, and its members are answered once the entry is durable.
 //!
-//! The order, and why each step is crash-safe:
-//! 1. seal: the entry gets LSN n and its frame is written at the journal's head (no sync);
-//! 2. the checkpoint row for n (where frame n + 1 goes, the chain) is written into the batch's
-//!    own transaction, so any durable state of redb that includes n says replay resumes
-//!    after n;
-//! 3. redb commits with `Durability::None`, or durably with quick-repair when n is a checkpoint
-//!    (every `checkpoint_bytes`, or an entry the journal cannot hold): after a crash redb's
-//!    state is that of some commit whose row is in it, and replay adds exactly the frames
-//!    after it;
-//! 4. leadership passes on, and the members wait until a journal sync covering frame n
-//!    returned Ok (or the checkpoint's commit did). A failed write, sync or commit latches
-//!    fail-stop and every waiting member hears `OutcomeUnknown`.
+//! A batch on a view (the common path, [`Store::commit_view`]), and why each step is
+//! crash-safe:
+//! 1. seal: the entry gets LSN n and its frame is written at the journal's head (no sync),
+//!    never over the live journal (a seal without room waits for the applier's checkpoint);
+//! 2. the entry joins the pending set P, which later batches read, and the applier's queue,
+//!    before the next batch begins;
+//! 3. the members wait until a journal sync covering frame n returned Ok; the applier applies
+//!    durable entries to redb with commits that each write the checkpoint row of their last
+//!    entry, so whichever redb commit becomes durable says where replay resumes, and replay
+//!    adds exactly the frames after it.
+//!
+//! A batch on redb's own transaction (a closure opened a table the journal cannot replay,
+//! [`Store::commit_held`]) holds the applier, which first applies every sealed entry; its
+//! entry is unframed and its commit durable, with the row: the commit is the entry's only copy.
+//! A failed write, sync or commit latches fail-stop and every waiting member hears
+//! `OutcomeUnknown`.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -46,43 +49,33 @@ impl Store {
         }
     }
 
-    /// Commits a journal-mode batch (steps 1 to 3 above); returns the LSN its members wait for.
-    /// `unframed`: the batch's writes go to redb's file in a durable commit, whatever it wrote
-    /// (a batch on redb's own transaction in background mode).
-    pub(crate) fn commit_journaled(
+    /// Commits a batch that ran on redb's own write transaction, the applier held (`hold`):
+    /// its entry is unframed and its commit durable with quick-repair (the entry's only copy,
+    /// a checkpoint), and that state becomes the applied and published one. Returns the LSN
+    /// its members wait for (durable once this returns).
+    pub(crate) fn commit_held(
         &self,
         mut txn: WriteTransaction,
         capture: Capture,
         durable: bool,
-        unframed: bool,
+        hold: Hold,
     ) -> Result<u64, Error> {
         let Some(journal) = self.journal() else {
             return Err(Error::Internal {
-                what: "a journaled batch in a store without a journal",
+                what: "a held batch in a store without a journal",
             });
         };
         let entry = capture.take();
         let unjournaled = capture.unjournaled();
         if entry.is_empty() && !durable && !unjournaled {
-            // Members reported writes but made none: nothing to journal or commit.
+            // Members reported writes but made none: nothing to seal or commit.
             self.abort(txn);
             return Ok(journal.sealed());
         }
-        let body = if unjournaled || unframed {
-            if unjournaled {
-                journal.count_unjournaled();
-            }
-            None
-        } else {
-            match entry.finish() {
-                Ok(b) => Some(b),
-                Err(reason) => {
-                    self.abort(txn);
-                    return Err(Error::Config { reason });
-                }
-            }
-        };
-        let sealed = match journal.seal(body.as_deref()) {
+        if unjournaled {
+            journal.count_unjournaled();
+        }
+        let sealed = match journal.seal(None) {
             Ok(s) => s,
             Err(cause) => {
                 self.latch(&cause);
@@ -90,16 +83,11 @@ impl Store {
                 return Err(unknown(&cause));
             }
         };
-        let checkpoint = sealed.checkpoint || durable;
         let prepared = (|| -> Result<(), redb::Error> {
             txn.open_table(META)?
                 .insert(META_JOURNAL, sealed.row.encode().as_slice())?;
-            if checkpoint {
-                txn.set_quick_repair(true);
-                txn.set_durability(redb::Durability::Immediate)?;
-            } else {
-                txn.set_durability(redb::Durability::None)?;
-            }
+            txn.set_quick_repair(true);
+            txn.set_durability(redb::Durability::Immediate)?;
             Ok(())
         })();
         if let Err(e) = prepared {
@@ -109,44 +97,13 @@ impl Store {
                 source: redb_error(e),
             });
         }
-        // Only a checkpoint is timed (JournalMetrics::checkpoint_time).
-        let started = checkpoint.then(std::time::Instant::now);
+        let started = std::time::Instant::now();
         self.commit(txn)?;
-        if let Some(started) = started {
-            journal.checkpointed(&sealed.row, started.elapsed());
-        }
-        // Periodic: the flusher's forced commit (a checkpoint) makes these durable.
-        self.set_unflushed(self.relaxed_durability() && !checkpoint);
-        // At most two batches in flight: the next batch forms only once the entry before this
-        // one is durable, so it gathers the callers that arrive during this entry's sync
-        // instead of many small batches each paying a commit.
-        if !checkpoint && !self.relaxed_durability() && sealed.lsn > 1 {
-            journal.wait_durable(sealed.lsn - 1).map_err(|cause| {
-                self.latch(&cause);
-                unknown(&cause)
-            })?;
-        }
-        Ok(sealed.lsn)
-    }
-
-    /// Background mode: commits a batch that ran on redb's own write transaction, the applier
-    /// held (`hold`): its entry is unframed and its commit durable (the entry's only copy), and
-    /// that state becomes the applied and published one.
-    pub(crate) fn commit_held(
-        &self,
-        txn: WriteTransaction,
-        capture: Capture,
-        durable: bool,
-        hold: Hold,
-    ) -> Result<u64, Error> {
-        let before = self.journal().map_or(0, |j| j.sealed());
-        let lsn = self.commit_journaled(txn, capture, durable, true)?;
-        if lsn == before {
-            // Nothing was written: nothing sealed or committed.
-            return Ok(lsn);
-        }
+        journal.checkpointed(&sealed.row, started.elapsed());
+        // The hold applied every earlier entry to this transaction: all of them are durable.
+        self.set_unflushed(false);
         self.held_committed(&hold)?;
-        Ok(lsn)
+        Ok(sealed.lsn)
     }
 
     /// After a held commit of the last sealed entry: the applier's state is that commit.
@@ -165,7 +122,7 @@ impl Store {
             })
     }
 
-    /// Background mode: a sealed entry larger than the journal takes, committed to redb's file
+    /// A sealed entry larger than the journal takes, committed to redb's file
     /// directly in one durable commit (the entry's only copy) with the applier held.
     fn commit_oversized(
         &self,
@@ -204,7 +161,7 @@ impl Store {
         Ok(sealed.lsn)
     }
 
-    /// Background mode: starts the applier thread. It holds the database and the journal, not
+    /// Starts the applier thread. It holds the database and the journal, not
     /// the store (a [`WeakStore`], to latch a failure), so dropping the last handle closes the
     /// store at once; a failed round fails the journal and latches fail-stop.
     pub(crate) fn start_applier(&self) -> Result<(), Error> {
@@ -247,7 +204,7 @@ impl Store {
             })
     }
 
-    /// Background mode, before compaction or the integrity check: stops the applier and brings
+    /// Before compaction or the integrity check: stops the applier and brings
     /// redb up to every entry (a failure latches fail-stop; the operation then refuses).
     pub(crate) fn suspend_applier(&self) {
         let (Some(applier), Some(journal), Ok(db)) =
@@ -313,8 +270,9 @@ impl Store {
             // Periodic: the flusher makes these durable (and so lets the applier take them).
             self.set_unflushed(self.relaxed_durability());
         }
-        // As in write-through mode: the next batch forms once the entry before this one is
-        // durable, gathering the callers of one sync.
+        // At most two batches in flight: the next batch forms once the entry before this one
+        // is durable, so it gathers the callers that arrive during this entry's sync instead
+        // of many small batches each paying a sync.
         if sealed.lsn > 1 {
             journal.wait_durable(sealed.lsn - 1).map_err(|cause| {
                 self.latch(&cause);
@@ -335,7 +293,7 @@ impl Store {
         Ok(())
     }
 
-    /// Background mode, before a read of redb alone (`Store::read`, `read_transaction`): waits
+    /// Before a read of redb alone (`Store::read`, `read_transaction`): waits
     /// until every entry sealed before the call is durable and applied, so the read sees it.
     pub(crate) fn wait_applied(&self) -> Result<(), Error> {
         let (Some(journal), Some(applier)) = (self.journal(), self.applier()) else {
@@ -406,7 +364,7 @@ impl Store {
 }
 
 impl Inner {
-    /// Background mode, at close: stops the applier and applies what it has not (every queued
+    /// At close: stops the applier and applies what it has not (every queued
     /// entry's members were answered, so each is durable), so the closing checkpoint covers
     /// every entry. On a failure the store is latched: the closing checkpoint is skipped and the
     /// next open replays the journal.

@@ -81,7 +81,7 @@ pub(crate) struct FileModes {
 /// the drop. (A second panic while redb unwinds from the first aborts the process, which nothing
 /// can catch: [`StoreBuilder::verify_on_open`] keeps such files from being opened.)
 /// `None` only from then on, when no call can reach it.
-/// Shared with the applier thread in background mode, which [`Inner`]'s drop stops first, so
+/// Shared with the applier thread in journal mode, which [`Inner`]'s drop stops first, so
 /// the drop releases the last reference and closes the file.
 struct Db(Option<Arc<redb::Database>>);
 
@@ -90,7 +90,7 @@ impl Db {
         self.0.as_deref().ok_or(redb::Error::DatabaseClosed)
     }
 
-    /// `Err` also while another reference exists (the applier's: background mode).
+    /// `Err` also while another reference exists (the applier's, in journal mode).
     fn get_mut(&mut self) -> Result<&mut redb::Database, redb::Error> {
         self.0
             .as_mut()
@@ -145,7 +145,7 @@ pub(crate) struct Inner {
     journal: Option<Arc<Journal>>,
     /// The tables a journal's entries may write, with their types.
     registry: Registry,
-    /// Background mode: the thread that applies durable entries to redb, with P and the
+    /// Journal mode: the thread that applies durable entries to redb, with P and the
     /// published snapshot (`engine/journal/applier.rs`).
     applier: Option<Arc<Applier>>,
 }
@@ -339,7 +339,7 @@ impl Store {
         self.inner.journal.clone()
     }
 
-    /// The applier, in background mode.
+    /// The applier, in journal mode.
     pub(crate) fn applier(&self) -> Option<&Arc<Applier>> {
         self.inner.applier.as_ref()
     }

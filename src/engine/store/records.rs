@@ -89,7 +89,7 @@ impl Store {
         f: impl FnOnce(&redb::ReadTransaction) -> Result<T, Error>,
     ) -> Result<T, Error> {
         contained(while_, || {
-            // Background mode: what this read must see is in redb first.
+            // Journal mode: what this read must see is in redb first.
             self.wait_applied()?;
             let db = self.inner.db.get().map_err(|e| self.storage(e))?;
             let read = db.begin_read().map_err(|e| self.storage(e))?;
@@ -102,7 +102,7 @@ impl Store {
     /// (engine/snapshot.rs), at the storage boundary like [`Store::read`].
     pub(crate) fn read_record(&self, key: &[u8]) -> Result<Option<Record>, Error> {
         if let (Some(applier), Some(journal)) = (self.applier(), self.journal()) {
-            // Background mode: P's versions up to the last sealed entry over the published
+            // Journal mode: P's versions up to the last sealed entry over the published
             // snapshot, taken together (one read lock); then wait until what was read is
             // durable.
             let bound = journal.read_bound();

@@ -110,6 +110,7 @@ mod imp {
             Error::CorruptStore { .. } => "corrupt_store",
             Error::ExpiryIndexMismatch { .. } => "expiry_index_mismatch",
             Error::NeedsRecovery => "needs_recovery",
+            Error::JournalNeedsReplay => "journal_needs_replay",
             Error::RepairAborted => "repair_aborted",
             Error::AlreadyOpen { .. } => "already_open",
             Error::Config { .. } => "config",
