@@ -1,9 +1,10 @@
 //! The file store as it grows: for stores of 100,000 and 1,000,000 records (and 10,000,000 with
 //! `IDEM_SCALE_10M=1`), claims/s with 1 and 64 callers, replay lookups/s, p99, bytes on disk per
-//! record, the process's RSS after a mixed load, and the reopen after a SIGKILL — its time and
-//! the RSS it leaves before the first request — with and without quick-repair, whose cost in
-//! claims/s at 1, 8 and 64 callers it also measures on each store (two copies side by side,
-//! interleaved rep by rep, medians of 3). The RSS after mixed load is taken with the default
+//! record, the process's RSS after a mixed load (the default builder: journal mode), and, in
+//! direct mode (`journal(false)`, where quick-repair applies), the reopen after a SIGKILL — its
+//! time and the RSS it leaves before the first request — with and without quick-repair, whose
+//! cost in claims/s at 1, 8 and 64 callers it also measures on each store (two copies side by
+//! side, interleaved rep by rep, medians of 3). The RSS after mixed load is taken with the default
 //! 64 MiB page cache and with redb's own 1 GiB default. `Durability::Periodic(10 ms)` next to the
 //! default and to the same store on tmpfs (`/dev/shm`: no disk, the CPU ceiling) at 1, 8 and 64
 //! callers.
@@ -166,11 +167,16 @@ fn child_mixed(path: &Path) {
     println!("replays1 {r1:.0}");
 }
 
-/// Child: claims on `path` (quick-repair per `IDEM_SCALE_QR`) until killed; prints `ready` once
-/// it committed some.
+/// Child: claims on `path` in direct mode (quick-repair per `IDEM_SCALE_QR`: it concerns direct
+/// mode's durable commits; journal mode's reopen after a crash is `reopen_after_crash`'s) until
+/// killed; prints `ready` once it committed some.
 fn child_crash(path: &Path) {
     let qr = std::env::var("IDEM_SCALE_QR").as_deref() == Ok("1");
-    let store = Store::builder().quick_repair(qr).open(path).expect("open");
+    let store = Store::builder()
+        .journal(false)
+        .quick_repair(qr)
+        .open(path)
+        .expect("open");
     let mut out = std::io::stdout();
     thread::scope(|s| {
         for t in 0..8 {
@@ -187,10 +193,11 @@ fn child_crash(path: &Path) {
     });
 }
 
-/// Child: opens `path` (after a crash) and prints how long the open took and the RSS then.
+/// Child: opens `path` (after a crash of [`child_crash`], in its mode) and prints how long the
+/// open took and the RSS then.
 fn child_reopen(path: &Path) {
     let started = Instant::now();
-    let store = Store::open(path).expect("reopen");
+    let store = Store::builder().journal(false).open(path).expect("reopen");
     let took = started.elapsed();
     println!("reopen_ms {}", took.as_millis());
     println!("rss {:.1}", rss_mib());
@@ -286,7 +293,7 @@ fn main() {
         "file store at scale (commit {commit}; runs of ~{secs:.0} s; mixed load {mixed_secs:.0} s)\n"
     );
     println!(
-        "| records | build | bytes/record | claims/s 1 | p99 1 | claims/s 64 | p99 64 | replays/s 1 | RSS after mixed (default: 64 MiB cache) | RSS after mixed (1 GiB cache: redb's default) | reopen after SIGKILL | RSS at reopen | reopen, quick-repair | RSS, quick-repair |"
+        "| records | build | bytes/record | claims/s 1 | p99 1 | claims/s 64 | p99 64 | replays/s 1 | RSS after mixed (default: 64 MiB cache) | RSS after mixed (1 GiB cache: redb's default) | reopen after SIGKILL (direct) | RSS at reopen | reopen, quick-repair | RSS, quick-repair |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     // Per store size: medians of claims/s at 1, 8 and 64 callers, [default, quick-repair].
@@ -348,8 +355,12 @@ fn main() {
         copy_synced(&master, &work);
         copy_synced(&master, &twin);
         {
-            let plain = Store::open(&work).expect("open the copy");
+            let plain = Store::builder()
+                .journal(false)
+                .open(&work)
+                .expect("open the copy");
             let repaired = Store::builder()
+                .journal(false)
                 .quick_repair(true)
                 .open(&twin)
                 .expect("open the twin");
@@ -396,7 +407,7 @@ fn main() {
     }
 
     println!(
-        "\n| records | claims/s 1: default | quick-repair | claims/s 8: default | quick-repair | claims/s 64: default | quick-repair | quick-repair / default at 64 |"
+        "\n| records | claims/s 1: direct | direct, quick-repair | claims/s 8: direct | direct, quick-repair | claims/s 64: direct | direct, quick-repair | quick-repair / direct at 64 |"
     );
     println!("|---|---|---|---|---|---|---|---|");
     for (n, [one, eight, many]) in &qr_rows {
@@ -417,9 +428,14 @@ fn main() {
         "\n| configuration (fresh store; medians of {reps}) | claims/s 1 | claims/s 8 | claims/s 64 |"
     );
     println!("|---|---|---|---|");
-    let configs: [(&str, Config); 3] = [
-        ("default (Immediate)", Store::builder),
-        ("quick_repair(true)", || Store::builder().quick_repair(true)),
+    let configs: [(&str, Config); 4] = [
+        ("default (journal mode, Immediate)", Store::builder),
+        ("direct mode (journal(false))", || {
+            Store::builder().journal(false)
+        }),
+        ("direct mode, quick_repair(true)", || {
+            Store::builder().journal(false).quick_repair(true)
+        }),
         ("Durability::Periodic(10 ms)", || {
             Store::builder().durability(Durability::Periodic(Duration::from_millis(10)))
         }),

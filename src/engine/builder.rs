@@ -50,6 +50,11 @@ use crate::runtime::observe;
 /// | [`max_queue`](Self::max_queue) | 4,096 requests waiting for the next commit |
 /// | [`queue_timeout`](Self::queue_timeout) | 5 s, then [`Error::Busy`] |
 /// | [`multi_process`](Self::multi_process) | off: one process opens the file |
+/// | [`journal`](Self::journal) | on for one process (not with `multi_process` or [`open_with_backend`](Self::open_with_backend)): `<file>.journal` beside the file, a background applier thread |
+/// | [`journal_capacity`](Self::journal_capacity) | 64 MiB on disk, written when the journal is created ([`DEFAULT_JOURNAL_CAPACITY`](crate::store::DEFAULT_JOURNAL_CAPACITY)) |
+/// | [`checkpoint_bytes`](Self::checkpoint_bytes) | 8 MiB of journal between two durable commits of the store file |
+/// | [`journal_pending_bytes`](Self::journal_pending_bytes) | 32 MiB of memory for journaled writes not yet in the store file |
+/// | [`journal_table`](Self::journal_table) | none: tables of common leaf types need none (see [`journal`](Self::journal)) |
 /// | [`quick_repair`](Self::quick_repair) | off: a reopen after a crash rebuilds the allocator state (seconds per GB of file) |
 /// | [`on_repair`](Self::on_repair) | none: that rebuild's progress is not shown to the caller (a `tracing` warning with feature `tracing`) |
 /// | [`prefetch_on_repair`](Self::prefetch_on_repair) | on: the file is read through once before that rebuild |
@@ -338,32 +343,43 @@ impl StoreBuilder {
         self
     }
 
-    /// Journal mode (default off): a batch's writes are appended to a write-ahead journal
-    /// beside the store file (its path with `.journal` appended, [`crate::store::journal_path`]),
-    /// and its members are answered after one `fdatasync` of it, which concurrent batches
-    /// share. A batch decides against redb's last applied state plus the journaled writes not
-    /// yet in it (held in memory, at most [`journal_pending_bytes`](Self::journal_pending_bytes));
-    /// one background thread applies durable entries to redb with commits that do not fsync,
-    /// and makes a durable redb commit (a checkpoint) every
-    /// [`checkpoint_bytes`](Self::checkpoint_bytes) of journal. An open after a crash replays
-    /// the journal's entries after the last one redb holds. Every promise of
-    /// [`Durability::Immediate`] holds: no answer before its writes are on disk.
+    /// Journal mode, **the default** for a store one process opens ([`open`](Self::open),
+    /// [`open_existing`](Self::open_existing), [`open_with_backends`](Self::open_with_backends));
+    /// `journal(false)` chooses direct mode, in which every batch is a durable redb commit, and
+    /// so do [`multi_process`](Self::multi_process) and
+    /// [`open_with_backend`](Self::open_with_backend), which have no journal (`journal(true)` with
+    /// either is [`Error::Config`]).
     ///
-    /// Needs a path ([`open`](Self::open) or [`open_existing`](Self::open_existing), or
-    /// [`open_with_backends`](Self::open_with_backends)) and not
-    /// [`multi_process`](Self::multi_process). Tables whose key and value types are a common pair
-    /// of redb's leaf types (`&str`, `&[u8]` or `u64` keys with `&str`, `&[u8]`, `String`,
+    /// A batch's writes are appended to a write-ahead journal beside the store file (its path
+    /// with `.journal` appended, [`crate::store::journal_path`]), and its members are answered
+    /// after one `fdatasync` of it, which concurrent batches share. A batch decides against
+    /// redb's last applied state plus the journaled writes not yet in it (held in memory, at most
+    /// [`journal_pending_bytes`](Self::journal_pending_bytes)); one background thread applies
+    /// durable entries to redb with commits that do not fsync, and makes a durable redb commit (a
+    /// checkpoint) every [`checkpoint_bytes`](Self::checkpoint_bytes) of journal. An open after a
+    /// crash replays the journal's entries after the last one redb holds. Every promise of
+    /// [`Durability::Immediate`] holds: no answer before its writes are on disk. Its costs: the
+    /// journal file ([`journal_capacity`](Self::journal_capacity), 64 MiB by default, written
+    /// when it is created), the pending writes' memory, one thread per store.
+    ///
+    /// A closure may write any table. Tables whose key and value types are a common pair of
+    /// redb's leaf types (`&str`, `&[u8]` or `u64` keys with `&str`, `&[u8]`, `String`,
     /// `Vec<u8>`, `u64`, `u32`, `i64`, `u8`, `bool` or `()` values; the list is in
-    /// `engine/journal/apply.rs`) need nothing more; register the others closures write with
-    /// [`journal_table`](Self::journal_table). A batch that writes a table recovery could not
-    /// replay (such a table unregistered, or a multimap), or whose entry is larger than a
-    /// quarter of the journal, is committed to redb durably instead, after every earlier entry
-    /// (its closure may run once more for that: a closure may always run more than once, only
-    /// the committed run counts). With [`Durability::Periodic`] answers do not wait for the
-    /// journal's sync, and the flusher's sync bounds the loss window as without the journal.
-    /// Reads of redb itself ([`Store::read_transaction`](crate::Store::read_transaction)) wait
-    /// until every entry answered before them is applied. A store opened later without journal
-    /// mode first replays what its journal holds.
+    /// `engine/journal/apply.rs`) are journaled as they are. A batch that writes another table
+    /// (a multimap, or a table of other types not registered with
+    /// [`journal_table`](Self::journal_table)), or whose entry is larger than a quarter of the
+    /// journal, is committed to redb durably instead, after every earlier entry (its closure may
+    /// run once more for that: a closure may always run more than once, only the committed run
+    /// counts): correct, at the price of an fsync of the store file, counted in
+    /// [`JournalMetrics::unjournaled`](crate::store::JournalMetrics::unjournaled). With
+    /// [`Durability::Periodic`] answers do not wait for the journal's sync, and the flusher's
+    /// sync bounds the loss window as without the journal. Reads of redb itself
+    /// ([`Store::read_transaction`](crate::Store::read_transaction)) wait until every entry
+    /// answered before them is applied.
+    ///
+    /// A file opens in either mode whichever wrote it: a store opened in direct mode first
+    /// replays what its journal holds; a `multi_process` open of a file whose journal holds
+    /// answers the file lacks refuses with [`Error::JournalNeedsReplay`].
     pub fn journal(mut self, enabled: bool) -> Self {
         self.journal_choice = Some(enabled);
         self
@@ -393,11 +409,12 @@ impl StoreBuilder {
     }
 
     /// Registers one of the caller's tables for journal mode: an open after a crash applies the
-    /// journal's writes to it with these types, so batches writing it are journaled (a batch
-    /// writing an unregistered table commits durably instead). Tables of common pairs of
-    /// redb's leaf types (see [`journal`](Self::journal)) need no registration. Register the same tables in
-    /// every program that opens the store: an open whose journal holds writes to a table it does
-    /// not know refuses with [`Error::Config`] naming it.
+    /// journal's writes to it with these types, so batches writing it are journaled instead of
+    /// committed durably (see [`journal`](Self::journal)). Tables of common pairs of redb's leaf
+    /// types need no registration. Register the same tables in every program that opens the
+    /// store: an open whose live journal holds writes to a table it does not know refuses with
+    /// [`Error::Config`] naming the table, its types and this call (the `idem` CLI registers
+    /// none: open such a store once with the program that does).
     pub fn journal_table<K: redb::Key + 'static, V: redb::Value + 'static>(
         mut self,
         definition: redb::TableDefinition<'static, K, V>,
@@ -647,7 +664,8 @@ impl StoreBuilder {
     }
 
     /// Opens (or creates) a store on a custom redb storage backend (an in-memory or
-    /// fault-injecting backend in tests).
+    /// fault-injecting backend in tests), in direct mode: there is no place for a journal (see
+    /// [`open_with_backends`](Self::open_with_backends)).
     pub fn open_with_backend(self, backend: impl StorageBackend) -> Result<Store, Error> {
         self.open_on_backends(backend, None)
     }

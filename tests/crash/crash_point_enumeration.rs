@@ -629,7 +629,7 @@ fn outbox_delivered_mark() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Journal mode (`StoreBuilder::journal(true)`, docs/design.md "Claims at the speed of a log",
+// Journal mode (the default, `StoreBuilder::journal`; docs/design.md "Claims at the speed of a log",
 // "### Tests", "Crash points"): the store file and its journal on one [`CountingPair`], so every
 // crash point freezes both files at the same instant. Every sync of either file is a crash
 // point (both durable images), and every write of either file a torn one (the file written:

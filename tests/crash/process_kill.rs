@@ -354,8 +354,8 @@ fn process_kill_child_entry() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    // The parent's environment, `IDEM_TEST_JOURNAL` included: a journal-mode run kills
-    // journal-mode children.
+    // The parent's environment, `IDEM_TEST_JOURNAL` included: a direct-mode run
+    // (`IDEM_TEST_JOURNAL=0`) kills direct-mode children.
     let store = common::journal_from_env(Store::builder())
         .open(path)
         .expect("child opens the store");

@@ -1,4 +1,4 @@
-//! Journal mode (`StoreBuilder::journal(true)`): answers are made durable by the journal's sync,
+//! Journal mode (the default; `StoreBuilder::journal`): answers are made durable by the journal's sync,
 //! redb commits without one, and an open after a crash replays what redb lacks. Every answered
 //! claim survives a crash of both files at any instant, its effect exactly once, whether the
 //! closure's table is registered (journaled) or not (its batches commit durably).
@@ -52,7 +52,7 @@ fn a_table_that_is_not_registered_still_works_and_replays() {
 
 #[test]
 fn batches_that_write_an_unregistered_table_are_counted_and_registered_ones_are_not() {
-    // A table of its own (the harness registers EFFECTS when `IDEM_TEST_JOURNAL=1`), with a
+    // A table of its own (`journaled` registers EFFECTS), with a
     // compound key: leaf-typed tables need no registration.
     const NOTES: idem::redb::TableDefinition<(&str, u64), u64> =
         idem::redb::TableDefinition::new("unregistered_notes");

@@ -142,6 +142,9 @@ fn check_before_writing(cli: &Cli) -> Result<(), Failure> {
     let (copy, _) = copy_of_file(cli, "--force")?;
     let mut store = match builder(cli).open_existing(&copy.0) {
         Ok(store) => store,
+        // The journal holds writes to a table of the service's own types, which the CLI cannot
+        // register: not damage, and the message says what to do.
+        Err(e @ Error::Config { .. }) => return Err(format!("{file}: {e}").into()),
         Err(e) => {
             return Err(not_a_store(cli, &e)
                 .unwrap_or_else(|| refuse(format!("the copy does not open: {}", detail(&e)))));
