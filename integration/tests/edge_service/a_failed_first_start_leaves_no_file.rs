@@ -25,7 +25,7 @@ fn claim(store: &Store) -> ExecuteAnswer {
 
 #[test]
 fn a_store_created_on_a_full_disk_leaves_nothing_and_opens_once_space_is_back() {
-    let Some(fs) = Tmpfs::mount("1m") else {
+    let Some(fs) = Tmpfs::mount(&tmpfs::journal_and(1)) else {
         return;
     };
     let path = fs.path().join("idem.redb");
@@ -37,6 +37,15 @@ fn a_store_created_on_a_full_disk_leaves_nothing_and_opens_once_space_is_back() 
         !path.exists(),
         "the failed open removed the file it created ({:?} bytes left)",
         std::fs::metadata(&path).map(|m| m.len())
+    );
+    let left: Vec<_> = std::fs::read_dir(fs.path())
+        .expect("dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| *p != filler)
+        .collect();
+    assert!(
+        left.is_empty(),
+        "nothing else is left either (a journal, its temporary copy): {left:?}"
     );
 
     // An empty file made beforehand (a deployment step) is emptied again, not removed.
@@ -59,7 +68,7 @@ fn a_store_created_on_a_full_disk_leaves_nothing_and_opens_once_space_is_back() 
 #[cfg(feature = "http")]
 #[test]
 fn the_example_service_starts_once_space_is_back_after_a_first_start_on_a_full_disk() {
-    let Some(fs) = Tmpfs::mount("1m") else {
+    let Some(fs) = Tmpfs::mount(&tmpfs::journal_and(1)) else {
         return;
     };
     let data = fs.path().join("data");

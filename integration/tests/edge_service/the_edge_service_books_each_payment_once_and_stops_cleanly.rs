@@ -1119,6 +1119,11 @@ fn pending_in_a_copy(file: &std::path::Path) -> u64 {
     let copy_dir = tempfile::tempdir().unwrap();
     let copy = copy_dir.path().join("copy.redb");
     std::fs::copy(file, &copy).unwrap();
+    // A store is its file and its journal (journal mode, the default).
+    let journal = idem::store::journal_path(file);
+    if journal.exists() {
+        std::fs::copy(&journal, idem::store::journal_path(&copy)).unwrap();
+    }
     let store = idem::Store::open(&copy).expect("the copy opens (repaired)");
     store.stats().expect("stats").pending
 }

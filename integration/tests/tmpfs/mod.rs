@@ -18,6 +18,12 @@ pub struct Tmpfs {
 
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// A tmpfs size with room for a store's journal (journal mode, the default, preallocates it)
+/// and `mib` MiB more.
+pub fn journal_and(mib: u64) -> String {
+    format!("{}m", (idem::store::DEFAULT_JOURNAL_CAPACITY >> 20) + mib)
+}
+
 impl Tmpfs {
     pub fn mount(size: &str) -> Option<Tmpfs> {
         // A test that panicked while holding it poisons nothing this one needs.
@@ -50,6 +56,16 @@ impl Tmpfs {
 
     pub fn path(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// Grows (or shrinks) the file system to `size`, as an operator who adds space does.
+    pub fn resize(&self, size: &str) {
+        let resized = Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(self.dir.path())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(resized, "remount the tmpfs with size={size}");
     }
 
     /// Fills the file system with a filler file until a write fails; returns its path.

@@ -217,8 +217,14 @@ fn create(
                 .open(&tmp)
                 .map_err(|e| io("creating the journal", e))?;
             let b = FileIo(file);
-            fill(&b, capacity, &header)?;
-            std::fs::rename(&tmp, &path).map_err(|e| io("renaming the new journal", e))?;
+            let written = fill(&b, capacity, &header).and_then(|()| {
+                std::fs::rename(&tmp, &path).map_err(|e| io("renaming the new journal", e))
+            });
+            if let Err(e) = written {
+                // A partly written journal (a full disk) must not keep the space it took.
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
             if let Some(dir) = path.parent() {
                 let dir = if dir.as_os_str().is_empty() {
                     Path::new(".")
