@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use bench_common::{bench_parent, env_parse, percentile};
 use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
-use idem::redb::{self, Database, ReadableDatabase, TableDefinition};
+use idem::redb::{self, Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("probe.records");
 /// A claim's stored record: about what idem stores for a small answer.

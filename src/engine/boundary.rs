@@ -13,7 +13,7 @@ use crate::error::{Error, StorageError};
 
 // ---- The storage boundary: panics from redb on damaged data ----
 //
-// redb 4.6 trusts the bytes of its pages: a damaged length or offset in a page can make it index
+// redb (5.0, as 4.6) trusts the bytes of its pages: a damaged length or offset in a page can make it index
 // out of bounds or unwrap a decoding error (e.g. a table name that is not UTF-8) instead of
 // returning `StorageError::Corrupted`. idem runs every redb call on stored data — the open, every
 // read path, the work of every write batch, the commit protocol's steps, the integrity check,

@@ -868,7 +868,7 @@ fn open_error(e: redb::DatabaseError, what: &dyn std::fmt::Display) -> Error {
         redb::DatabaseError::RepairAborted => Error::NeedsRecovery,
         redb::DatabaseError::UpgradeRequired(version) => Error::CorruptStore {
             reason: format!(
-                "the file is in redb's file format {version}, which this redb (4.x) does not read; upgrade it with the redb release that wrote it"
+                "the file is in redb's file format {version}, which this redb (5.x) does not read; upgrade it with the redb release that wrote it"
             ),
         },
         other => unlatched(other),

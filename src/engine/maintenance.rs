@@ -205,7 +205,7 @@ impl Store {
 
     fn compact_exclusive(&mut self) -> Result<bool, Error> {
         let db = self.exclusive_db("compact")?;
-        let result = match catch_storage_panic(|| db.compact()) {
+        let result = match catch_storage_panic(|| db.compact(redb::CompactionMode::Balanced)) {
             Ok(result) => result,
             Err(p) => {
                 // Compaction moves pages with durable commits: stop writing after a failure.

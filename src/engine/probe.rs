@@ -80,22 +80,22 @@ impl<B: StorageBackend> fmt::Debug for SharedBackend<B> {
 }
 
 impl<B: StorageBackend> StorageBackend for SharedBackend<B> {
-    fn len(&self) -> Result<u64, io::Error> {
+    fn len(&self) -> Result<u64, BackendError> {
         self.0.len()
     }
-    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), io::Error> {
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
         self.0.read(offset, out)
     }
-    fn set_len(&self, len: u64) -> Result<(), io::Error> {
+    fn set_len(&self, len: u64) -> Result<(), BackendError> {
         self.0.set_len(len)
     }
-    fn sync_data(&self) -> Result<(), io::Error> {
+    fn sync_data(&self) -> Result<(), BackendError> {
         self.0.sync_data()
     }
-    fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), BackendError> {
         self.0.write(offset, data)
     }
-    fn close(&self) -> Result<(), io::Error> {
+    fn close(&self) -> Result<(), BackendError> {
         self.0.close()
     }
     fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
@@ -134,22 +134,22 @@ impl<B: StorageBackend> fmt::Debug for ReadOnlyLook<B> {
 }
 
 impl<B: StorageBackend> StorageBackend for ReadOnlyLook<B> {
-    fn len(&self) -> Result<u64, io::Error> {
+    fn len(&self) -> Result<u64, BackendError> {
         self.0.len()
     }
-    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), io::Error> {
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
         self.0.read(offset, out)
     }
-    fn set_len(&self, _: u64) -> Result<(), io::Error> {
-        Err(io::Error::from(io::ErrorKind::ReadOnlyFilesystem))
+    fn set_len(&self, _: u64) -> Result<(), BackendError> {
+        Err(io::Error::from(io::ErrorKind::ReadOnlyFilesystem).into())
     }
-    fn sync_data(&self) -> Result<(), io::Error> {
+    fn sync_data(&self) -> Result<(), BackendError> {
         Ok(())
     }
-    fn write(&self, _: u64, _: &[u8]) -> Result<(), io::Error> {
-        Err(io::Error::from(io::ErrorKind::ReadOnlyFilesystem))
+    fn write(&self, _: u64, _: &[u8]) -> Result<(), BackendError> {
+        Err(io::Error::from(io::ErrorKind::ReadOnlyFilesystem).into())
     }
-    fn close(&self) -> Result<(), io::Error> {
+    fn close(&self) -> Result<(), BackendError> {
         Ok(())
     }
 }

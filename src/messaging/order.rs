@@ -1,6 +1,8 @@
 //! Order-aware handling: per-entity version high-water marks, updated in the caller's
 //! transaction, so an event older than one already applied is skipped, never applied.
 
+use redb::ReadableTable;
+
 use crate::engine::boundary::unlatched;
 use crate::engine::store::Store;
 use crate::engine::tables::{VERSIONS, open_optional};

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use idem::clock::ManualClock;
-use idem::redb::{ReadableDatabase, TableDefinition};
+use idem::redb::{ReadableDatabase, ReadableTable, TableDefinition};
 use idem::{
     BeginAnswer, Error, ExecuteAnswer, Lease, Request, Response, Scope, Store, StoreBuilder,
     Timestamp,

@@ -65,6 +65,17 @@ fn an_io_failure_latches_in_every_redb_error_type() {
             "redb::SavepointError",
             StorageError::new(redb::SavepointError::Storage(io())),
         ),
+        // A storage backend's failure that is not an `io::Error` (`BackendError::Other`).
+        (
+            "redb::Error::Backend",
+            StorageError::new(redb::Error::Backend("the block device failed".into())),
+        ),
+        (
+            "redb::TableError::Storage(Backend)",
+            StorageError::new(redb::TableError::Storage(redb::StorageError::Backend(
+                "the block device failed".into(),
+            ))),
+        ),
     ];
     for (what, source) in cases {
         assert!(latches(source), "an I/O failure in a {what} must fail-stop");

@@ -3,7 +3,7 @@
 //! some seeds, the start of a page (its header, its key offsets) for others, anywhere in a page
 //! for the rest — and every `Store` call on it returns `Ok` or a typed error; none panics.
 //!
-//! redb 4.6 verifies page checksums only when it repairs a file, so on a cleanly closed file it
+//! redb (5.0, as 4.6) verifies page checksums only when it repairs a file, so on a cleanly closed file it
 //! trusts the damaged lengths and offsets and, for some of these seeds, indexes out of bounds or
 //! unwraps a decoding error. idem contains those panics at its storage boundary (src/engine/boundary.rs)
 //! and reports `Error::CorruptStore` (fail-stop once it happened inside a write). Before that

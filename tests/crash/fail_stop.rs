@@ -5,8 +5,8 @@ use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use idem::redb::StorageBackend;
 use idem::redb::backends::InMemoryBackend;
+use idem::redb::{BackendError, StorageBackend};
 
 use idem::clock::ManualClock;
 use idem::{BeginAnswer, Error, ExecuteAnswer, Request, Response, Scope, Store, Timestamp};
@@ -47,24 +47,24 @@ impl FaultyBackend {
 }
 
 impl StorageBackend for FaultyBackend {
-    fn len(&self) -> io::Result<u64> {
+    fn len(&self) -> Result<u64, BackendError> {
         self.inner.len()
     }
-    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
         if self.failing_reads.load(Ordering::SeqCst) {
-            return Err(io::Error::other("injected read failure"));
+            return Err(io::Error::other("injected read failure").into());
         }
         self.inner.read(offset, out)
     }
-    fn set_len(&self, len: u64) -> io::Result<()> {
+    fn set_len(&self, len: u64) -> Result<(), BackendError> {
         self.fail_if_set()?;
         self.inner.set_len(len)
     }
-    fn sync_data(&self) -> io::Result<()> {
+    fn sync_data(&self) -> Result<(), BackendError> {
         self.fail_if_set()?;
         self.inner.sync_data()
     }
-    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), BackendError> {
         self.fail_if_set()?;
         self.inner.write(offset, data)
     }

@@ -1127,7 +1127,7 @@ fn clean_and_crash_images(n: usize) -> (Vec<u8>, Vec<u8>) {
     (backend.durable_image(), crash)
 }
 
-// Bytes flipped in the file itself, under redb. What happens (redb 4.6 verifies its page
+// Bytes flipped in the file itself, under redb. What happens (redb 5.0, as 4.6, verifies its page
 // checksums only in recovery after an unclean shutdown and in `check_integrity`; idem's record
 // checksum, docs/FORMAT.md "Checksum", on every read of a record):
 // - cleanly closed file: the open for writing checks every page first
@@ -1215,7 +1215,7 @@ fn a_flipped_body_byte_in_the_file_is_a_corrupt_record() {
             .verify_on_open(verify)
             .open_with_backend(crash_backend_from_image(damaged));
         if verify {
-            // Current behaviour (redb 4.6 recovery), not the requirement: see the doc comment.
+            // Current behaviour (redb 5.0 recovery, as 4.6's), not the requirement: see the doc comment.
             match opened {
                 Err(Error::CorruptStore { reason }) => {
                     assert!(reason.contains("corrupted"), "{what}: {reason}");

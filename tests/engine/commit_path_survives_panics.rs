@@ -6,7 +6,6 @@
 
 use crate::common;
 
-use std::io;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
@@ -15,8 +14,8 @@ use std::time::Duration;
 
 use common::*;
 use idem::clock::{Clock, ManualClock};
-use idem::redb::StorageBackend;
 use idem::redb::backends::InMemoryBackend;
+use idem::redb::{BackendError, StorageBackend};
 use idem::redb::{ReadableTableMetadata, TableDefinition};
 use idem::{Error, ExecuteAnswer, Request, Response, Scope, Store, Timestamp};
 
@@ -102,22 +101,22 @@ struct PanicsOnSyncWhenArmed {
 }
 
 impl StorageBackend for PanicsOnSyncWhenArmed {
-    fn len(&self) -> io::Result<u64> {
+    fn len(&self) -> Result<u64, BackendError> {
         self.inner.len()
     }
-    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
         self.inner.read(offset, out)
     }
-    fn set_len(&self, len: u64) -> io::Result<()> {
+    fn set_len(&self, len: u64) -> Result<(), BackendError> {
         self.inner.set_len(len)
     }
-    fn sync_data(&self) -> io::Result<()> {
+    fn sync_data(&self) -> Result<(), BackendError> {
         if self.armed.swap(false, Ordering::SeqCst) {
             panic!("the backend failed while syncing");
         }
         self.inner.sync_data()
     }
-    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), BackendError> {
         self.inner.write(offset, data)
     }
 }

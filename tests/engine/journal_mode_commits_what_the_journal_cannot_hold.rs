@@ -7,7 +7,7 @@
 use crate::common;
 
 use common::*;
-use idem::redb::{MultimapTableDefinition, TableDefinition};
+use idem::redb::{MultimapTableDefinition, ReadableMultimapTable, ReadableTable, TableDefinition};
 use idem::{Error, ExecuteAnswer, Response, Store, StoreBuilder};
 
 const TAGS: MultimapTableDefinition<&str, &str> = MultimapTableDefinition::new("test.tags");

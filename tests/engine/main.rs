@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod a_table_opened_with_other_types_is_redbs_type_mismatch;
 mod background_sweeper_stops_with_the_store;
 mod bad_input_is_a_typed_error;
 mod caller_errors;

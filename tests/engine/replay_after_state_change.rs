@@ -7,7 +7,7 @@ use crate::common;
 use std::cell::Cell;
 
 use common::*;
-use idem::redb::TableDefinition;
+use idem::redb::{ReadableTable, TableDefinition};
 use idem::{Request, Response, Store};
 
 const PAYMENTS: TableDefinition<&str, &str> = TableDefinition::new("test.payments");

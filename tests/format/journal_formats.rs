@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use idem::__journal::format::{EntryBuilder, KIND_ENTRY, OP_PUT, Row, TABLE_PLAIN, encode_frame};
-use idem::redb::ReadableDatabase;
+use idem::redb::{ReadableDatabase, ReadableTable};
 use idem::store::journal_path;
 use idem::{Error, Response, Scope, Store, StoreBuilder};
 

@@ -61,14 +61,12 @@ impl CrashBackend {
 }
 
 impl idem::redb::StorageBackend for CrashBackend {
-    fn len(&self) -> std::io::Result<u64> {
+    fn len(&self) -> Result<u64, idem::redb::BackendError> {
         Ok(self.images().live.len() as u64)
     }
-    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), idem::redb::BackendError> {
         if self.gone.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(std::io::Error::other(
-                "injected I/O failure: the disk went away",
-            ));
+            return Err(std::io::Error::other("injected I/O failure: the disk went away").into());
         }
         let images = self.images();
         let start = usize::try_from(offset).map_err(std::io::Error::other)?;
@@ -77,24 +75,25 @@ impl idem::redb::StorageBackend for CrashBackend {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,
                 "read past the end",
-            ));
+            )
+            .into());
         }
         out.copy_from_slice(&images.live[start..end]);
         Ok(())
     }
-    fn set_len(&self, len: u64) -> std::io::Result<()> {
+    fn set_len(&self, len: u64) -> Result<(), idem::redb::BackendError> {
         self.check()?;
         let len = usize::try_from(len).map_err(std::io::Error::other)?;
         self.images().live.resize(len, 0);
         Ok(())
     }
-    fn sync_data(&self) -> std::io::Result<()> {
+    fn sync_data(&self) -> Result<(), idem::redb::BackendError> {
         self.check()?;
         let mut images = self.images();
         images.durable = images.live.clone();
         Ok(())
     }
-    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), idem::redb::BackendError> {
         self.check()?;
         let mut images = self.images();
         let start = usize::try_from(offset).map_err(std::io::Error::other)?;
@@ -118,19 +117,19 @@ type Bound = std::ops::Bound<u64>;
 type Locked<T> = Result<T, idem::redb::BackendError>;
 
 impl idem::redb::StorageBackend for AloneOnFile {
-    fn len(&self) -> std::io::Result<u64> {
+    fn len(&self) -> Result<u64, idem::redb::BackendError> {
         self.0.len()
     }
-    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), idem::redb::BackendError> {
         self.0.read(offset, out)
     }
-    fn set_len(&self, len: u64) -> std::io::Result<()> {
+    fn set_len(&self, len: u64) -> Result<(), idem::redb::BackendError> {
         self.0.set_len(len)
     }
-    fn sync_data(&self) -> std::io::Result<()> {
+    fn sync_data(&self) -> Result<(), idem::redb::BackendError> {
         self.0.sync_data()
     }
-    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), idem::redb::BackendError> {
         self.0.write(offset, data)
     }
     fn try_lock_range(&self, _: Bound, _: Bound) -> Locked<bool> {
@@ -270,19 +269,19 @@ impl CountingBackend {
 }
 
 impl idem::redb::StorageBackend for CountingBackend {
-    fn len(&self) -> std::io::Result<u64> {
+    fn len(&self) -> Result<u64, idem::redb::BackendError> {
         self.inner.len()
     }
-    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), idem::redb::BackendError> {
         self.inner.read(offset, out)
     }
-    fn set_len(&self, len: u64) -> std::io::Result<()> {
+    fn set_len(&self, len: u64) -> Result<(), idem::redb::BackendError> {
         self.io()?;
         self.inner.set_len(len)?;
         self.after_write();
         Ok(())
     }
-    fn sync_data(&self) -> std::io::Result<()> {
+    fn sync_data(&self) -> Result<(), idem::redb::BackendError> {
         self.io()?;
         // Hold the counter lock across the sync so the snapshot is exactly this sync's image.
         let mut c = self.counting();
@@ -292,7 +291,7 @@ impl idem::redb::StorageBackend for CountingBackend {
         c.snapshots.push(durable);
         Ok(())
     }
-    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), idem::redb::BackendError> {
         self.io()?;
         self.inner.write(offset, data)?;
         self.after_write();
@@ -636,20 +635,20 @@ impl PairFile {
 }
 
 impl idem::redb::StorageBackend for PairFile {
-    fn len(&self) -> std::io::Result<u64> {
+    fn len(&self) -> Result<u64, idem::redb::BackendError> {
         self.inner.len()
     }
-    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), idem::redb::BackendError> {
         self.inner.read(offset, out)
     }
-    fn set_len(&self, len: u64) -> std::io::Result<()> {
+    fn set_len(&self, len: u64) -> Result<(), idem::redb::BackendError> {
         self.io()?;
         let mut pair = self.pair();
         self.inner.set_len(len)?;
         self.after_write(&mut pair, &self.other);
         Ok(())
     }
-    fn sync_data(&self) -> std::io::Result<()> {
+    fn sync_data(&self) -> Result<(), idem::redb::BackendError> {
         self.wait_while_held();
         self.io()?;
         // Both files frozen under the pair's lock: the snapshot is exactly this instant's.
@@ -673,7 +672,7 @@ impl idem::redb::StorageBackend for PairFile {
         }
         Ok(())
     }
-    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), idem::redb::BackendError> {
         self.io()?;
         let mut pair = self.pair();
         self.inner.write(offset, data)?;

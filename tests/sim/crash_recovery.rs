@@ -199,11 +199,11 @@ impl Disk {
 }
 
 impl StorageBackend for Disk {
-    fn len(&self) -> std::io::Result<u64> {
+    fn len(&self) -> Result<u64, idem::redb::BackendError> {
         Ok(self.state().live.len() as u64)
     }
 
-    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), idem::redb::BackendError> {
         let s = self.state();
         let start = usize::try_from(offset).map_err(std::io::Error::other)?;
         let end = start + out.len();
@@ -211,13 +211,14 @@ impl StorageBackend for Disk {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,
                 "read past the end",
-            ));
+            )
+            .into());
         }
         out.copy_from_slice(&s.live[start..end]);
         Ok(())
     }
 
-    fn set_len(&self, len: u64) -> std::io::Result<()> {
+    fn set_len(&self, len: u64) -> Result<(), idem::redb::BackendError> {
         let mut s = self.io()?;
         let len = usize::try_from(len).map_err(std::io::Error::other)?;
         let change = Unsynced::SetLen(len);
@@ -226,7 +227,7 @@ impl StorageBackend for Disk {
         Ok(())
     }
 
-    fn sync_data(&self) -> std::io::Result<()> {
+    fn sync_data(&self) -> Result<(), idem::redb::BackendError> {
         let mut s = self.io()?;
         let s = &mut *s;
         for change in s.unsynced.drain(..) {
@@ -236,7 +237,7 @@ impl StorageBackend for Disk {
         Ok(())
     }
 
-    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), idem::redb::BackendError> {
         let mut s = self.io()?;
         let start = usize::try_from(offset).map_err(std::io::Error::other)?;
         let change = Unsynced::Write(start, data.to_vec());

@@ -179,10 +179,7 @@ pub fn spec(mode: &IdemMode, diagnostic: bool) -> RowSpec {
                     .open(dir.join("idem.journal"))
                     .expect("create the journal file");
                 builder()
-                    .open_with_backends(
-                        InMemoryBackend::new(),
-                        FileBackend::new(journal).expect("lock the journal file"),
-                    )
+                    .open_with_backends(InMemoryBackend::new(), FileBackend::new(journal))
                     .expect("open idem store")
             } else {
                 builder()

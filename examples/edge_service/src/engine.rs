@@ -7,6 +7,7 @@ use idem::http::{Backend, BackendLease};
 use idem::outbox::{
     DeadLetter, DispatcherHandle, DispatcherOptions, Event, Publisher, StoredEvent,
 };
+use idem::redb::ReadableTable;
 use idem::{Abort, Store, Tx};
 
 use crate::*;

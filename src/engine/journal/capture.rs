@@ -142,11 +142,7 @@ impl<'t> Wtx<'t> {
                         if let Some((k, v)) = created
                             && (k.as_str(), v.as_str()) != (key.name(), value.name())
                         {
-                            return Err(TableError::TableTypeMismatch {
-                                table: definition.name().to_owned(),
-                                key: redb::TypeName::new(&k),
-                                value: redb::TypeName::new(&v),
-                            });
+                            return Err(type_mismatch(definition, &k, &v));
                         }
                         None
                     }
@@ -213,6 +209,74 @@ impl<'t> Wtx<'t> {
         if let Some(c) = self.capture {
             c.unjournaled.store(true, Ordering::Relaxed);
         }
+    }
+}
+
+/// The `TableError::TableTypeMismatch` redb reports when `definition` is opened on a table
+/// stored with the types named `key` and `value`. redb 5 has no public constructor for it: the
+/// table is created with stand-in types of those names in a scratch in-memory database and
+/// opened there with `definition`'s.
+fn type_mismatch<K: Key + 'static, V: Value + 'static>(
+    definition: TableDefinition<K, V>,
+    key: &str,
+    value: &str,
+) -> TableError {
+    use std::cell::RefCell;
+    thread_local! {
+        static NAMES: RefCell<(String, String)> = const { RefCell::new((String::new(), String::new())) };
+    }
+    /// A type named as the stored key type (`KEY`) or value type (not `KEY`).
+    #[derive(Debug)]
+    struct Named<const KEY: bool>;
+    impl<const KEY: bool> Value for Named<KEY> {
+        type SelfType<'a> = &'a [u8];
+        type AsBytes<'a> = &'a [u8];
+        fn fixed_width() -> Option<usize> {
+            None
+        }
+        fn from_bytes<'a>(data: &'a [u8]) -> &'a [u8]
+        where
+            Self: 'a,
+        {
+            data
+        }
+        fn as_bytes<'a, 'b: 'a>(value: &'a &'b [u8]) -> &'a [u8]
+        where
+            Self: 'b,
+        {
+            value
+        }
+        fn type_name() -> redb::TypeName {
+            NAMES.with(|n| {
+                let n = n.borrow();
+                redb::TypeName::new(if KEY { &n.0 } else { &n.1 })
+            })
+        }
+    }
+    impl<const KEY: bool> Key for Named<KEY> {
+        fn compare(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+            a.cmp(b)
+        }
+    }
+    NAMES.with(|n| *n.borrow_mut() = (key.to_owned(), value.to_owned()));
+    let stored = TableDefinition::<Named<true>, Named<false>>::new(definition.name());
+    let reported = redb::Database::builder()
+        .create_with_backend(redb::backends::InMemoryBackend::new())
+        .map_err(redb::Error::from)
+        .and_then(|db| {
+            let txn = db.begin_write()?;
+            txn.open_table(stored)?;
+            Ok(txn.open_table(definition).err())
+        });
+    match reported {
+        Ok(Some(e)) => e,
+        // Unreachable: the names differ from `K`'s and `V`'s, and nothing else can fail in memory.
+        _ => TableError::Storage(StorageError::Corrupted(format!(
+            "{} has key type {key} and value type {value}, but was opened with key type {} and value type {}",
+            definition.name(),
+            K::type_name().name(),
+            V::type_name().name()
+        ))),
     }
 }
 
@@ -465,7 +529,7 @@ impl<K: Key + 'static, V: Value + 'static> ViewTable<'_, K, V> {
                 let (start, end) = &bounds;
                 let start = start.as_ref().map(|b| K::from_bytes(b));
                 let end = end.as_ref().map(|b| K::from_bytes(b));
-                Some(t.range::<K::SelfType<'_>>((start, end))?)
+                Some(t.range((start, end))?)
             }
         };
         Ok(match (upper.is_empty(), lower) {
@@ -527,7 +591,13 @@ impl<'t, K: Key + 'static, V: Value + 'static> Table<'t, K, V> {
         KR: Borrow<K::SelfType<'a>> + 'a,
     {
         let inner = match &self.inner {
-            Inner::Redb(t) => RangeInner::Redb(t.range(range)?),
+            Inner::Redb(t) => {
+                // redb's range takes its `KeyRange`: the bounds as keys of `K`'s own type.
+                let (start, end) = byte_bounds::<K, KR>(&range);
+                let start = start.as_ref().map(|b| K::from_bytes(b));
+                let end = end.as_ref().map(|b| K::from_bytes(b));
+                RangeInner::Redb(t.range((start, end))?)
+            }
             Inner::View(v) => v.range_bytes(byte_bounds::<K, KR>(&range))?,
         };
         Ok(Range { inner })

@@ -460,28 +460,29 @@ impl Journal {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use redb::BackendError;
 
     /// An in-memory journal file (also the loom model's, `model_check.rs`).
     #[derive(Debug, Default)]
     pub(crate) struct Mem(parking_lot::Mutex<Vec<u8>>);
 
     impl StorageBackend for Mem {
-        fn len(&self) -> Result<u64, std::io::Error> {
+        fn len(&self) -> Result<u64, BackendError> {
             Ok(self.0.lock().len() as u64)
         }
-        fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
+        fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
             let d = self.0.lock();
             out.copy_from_slice(&d[offset as usize..offset as usize + out.len()]);
             Ok(())
         }
-        fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
+        fn set_len(&self, len: u64) -> Result<(), BackendError> {
             self.0.lock().resize(len as usize, 0);
             Ok(())
         }
-        fn sync_data(&self) -> Result<(), std::io::Error> {
+        fn sync_data(&self) -> Result<(), BackendError> {
             Ok(())
         }
-        fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
+        fn write(&self, offset: u64, data: &[u8]) -> Result<(), BackendError> {
             let mut d = self.0.lock();
             d[offset as usize..offset as usize + data.len()].copy_from_slice(data);
             Ok(())

@@ -545,7 +545,7 @@ pub(crate) fn merge<K: AsRef<[u8]>, V, E>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use redb::{Key, ReadableDatabase, TableDefinition, Value};
+    use redb::{Key, ReadableDatabase, ReadableTable, TableDefinition, Value};
 
     /// splitmix64: the random tests' deterministic stream.
     struct Rng(u64);
@@ -946,7 +946,7 @@ mod tests {
                     for direction in [Direction::Forward, Direction::Reverse] {
                         // redb yields nothing when start is after end, as `range` does.
                         let range = table
-                            .range::<u64>((start.as_ref().map(u), end.as_ref().map(u)))
+                            .range((start.as_ref().map(u), end.as_ref().map(u)))
                             .unwrap();
                         let snapshot: Box<dyn Iterator<Item = _>> = match direction {
                             Direction::Forward => Box::new(range),

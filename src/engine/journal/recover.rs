@@ -18,7 +18,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use redb::{Database, ReadableDatabase, StorageBackend};
+use redb::{BackendError, Database, ReadableDatabase, ReadableTable, StorageBackend};
 
 use crate::engine::boundary::unlatched;
 #[cfg(any(test, feature = "__internal_whitebox"))]
@@ -67,21 +67,21 @@ pub fn journal_path(store: &Path) -> PathBuf {
 struct FileIo(File);
 
 impl StorageBackend for FileIo {
-    fn len(&self) -> Result<u64, std::io::Error> {
+    fn len(&self) -> Result<u64, BackendError> {
         Ok(self.0.metadata()?.len())
     }
-    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
-        self.0.read_exact_at(out, offset)
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
+        Ok(self.0.read_exact_at(out, offset)?)
     }
-    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
-        self.0.set_len(len)
+    fn set_len(&self, len: u64) -> Result<(), BackendError> {
+        Ok(self.0.set_len(len)?)
     }
-    fn sync_data(&self) -> Result<(), std::io::Error> {
-        self.0.sync_data()
+    fn sync_data(&self) -> Result<(), BackendError> {
+        Ok(self.0.sync_data()?)
     }
-    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), BackendError> {
         self.0.write_all_at(data, offset)?;
-        start_writeback(&self.0, offset, data.len())
+        Ok(start_writeback(&self.0, offset, data.len())?)
     }
 }
 
@@ -133,7 +133,8 @@ fn format_error(e: FormatError) -> Error {
     }
 }
 
-fn io(what: &str, e: std::io::Error) -> Error {
+fn io(what: &str, e: impl Into<std::io::Error>) -> Error {
+    let e = e.into();
     Error::Storage {
         source: crate::error::StorageError::new(std::io::Error::new(
             e.kind(),

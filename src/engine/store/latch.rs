@@ -90,6 +90,7 @@ fn is_io_failure(e: &redb::Error) -> bool {
     matches!(
         e,
         redb::Error::Io(_)
+            | redb::Error::Backend(_)
             | redb::Error::PreviousIo
             | redb::Error::Corrupted(_)
             | redb::Error::LockPoisoned(_)
@@ -107,7 +108,12 @@ fn is_io_failure_in(source: &StorageError) -> bool {
     let storage = |e: &S| {
         matches!(
             e,
-            S::Io(_) | S::PreviousIo | S::Corrupted(_) | S::LockPoisoned(_) | S::DatabaseClosed
+            S::Io(_)
+                | S::Backend(_)
+                | S::PreviousIo
+                | S::Corrupted(_)
+                | S::LockPoisoned(_)
+                | S::DatabaseClosed
         )
     };
     if let Some(e) = source.downcast_ref::<redb::Error>() {
