@@ -127,7 +127,10 @@ fn crash(path: &str, how: Crash) -> Result<(), Failure> {
         .journal(how.journal);
     let checkpoint_bytes = match how.checkpoint_mib {
         Some(mib) => {
-            builder = builder.checkpoint_bytes(mib << 20);
+            // At most half the journal: a larger interval takes a larger journal.
+            builder = builder
+                .checkpoint_bytes(mib << 20)
+                .journal_capacity((mib << 21).max(idem::store::DEFAULT_JOURNAL_CAPACITY));
             mib << 20
         }
         None => idem::store::DEFAULT_CHECKPOINT_BYTES,

@@ -51,7 +51,7 @@ use crate::runtime::observe;
 /// | [`queue_timeout`](Self::queue_timeout) | 5 s, then [`Error::Busy`] |
 /// | [`multi_process`](Self::multi_process) | off: one process opens the file |
 /// | [`journal`](Self::journal) | on for one process (not with `multi_process` or [`open_with_backend`](Self::open_with_backend)): `<file>.journal` beside the file, a background applier thread |
-/// | [`journal_capacity`](Self::journal_capacity) | 64 MiB on disk, written when the journal is created ([`DEFAULT_JOURNAL_CAPACITY`](crate::store::DEFAULT_JOURNAL_CAPACITY)) |
+/// | [`journal_capacity`](Self::journal_capacity) | 16 MiB on disk, written when the journal is created ([`DEFAULT_JOURNAL_CAPACITY`](crate::store::DEFAULT_JOURNAL_CAPACITY)) |
 /// | [`checkpoint_bytes`](Self::checkpoint_bytes) | 8 MiB of journal between two durable commits of the store file |
 /// | [`journal_pending_bytes`](Self::journal_pending_bytes) | 32 MiB of memory for journaled writes not yet in the store file |
 /// | [`journal_table`](Self::journal_table) | none: tables of common leaf types need none (see [`journal`](Self::journal)) |
@@ -359,7 +359,7 @@ impl StoreBuilder {
     /// checkpoint) every [`checkpoint_bytes`](Self::checkpoint_bytes) of journal. An open after a
     /// crash replays the journal's entries after the last one redb holds. Every promise of
     /// [`Durability::Immediate`] holds: no answer before its writes are on disk. Its costs: the
-    /// journal file ([`journal_capacity`](Self::journal_capacity), 64 MiB by default, written
+    /// journal file ([`journal_capacity`](Self::journal_capacity), 16 MiB by default, written
     /// when it is created), the pending writes' memory, one thread per store.
     ///
     /// A closure may write any table. Tables whose key and value types are a common pair of
@@ -387,7 +387,7 @@ impl StoreBuilder {
 
     /// The journal file's size in bytes, fixed when it is created (written with zeros, so a
     /// sync never changes the file's metadata). Default [`crate::store::DEFAULT_JOURNAL_CAPACITY`]
-    /// (64 MiB); at least 64 KiB, a multiple of 4 KiB. An entry larger than a quarter of it is
+    /// (16 MiB); at least 64 KiB, a multiple of 4 KiB. An entry larger than a quarter of it is
     /// committed to redb durably instead of journaled.
     pub fn journal_capacity(mut self, bytes: u64) -> Self {
         self.journal.capacity = bytes;
@@ -399,8 +399,9 @@ impl StoreBuilder {
     /// replays (more while the applier lags behind the batches, never more than the
     /// journal's capacity), and what `Store` applies to redb's file in one fsync. Default
     /// [`crate::store::DEFAULT_CHECKPOINT_BYTES`] (8 MiB); at most half the journal's
-    /// capacity. Rarer checkpoints buy a few percent of claims/s under load for a longer open
-    /// after a crash: with 32 MiB, 2–11% more claims/s at 8 and 64 callers, and the worst
+    /// capacity (raise [`journal_capacity`](Self::journal_capacity) with it). Rarer checkpoints
+    /// buy a few percent of claims/s under load for a longer open after a crash: with 32 MiB (in
+    /// a 64 MiB journal), 2–11% more claims/s at 8 and 64 callers, and the worst
     /// reopen of a 1M-record store 1.3–1.4 s instead of 0.35–0.38 s (BENCHMARKS.md, "Reopen
     /// after a crash").
     pub fn checkpoint_bytes(mut self, bytes: u64) -> Self {

@@ -26,7 +26,9 @@ const NOTES: TableDefinition<(&str, u64), u64> = TableDefinition::new("notes");
 /// journal's path: the journal's checkpoints are far apart, so its entries are live.
 fn crash_leaving_a_live_journal(path: &Path, keys: &[&str], notes: bool) {
     let (db, jr) = (CrashBackend::default(), CrashBackend::default());
-    let builder: StoreBuilder = Store::builder().checkpoint_bytes(16 << 20);
+    let builder: StoreBuilder = Store::builder()
+        .journal_capacity(1 << 20)
+        .checkpoint_bytes(512 << 10);
     let builder = if notes {
         builder.journal_table(NOTES)
     } else {

@@ -363,7 +363,13 @@ fn a_store_opens_in_the_other_mode_both_ways() {
 /// store file lacks (the journal's checkpoints are far apart).
 fn crashed_files_with_a_live_journal(path: &std::path::Path, keys: &[&str]) {
     let (db, jr) = (CrashBackend::default(), CrashBackend::default());
-    let store = open_pair(&db, &jr, Store::builder().checkpoint_bytes(16 << 20));
+    let store = open_pair(
+        &db,
+        &jr,
+        Store::builder()
+            .journal_capacity(1 << 20)
+            .checkpoint_bytes(512 << 10),
+    );
     for k in keys {
         executed(claim(&store, k));
     }

@@ -69,16 +69,20 @@ pub const MODES: &[IdemMode] = &[
 /// and the journal on disk, and with a page cache that holds the whole store.
 pub const DIAGNOSTIC_MODES: &[IdemMode] = &[
     IdemMode {
-        label: "idem journal 16MiB",
-        what: "diagnostic: the default builder with a 16 MiB journal (`journal_capacity`) instead of 64 MiB, checkpoints every 8 MiB as by default",
-        builder: || Store::builder().journal_capacity(16 << 20),
+        label: "idem journal 64MiB",
+        what: "diagnostic: the default builder with a 64 MiB journal (`journal_capacity`) instead of 16 MiB, checkpoints every 8 MiB as by default: what a larger journal buys",
+        builder: || Store::builder().journal_capacity(64 << 20),
         on_writer: false,
         redb_in_memory: false,
     },
     IdemMode {
         label: "idem journal checkpoint 32MiB",
-        what: "diagnostic: the default builder with `checkpoint_bytes(32 MiB)` (the most a 64 MiB journal allows) instead of 8 MiB: a quarter of the durable redb commits, and an open after a crash replays up to four times more",
-        builder: || Store::builder().checkpoint_bytes(32 << 20),
+        what: "diagnostic: the default builder with a 64 MiB journal and `checkpoint_bytes(32 MiB)` (the most it allows) instead of 16 MiB and 8 MiB: a quarter of the durable redb commits, and an open after a crash replays up to four times more",
+        builder: || {
+            Store::builder()
+                .journal_capacity(64 << 20)
+                .checkpoint_bytes(32 << 20)
+        },
         on_writer: false,
         redb_in_memory: false,
     },

@@ -33,8 +33,9 @@ pub(crate) use capture::{Capture, View, Wtx};
 pub use capture::{Guard, Pair, Range, Table};
 pub use recover::journal_path;
 
-/// The journal's default capacity: 64 MiB.
-pub const DEFAULT_CAPACITY: u64 = 64 << 20;
+/// The journal's default capacity: 16 MiB, twice the default checkpoint interval
+/// (benches/results/2026-12-07-54fd947-journal-capacity.md: no cost measured against 64 MiB).
+pub const DEFAULT_CAPACITY: u64 = 16 << 20;
 /// The default frame bytes between two checkpoints: 8 MiB.
 pub const DEFAULT_CHECKPOINT_BYTES: u64 = 8 << 20;
 /// The default bound on journaled writes held in memory until they are in redb's file: 32 MiB.
