@@ -276,7 +276,31 @@ pub(crate) fn detail(e: &Error) -> String {
     }
 }
 
-/// A failed call on an open store (a damaged page, a record that does not decode, …).
+/// A failed call on an open store (a damaged page, a record that does not decode, …). redb's
+/// report of a damaged page gets the advice a damaged file gets.
 pub(crate) fn failed(cli: &Cli) -> impl Fn(Error) -> Failure + '_ {
-    move |e| Failure::Said(format!("{}: {e}", cli.file.display()))
+    move |e| {
+        let file = cli.file.display();
+        if damaged_page(&e) {
+            Failure::Said(format!(
+                "{file}: {e}: the file is damaged; run `idem check` to see the damage (it checks a copy), then move the file away or {RESTORE}"
+            ))
+        } else {
+            Failure::Said(format!("{file}: {e}"))
+        }
+    }
+}
+
+/// redb found a damaged page while reading (the file, not the call, is at fault).
+fn damaged_page(e: &Error) -> bool {
+    let Error::Storage { source } = e else {
+        return false;
+    };
+    matches!(
+        source.downcast_ref::<idem::redb::Error>(),
+        Some(idem::redb::Error::Corrupted(_))
+    ) || matches!(
+        source.downcast_ref::<idem::redb::StorageError>(),
+        Some(idem::redb::StorageError::Corrupted(_))
+    )
 }
