@@ -400,10 +400,8 @@ impl StoreBuilder {
     /// journal's capacity), and what `Store` applies to redb's file in one fsync. Default
     /// [`crate::store::DEFAULT_CHECKPOINT_BYTES`] (8 MiB); at most half the journal's
     /// capacity (raise [`journal_capacity`](Self::journal_capacity) with it). Rarer checkpoints
-    /// buy a few percent of claims/s under load for a longer open after a crash: with 32 MiB (in
-    /// a 64 MiB journal), 2–11% more claims/s at 8 and 64 callers, and the worst
-    /// reopen of a 1M-record store 1.3–1.4 s instead of 0.35–0.38 s (BENCHMARKS.md, "Reopen
-    /// after a crash").
+    /// buy a few percent of claims/s under load for a longer open after a crash (measured in
+    /// benches/results/2026-12-07-2c50fcb-worst-case-replay-and-checkpoint-bytes.md).
     pub fn checkpoint_bytes(mut self, bytes: u64) -> Self {
         self.journal.checkpoint_bytes = bytes;
         self
@@ -1069,8 +1067,12 @@ impl Store {
                 recover::detach(&db, place, b.journal, &b.registry)?;
                 None
             }
+            // A multi-process open never replays a journal: it belongs to one process, and
+            // another may be writing it.
             _ if b.multi_process => {
-                recover::check_multi_process(&db.begin_read().map_err(unlatched)?)?;
+                if recover::journal_live(&db.begin_read().map_err(unlatched)?)? {
+                    return Err(Error::JournalNeedsReplay);
+                }
                 None
             }
             // open_with_backend: no journal to replay.

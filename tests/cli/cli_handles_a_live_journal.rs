@@ -25,7 +25,6 @@ const NOTES: TableDefinition<(&str, u64), u64> = TableDefinition::new("notes");
 /// `NOTES` when `notes`), crashes both disks, and writes what the crash left at `path` and its
 /// journal's path: the journal's checkpoints are far apart, so its entries are live.
 fn crash_leaving_a_live_journal(path: &Path, keys: &[&str], notes: bool) {
-    let (db, jr) = (CrashBackend::default(), CrashBackend::default());
     let builder: StoreBuilder = Store::builder()
         .journal_capacity(1 << 20)
         .checkpoint_bytes(512 << 10);
@@ -34,23 +33,18 @@ fn crash_leaving_a_live_journal(path: &Path, keys: &[&str], notes: bool) {
     } else {
         builder
     };
-    let store = builder
-        .open_with_backends(db.clone(), jr.clone())
-        .expect("open");
-    for k in keys {
-        executed(store.execute(req("t", "op", k, b"x"), |tx| {
-            bump(tx, k)?;
-            if notes {
-                tx.open_table(NOTES)?.insert((*k, 1), 1)?;
-            }
-            Ok(Response::new(201, k.to_string()))
-        }));
-    }
-    assert_eq!(store.metrics().journal.unjournaled, 0, "journaled claims");
-    let (jr_image, db_image) = (jr.durable_image(), db.durable_image());
-    drop(store);
-    std::fs::write(path, db_image).unwrap();
-    std::fs::write(journal_path(path), jr_image).unwrap();
+    files_a_crash_leaves(path, builder, |store| {
+        for k in keys {
+            executed(store.execute(req("t", "op", k, b"x"), |tx| {
+                bump(tx, k)?;
+                if notes {
+                    tx.open_table(NOTES)?.insert((*k, 1), 1)?;
+                }
+                Ok(Response::new(201, k.to_string()))
+            }));
+        }
+        assert_eq!(store.metrics().journal.unjournaled, 0, "journaled claims");
+    });
 }
 
 fn get(path: &Path, key: &str) -> std::process::Output {

@@ -342,3 +342,19 @@ pub fn gate_answered<'s, 'e>(
     held_rx.recv().expect("gate holds the writer");
     (release_tx, handle)
 }
+
+/// Runs `work` on a store opened with `builder` on simulated disks (the file and the journal),
+/// then writes what a crash right after it leaves (both disks' durable images) at `path` and
+/// its journal's path. With checkpoints far apart, the journal's entries are live: answers the
+/// store file lacks.
+pub fn files_a_crash_leaves(path: &Path, builder: StoreBuilder, work: impl FnOnce(&Store)) {
+    let (db, jr) = (CrashBackend::default(), CrashBackend::default());
+    let store = builder
+        .open_with_backends(db.clone(), jr.clone())
+        .expect("open on the simulated disks");
+    work(&store);
+    let (jr_image, db_image) = (jr.durable_image(), db.durable_image());
+    drop(store);
+    std::fs::write(path, db_image).expect("write the store file");
+    std::fs::write(idem::store::journal_path(path), jr_image).expect("write the journal");
+}

@@ -66,6 +66,21 @@ fn syncs(store: &Store) -> u64 {
     }
 }
 
+/// Waits (bounded) for the flusher's next sync after this call; returns the syncs then.
+fn wait_for_a_flush(store: &Store, disks: &Disks) -> u64 {
+    let before = syncs(store);
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while syncs(store) == before {
+        assert!(
+            Instant::now() < give_up,
+            "{}: the flusher never ran",
+            disks.mode()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    syncs(store)
+}
+
 fn claim(store: &Store, key: &str) -> idem::ExecuteAnswer {
     store
         .execute(req("t", "op", key, b"p"), |tx| {
@@ -122,17 +137,7 @@ fn periodic_flushes_within_its_interval() {
     both_modes(|disks| {
         let store = open(&disks, Durability::Periodic(Duration::from_millis(10)));
         assert!(matches!(claim(&store, "k"), idem::ExecuteAnswer::Ran(_)));
-        let before = syncs(&store);
-        // The flusher's sync; wait for it (bounded).
-        let give_up = Instant::now() + Duration::from_secs(10);
-        while syncs(&store) == before {
-            assert!(
-                Instant::now() < give_up,
-                "{}: the flusher never ran",
-                disks.mode()
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_for_a_flush(&store, &disks);
         let after_crash = open(&disks.crash(), Durability::Immediate);
         std::mem::forget(store);
         assert!(
@@ -179,17 +184,7 @@ fn an_idle_periodic_store_stops_fsyncing_after_one_flush() {
     both_modes(|disks| {
         let store = open(&disks, Durability::Periodic(Duration::from_millis(5)));
         assert!(matches!(claim(&store, "k"), idem::ExecuteAnswer::Ran(_)));
-        let claimed = syncs(&store);
-        let give_up = Instant::now() + Duration::from_secs(10);
-        while syncs(&store) == claimed {
-            assert!(
-                Instant::now() < give_up,
-                "{}: the flusher never ran",
-                disks.mode()
-            );
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        let after_flush = syncs(&store);
+        let after_flush = wait_for_a_flush(&store, &disks);
         // Twenty intervals of idleness: nothing is unflushed, so no further sync happens.
         std::thread::sleep(Duration::from_millis(100));
         assert_eq!(

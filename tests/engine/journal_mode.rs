@@ -362,21 +362,14 @@ fn a_store_opens_in_the_other_mode_both_ways() {
 /// crash leaves, written out at `path` and its journal's path, whose journal holds answers the
 /// store file lacks (the journal's checkpoints are far apart).
 fn crashed_files_with_a_live_journal(path: &std::path::Path, keys: &[&str]) {
-    let (db, jr) = (CrashBackend::default(), CrashBackend::default());
-    let store = open_pair(
-        &db,
-        &jr,
-        Store::builder()
-            .journal_capacity(1 << 20)
-            .checkpoint_bytes(512 << 10),
-    );
-    for k in keys {
-        executed(claim(&store, k));
-    }
-    let (jr_image, db_image) = (jr.durable_image(), db.durable_image());
-    drop(store);
-    std::fs::write(path, db_image).unwrap();
-    std::fs::write(journal_path(path), jr_image).unwrap();
+    let builder = Store::builder()
+        .journal_capacity(1 << 20)
+        .checkpoint_bytes(512 << 10);
+    files_a_crash_leaves(path, builder, |store| {
+        for k in keys {
+            executed(claim(store, k));
+        }
+    });
 }
 
 /// A crash left a live journal: an open in direct mode (`journal(false)`) replays it first and

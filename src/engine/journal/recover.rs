@@ -99,8 +99,8 @@ fn start_writeback(file: &File, offset: u64, len: usize) -> Result<(), std::io::
     };
     // SAFETY: `sync_file_range` takes a file descriptor and three integers and touches no
     // memory of this process; the descriptor is `file`'s, open for as long as `file` is
-    // borrowed. Why it is worth an `unsafe` block: one caller's claims run 17% faster in
-    // journal mode (docs/design.md, "The frame's write-back, started at once").
+    // borrowed. Why it is worth an `unsafe` block: one caller's claims run faster in journal
+    // mode (benches/results/2026-12-06-writeback-and-syncer-ab.md).
     let done = unsafe {
         libc::sync_file_range(file.as_raw_fd(), offset, len, libc::SYNC_FILE_RANGE_WRITE)
     };
@@ -514,22 +514,16 @@ pub(crate) fn detach(
     commit_row(db, None)
 }
 
-/// For a read-only open: `Err(NeedsRecovery)` if a journal may hold entries redb lacks (the row
-/// is not clean).
-pub(crate) fn check_read_only(read: &redb::ReadTransaction) -> Result<(), Error> {
-    match read_row(read)? {
-        Some(row) if !row.clean => Err(Error::NeedsRecovery),
-        _ => Ok(()),
-    }
+/// Whether a journal may hold entries redb lacks (the row is not clean).
+pub(crate) fn journal_live(read: &redb::ReadTransaction) -> Result<bool, Error> {
+    Ok(read_row(read)?.is_some_and(|row| !row.clean))
 }
 
-/// For a `multi_process` open: `Err(JournalNeedsReplay)` if a journal may hold entries redb
-/// lacks (the row is not clean). A multi-process open never replays one: the journal belongs to
-/// one process, and another may be writing it.
-pub(crate) fn check_multi_process(read: &redb::ReadTransaction) -> Result<(), Error> {
-    match read_row(read)? {
-        Some(row) if !row.clean => Err(Error::JournalNeedsReplay),
-        _ => Ok(()),
+/// For a read-only open: `Err(NeedsRecovery)` if a journal may hold entries redb lacks.
+pub(crate) fn check_read_only(read: &redb::ReadTransaction) -> Result<(), Error> {
+    match journal_live(read)? {
+        true => Err(Error::NeedsRecovery),
+        false => Ok(()),
     }
 }
 
