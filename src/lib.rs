@@ -205,6 +205,14 @@ pub mod __journal {
     }
 }
 
+/// NOT PUBLIC API (feature `__internal_whitebox`): the steps of a new store's creation, cut
+/// short one at a time by idem's own tests.
+#[cfg(feature = "__internal_whitebox")]
+#[doc(hidden)]
+pub mod __create {
+    pub use crate::engine::create::fault::*;
+}
+
 // ---- Everything else, by topic. ----
 
 /// Opening and running a store: its settings, figures and maintenance answers, and the

@@ -10,6 +10,7 @@ use redb::{ReadableDatabase, ReadableTable, StorageBackend};
 
 use crate::engine::boundary::{catch_storage_panic, unlatched};
 use crate::engine::commit::GroupConfig;
+use crate::engine::create::{self, Fresh};
 use crate::engine::journal::applier::{Applier, Snap};
 use crate::engine::journal::{
     self,
@@ -549,26 +550,24 @@ impl StoreBuilder {
     /// Use [`open_existing`](Self::open_existing) to refuse to create a store, and
     /// [`open_read_only`](Self::open_read_only) to read a file without writing it.
     ///
-    /// An open that fails while it creates the store (a full disk, an I/O error) leaves no
-    /// file behind: a file it created is removed, and an empty file it found is emptied again,
-    /// so the next open starts afresh instead of finding a half-written file (not in
-    /// [`multi_process`](Self::multi_process) mode, where another process may have opened it
-    /// meanwhile).
+    /// A new store is written beside the path (`<path>.new.<pid>-<n>`) and linked into place
+    /// only once it is durable, so a crash, a power cut or an I/O error during a first start
+    /// never leaves a half-written file at the path; the next open removes what such a start
+    /// left beside it and starts afresh (not in [`multi_process`](Self::multi_process) mode,
+    /// where another process may be writing it). An empty file at the path is replaced, its
+    /// permission bits kept. An open that fails after it created the store (a full disk while
+    /// the journal is written) removes it again, or empties the file it found empty (not in
+    /// `multi_process` mode, where another process may have opened it meanwhile).
     pub fn open(self, path: impl AsRef<Path>) -> Result<Store, Error> {
         self.validate()?;
         let path = path.as_ref();
         let shutdown = self.probe_path(path);
         let (redb, watch) = self.watched_builder(Some(path), shutdown);
-        // In multi_process mode another process may open the file this one creates, before this
-        // open fails: then it is theirs, and it is never taken back.
-        let fresh = if self.multi_process {
-            Fresh::NotOurs
-        } else {
-            Fresh::claim(path)
-        };
-        let create = self.create(std::fs::metadata(path).map_or(true, |m| m.len() == 0));
+        let mut fresh = Fresh::NotOurs;
         let opened = contain_open(|| {
             recover::precheck(&journal_path(path))?;
+            fresh = create::create_at(path, &self.redb_builder(), self.multi_process)?;
+            let create = self.create(std::fs::metadata(path).map_or(true, |m| m.len() == 0));
             if create == Create::Unchecked {
                 refuse_unchecked(self.redb_builder().open_read_only(path))?;
             }
@@ -747,60 +746,6 @@ fn refuse_empty(path: &Path) -> Result<(), Error> {
     }
 }
 
-/// A file [`StoreBuilder::open`] is about to create a store in: one it created itself (it was
-/// missing), or one it found empty. If the open fails, [`Fresh::undo`] takes either back, so a
-/// failed first start (a full disk, an I/O error while redb writes its first pages) does not
-/// leave a file of zeros that every later open refuses as "not a redb database".
-enum Fresh {
-    /// Created here: removed after a failed open.
-    Created,
-    /// Found empty: emptied again after a failed open.
-    Empty,
-    /// A file with contents, or one this open cannot claim: left alone.
-    NotOurs,
-}
-
-impl Fresh {
-    fn claim(path: &Path) -> Fresh {
-        match std::fs::metadata(path) {
-            Ok(m) if m.is_file() && m.len() == 0 => return Fresh::Empty,
-            Ok(_) => return Fresh::NotOurs,
-            Err(_) => {}
-        }
-        // `create_new` fails if another process created the file meanwhile: then it is theirs.
-        // Any other failure (a missing directory, no permission) is redb's open to report.
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(path)
-        {
-            Ok(_) => Fresh::Created,
-            Err(_) => Fresh::NotOurs,
-        }
-    }
-
-    /// Takes the file back after the open failed with `e`, unless another process holds it
-    /// open (then the file is that process's store).
-    fn undo(self, path: &Path, e: &Error) {
-        if matches!(self, Fresh::NotOurs) || held_elsewhere(e) {
-            return;
-        }
-        // Best effort: the open's own error is what the caller needs to see.
-        let _ = match self {
-            Fresh::Created => std::fs::remove_file(path),
-            _ => std::fs::OpenOptions::new()
-                .write(true)
-                .open(path)
-                .and_then(|f| f.set_len(0)),
-        };
-    }
-}
-
-/// The open failed because another handle holds the file (then it is not this open's to undo).
-fn held_elsewhere(e: &Error) -> bool {
-    matches!(e, Error::AlreadyOpen { .. })
-}
-
 /// What a watched open of redb returned: the database and how long its repair took, or the
 /// error (a repair the caller's callback abandoned is [`Error::RepairAborted`]).
 fn watched(
@@ -973,7 +918,7 @@ fn refuse_unchecked(db: Result<redb::ReadOnlyDatabase, redb::DatabaseError>) -> 
 }
 
 /// The stored format marker must be this build's format version.
-fn format_marker(marker: &[u8]) -> Result<(), Error> {
+pub(crate) fn format_marker(marker: &[u8]) -> Result<(), Error> {
     match marker {
         [v] if *v == FORMAT_VERSION => Ok(()),
         [v] => Err(Error::UnsupportedFormat {
@@ -1023,27 +968,7 @@ impl Store {
         // Create the tables and check (or write) the format marker. Nothing was acknowledged
         // yet and no store exists to latch: a failure here is a plain storage error (open
         // again).
-        // One table handle at a time: redb poisons a transaction's table registry when it panics
-        // on a damaged page, and a handle dropped while that panic unwinds panics again, which
-        // aborts the process (no `catch_unwind` contains a second panic).
-        let txn = db.begin_write().map_err(unlatched)?;
-        {
-            let mut meta = txn.open_table(META).map_err(unlatched)?;
-            let found = meta
-                .get(META_FORMAT)
-                .map_err(unlatched)?
-                .map(|v| v.value().to_vec());
-            match found.as_deref() {
-                None => {
-                    meta.insert(META_FORMAT, [FORMAT_VERSION].as_slice())
-                        .map_err(unlatched)?;
-                }
-                Some(marker) => format_marker(marker)?,
-            }
-        }
-        drop(txn.open_table(RECORDS).map_err(unlatched)?);
-        drop(txn.open_table(EXPIRY).map_err(unlatched)?);
-        txn.commit().map_err(unlatched)?;
+        create::write_tables(&db)?;
         Self::started(db, b, instance, repair_time, journal)
     }
 

@@ -9,6 +9,7 @@
 //! |---|---|
 //! | `store/` | the [`Store`](store::Store) and its shared state; flow A (`execute`), the claim half of flow B (`begin`, `begin_wait`), record I/O (`get`, `for_each_record`, `purge`, the read path, the record's load/put/remove), the fail-stop latch, a batch's write transaction, the closure boundary: one file each (`store/mod.rs` has its table) |
 //! | `builder.rs` | the settings and their documented defaults ([`StoreBuilder`](builder::StoreBuilder)), [`Durability`](builder::Durability), the three ways to open a file and the checks an open makes |
+//! | `create.rs` | a new store file: written beside its path and linked into place once durable; what a cut-short creation left, removed |
 //! | `boundary.rs` | the storage boundary: redb's panics on damaged data become `CorruptStore`, a caller's panic stays the caller's; `unlatched` for the places with nothing to latch |
 //! | `commit.rs` | group commit on redb: one write transaction and one fsync shared by concurrent writers (`Store::write`); redb's side (`BatchEngine`) of the driver of `runtime/driver.rs` |
 //! | `snapshot.rs` | the records table as of the latest commit, shared by the read path's lookups |
@@ -30,6 +31,7 @@ pub(crate) mod background;
 pub(crate) mod boundary;
 pub(crate) mod builder;
 pub(crate) mod commit;
+pub(crate) mod create;
 pub(crate) mod expiry;
 pub(crate) mod journal;
 pub(crate) mod lease;

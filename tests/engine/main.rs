@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod a_cut_short_first_open_leaves_an_openable_path;
 mod a_table_opened_with_other_types_is_redbs_type_mismatch;
 mod background_sweeper_stops_with_the_store;
 mod bad_input_is_a_typed_error;
