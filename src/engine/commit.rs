@@ -107,7 +107,7 @@ impl Store {
         mut work: impl FnMut(&Wtx<'_>, Timestamp) -> Step<T>,
     ) -> Result<T, Error> {
         let value = RefCell::new(None);
-        self.run_member(durable, Detached::none(), |txn, now| {
+        self.run_member(durable, Detached::none(), &mut |txn, now| {
             work(txn, now).keep(|v| *value.borrow_mut() = Some(v))
         })?;
         // Invariant: run_member returns Ok only after a committed run, and each run keeps its
@@ -131,7 +131,7 @@ impl Store {
         let detached: DetachedWork =
             Box::new(move |txn, now| work(txn, now).keep(|v| *kept.lock() = Some(v)));
         // Its own turn runs the detached work too (`run_member` takes it from the member).
-        self.run_member(durable, Detached::of(detached), |_, _| Step::Clean(()))?;
+        self.run_member(durable, Detached::of(detached), &mut |_, _| Step::Clean(()))?;
         let value = slot.lock().take();
         value.ok_or(Error::Internal {
             what: "a batch member was told of a commit it did not take part in",
@@ -139,22 +139,26 @@ impl Store {
     }
 
     /// One caller's part in the protocol (`runtime/driver.rs`), its work run either as
-    /// `detached` or as `own`.
+    /// `detached` or as `own` (a trait object: compiled once, not once per caller's closure).
     fn run_member(
         &self,
         durable: Durable,
         mut detached: Detached<DetachedWork>,
-        mut own: impl FnMut(&Wtx<'_>, Timestamp) -> Step<()>,
+        own: &mut dyn FnMut(&Wtx<'_>, Timestamp) -> Step<()>,
     ) -> Result<(), Error> {
         if self.in_closure() {
             return Err(Error::Reentrant);
         }
         loop {
-            let result =
-                driver::run_member_keeping(self, durable == Durable::Forced, detached, |batch| {
+            let result = driver::run_member_keeping(
+                self,
+                durable == Durable::Forced,
+                detached,
+                &mut |batch| {
                     let wtx = batch.wtx();
                     on_redb_if_asked(wtx, own(&wtx, self.now_in_section()))
-                });
+                },
+            );
             match result {
                 Ok(()) => return Ok(()),
                 Err((Error::Internal { what }, work)) if what == ON_REDB => {

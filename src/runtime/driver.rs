@@ -191,18 +191,19 @@ pub(crate) fn run_member<E: BatchEngine>(
     engine: &E,
     durable: bool,
     detached: Detached<E::Work>,
-    own: impl FnMut(&E::Txn) -> Step<()>,
+    mut own: impl FnMut(&E::Txn) -> Step<()>,
 ) -> Result<(), Error> {
-    run_member_keeping(engine, durable, detached, own).map_err(|(e, _)| e)
+    run_member_keeping(engine, durable, detached, &mut own).map_err(|(e, _)| e)
 }
 
 /// [`run_member`], which on a failure also gives back the member's detached work (for a
-/// caller that runs it again).
+/// caller that runs it again). `own` is a trait object: the protocol is compiled once per
+/// engine, not once per caller's closure.
 pub(crate) fn run_member_keeping<E: BatchEngine>(
     engine: &E,
     durable: bool,
     detached: Detached<E::Work>,
-    mut own: impl FnMut(&E::Txn) -> Step<()>,
+    own: &mut dyn FnMut(&E::Txn) -> Step<()>,
 ) -> Result<(), (Error, Option<E::Work>)> {
     if let Err(e) = engine.check_writable() {
         return Err((e, detached.take()));
