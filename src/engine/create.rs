@@ -88,20 +88,21 @@ pub(crate) fn create_at(
     }
     let tmp = temporary(path);
     fault::step("creating the new store's file")?;
-    let Ok(file) = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&tmp)
-    else {
-        // A missing directory, no permission: the open of the path reports it, naming it.
-        return Ok(Fresh::NotOurs);
-    };
+    // Registered before the file exists: another open's cleanup never sees it unregistered.
     WRITING
         .lock()
         .get_or_insert_with(HashSet::new)
         .insert(tmp.clone());
-    let placed = build(file, &tmp, redb).and_then(|()| place(&tmp, path, fresh, multi_process));
+    let placed = match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+    {
+        Ok(file) => build(file, &tmp, redb).and_then(|()| place(&tmp, path, fresh, multi_process)),
+        // A missing directory, no permission: the open of the path reports it, naming it.
+        Err(_) => Ok(Fresh::NotOurs),
+    };
     if let Some(writing) = WRITING.lock().as_mut() {
         writing.remove(&tmp);
     }

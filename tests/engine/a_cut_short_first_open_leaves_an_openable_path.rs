@@ -190,3 +190,47 @@ fn a_missing_path() {
 fn an_empty_file_a_deployment_created() {
     cut_each_step(true);
 }
+
+/// Opens racing to create one store: one handle holds it (the others are refused as
+/// `AlreadyOpen`), no creation replaced another's file, and nothing is left beside it.
+#[test]
+fn racing_first_opens_make_one_store() {
+    for round in 0..20 {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let path = dir.path().join("store.redb");
+        let barrier = std::sync::Barrier::new(4);
+        let held: Vec<Option<Store>> = std::thread::scope(|s| {
+            let opens: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(|| {
+                        barrier.wait();
+                        match small(Store::builder()).open(&path) {
+                            Ok(store) => Some(store),
+                            Err(idem::Error::AlreadyOpen { .. }) => None,
+                            Err(e) => panic!("round {round}: a racing open failed: {e}"),
+                        }
+                    })
+                })
+                .collect();
+            opens
+                .into_iter()
+                .map(|h| h.join().expect("no panic"))
+                .collect()
+        });
+        let mut held: Vec<Store> = held.into_iter().flatten().collect();
+        assert_eq!(held.len(), 1, "round {round}: one handle holds the store");
+        let store = held.pop().expect("one handle");
+        executed(store.execute(req("t", "op", "k", b"p"), |_| {
+            Ok(Response::new(201, "made"))
+        }));
+        drop(store);
+        let store = small(Store::builder()).open(&path).expect("it reopens");
+        assert_eq!(
+            record_rows(&store),
+            1,
+            "round {round}: the holder's claim is in the file"
+        );
+        drop(store);
+        assert_eq!(names(dir.path()), ["store.redb", "store.redb.journal"]);
+    }
+}
