@@ -147,22 +147,37 @@ fn remove_leftovers(path: &Path) {
     let (Some(dir), Some(name)) = (parent(path), path.file_name()) else {
         return;
     };
-    let mut prefix = name.to_owned();
-    prefix.push(".new.");
-    let prefix = prefix.as_encoded_bytes();
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
     let writing = WRITING.lock();
     for entry in entries.flatten() {
-        let leftover = entry.file_name().as_encoded_bytes().starts_with(prefix)
-            && !writing
-                .as_ref()
-                .is_some_and(|w| w.contains(&dir.join(entry.file_name())));
-        if leftover {
+        let file = entry.file_name();
+        let ours = writing.as_ref().is_some_and(|w| {
+            w.iter()
+                .any(|t| t.file_name() == Some(&*file) && parent(t) == Some(dir))
+        });
+        if is_temporary_of(name, &file) && !ours {
             let _ = std::fs::remove_file(entry.path());
         }
     }
+}
+
+/// Whether `file` is a name [`temporary`] gives for a store named `name`:
+/// `<name>.new.<digits>-<digits>`, nothing else (a caller's `<name>.new.bak` stays).
+fn is_temporary_of(name: &std::ffi::OsStr, file: &std::ffi::OsStr) -> bool {
+    let mut prefix = name.to_owned();
+    prefix.push(".new.");
+    let Some(rest) = file
+        .as_encoded_bytes()
+        .strip_prefix(prefix.as_encoded_bytes())
+    else {
+        return false;
+    };
+    let mut parts = rest.split(|b| *b == b'-');
+    let digits =
+        |p: Option<&[u8]>| p.is_some_and(|p| !p.is_empty() && p.iter().all(u8::is_ascii_digit));
+    digits(parts.next()) && digits(parts.next()) && parts.next().is_none()
 }
 
 /// Writes a new store at `tmp`: redb's pages, idem's tables and marker in one durable commit,
@@ -441,5 +456,31 @@ mod fault {
 
     pub(super) fn backend(b: redb::backends::FileBackend) -> redb::backends::FileBackend {
         b
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_names_a_creation_gives_are_leftovers() {
+        let name = std::ffi::OsStr::new("store.redb");
+        let made = temporary(Path::new("dir/store.redb"));
+        let made = made.file_name().expect("a file name");
+        assert!(is_temporary_of(name, made), "{made:?}");
+        for kept in [
+            "store.redb",
+            "store.redb.journal",
+            "store.redb.new",
+            "store.redb.new.bak",
+            "store.redb.new.12",
+            "store.redb.new.12-",
+            "store.redb.new.12-3-4",
+            "store.redb.new.-3",
+            "other.redb.new.12-3",
+        ] {
+            assert!(!is_temporary_of(name, std::ffi::OsStr::new(kept)), "{kept}");
+        }
     }
 }

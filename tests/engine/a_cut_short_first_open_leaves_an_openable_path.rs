@@ -234,3 +234,18 @@ fn racing_first_opens_make_one_store() {
         assert_eq!(names(dir.path()), ["store.redb", "store.redb.journal"]);
     }
 }
+
+/// A leftover is only a name a creation gives: a caller's file named alike stays, and so does
+/// what a relative path's creation is writing.
+#[test]
+fn only_a_creations_leftovers_are_removed() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let path = dir.path().join("store.redb");
+    std::fs::write(dir.path().join("store.redb.new.bak"), b"mine").expect("a caller's file");
+    std::fs::write(dir.path().join("store.redb.new.1-2"), b"left").expect("a leftover");
+    drop(small(Store::builder()).open(&path).expect("it opens"));
+    assert_eq!(
+        names(dir.path()),
+        ["store.redb", "store.redb.journal", "store.redb.new.bak"]
+    );
+}
