@@ -107,6 +107,8 @@ pub(crate) fn create_at(
         writing.remove(&tmp);
     }
     match placed {
+        // Nothing of this open's was placed: nothing to make durable.
+        Ok(Fresh::NotOurs) => Ok(Fresh::NotOurs),
         Ok(placed) => {
             if let Err(e) = sync_dir(path, "syncing the new store's directory") {
                 if !fault::crashed() && !multi_process {

@@ -74,7 +74,9 @@ fn every_command_on_every_damage(dir: &std::path::Path, image: &[u8], check_fail
             );
             assert_ne!(o.status.code(), Some(101), "{ctx}: exit 101\n{err}");
             assert!(!err.contains("panicked at"), "{ctx}: {err}");
-            assert!(!err.contains("internal error"), "{ctx}: {err}");
+            // idem's own Error::Internal; a redb panic contained as a damaged file keeps its
+            // payload, which may be Rust's "internal error: entered unreachable code".
+            assert!(!err.contains("internal error in idem"), "{ctx}: {err}");
             if o.status.success() {
                 assert!(err.is_empty(), "{ctx}: success, yet {err}");
             } else {
