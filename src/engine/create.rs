@@ -18,7 +18,6 @@
 //! - In `multi_process` mode an empty file at the path, or a file system without hard links, is
 //!   initialised in place, as redb's locks coordinate the processes that open it.
 
-use std::collections::HashSet;
 use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
@@ -29,6 +28,7 @@ use parking_lot::Mutex;
 use redb::ReadableTable;
 
 use crate::engine::boundary::unlatched;
+use crate::engine::journal::recover::io;
 use crate::engine::tables::{EXPIRY, META, META_FORMAT, RECORDS};
 use crate::error::Error;
 use crate::model::record::FORMAT_VERSION;
@@ -65,7 +65,7 @@ impl Fresh {
 }
 
 /// Temporary names this process is writing a new store under (never removed as leftovers).
-static WRITING: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
+static WRITING: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
 /// Creates a new store at `path` if it is missing or empty; returns what the open may undo.
@@ -89,10 +89,7 @@ pub(crate) fn create_at(
     let tmp = temporary(path);
     fault::step("creating the new store's file")?;
     // Registered before the file exists: another open's cleanup never sees it unregistered.
-    WRITING
-        .lock()
-        .get_or_insert_with(HashSet::new)
-        .insert(tmp.clone());
+    WRITING.lock().push(tmp.clone());
     let placed = match OpenOptions::new()
         .read(true)
         .write(true)
@@ -103,9 +100,7 @@ pub(crate) fn create_at(
         // A missing directory, no permission: the open of the path reports it, naming it.
         Err(_) => Ok(Fresh::NotOurs),
     };
-    if let Some(writing) = WRITING.lock().as_mut() {
-        writing.remove(&tmp);
-    }
+    WRITING.lock().retain(|t| *t != tmp);
     match placed {
         // Nothing of this open's was placed: nothing to make durable.
         Ok(Fresh::NotOurs) => Ok(Fresh::NotOurs),
@@ -155,10 +150,9 @@ fn remove_leftovers(path: &Path) {
     let writing = WRITING.lock();
     for entry in entries.flatten() {
         let file = entry.file_name();
-        let ours = writing.as_ref().is_some_and(|w| {
-            w.iter()
-                .any(|t| t.file_name() == Some(&*file) && parent(t) == Some(dir))
-        });
+        let ours = writing
+            .iter()
+            .any(|t| t.file_name() == Some(&*file) && parent(t) == Some(dir));
         if is_temporary_of(name, &file) && !ours {
             let _ = std::fs::remove_file(entry.path());
         }
@@ -230,8 +224,9 @@ fn place(tmp: &Path, path: &Path, fresh: Fresh, multi_process: bool) -> Result<F
     match std::fs::hard_link(tmp, path) {
         Ok(()) => {
             // Best effort: a name left here is removed by the next open as a leftover.
-            let _ = fault::step("removing the new store's temporary name")
-                .and_then(|()| std::fs::remove_file(tmp).map_err(|e| io("", e)));
+            if fault::step("removing the new store's temporary name").is_ok() {
+                let _ = std::fs::remove_file(tmp);
+            }
             return Ok(fresh);
         }
         // Still an empty file (a single-process open replaces it), or a store that another
@@ -259,14 +254,17 @@ fn place(tmp: &Path, path: &Path, fresh: Fresh, multi_process: bool) -> Result<F
 
 /// Syncs the directory holding `path`, so that a name just linked or renamed there survives a
 /// power loss.
-pub(crate) fn sync_dir(path: &Path, what: &str) -> Result<(), Error> {
+fn sync_dir(path: &Path, what: &str) -> Result<(), Error> {
     fault::step(what)?;
-    let Some(dir) = parent(path) else {
-        return Ok(());
-    };
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| io(what, e))
+    sync_parent(path).map_err(|e| io(what, e))
+}
+
+/// Syncs the directory holding `path` (the journal's creation uses it too).
+pub(crate) fn sync_parent(path: &Path) -> std::io::Result<()> {
+    match parent(path) {
+        Some(dir) => File::open(dir).and_then(|d| d.sync_all()),
+        None => Ok(()),
+    }
 }
 
 /// The directory holding `path` (`.` for a bare file name).
@@ -280,17 +278,8 @@ fn parent(path: &Path) -> Option<&Path> {
     })
 }
 
-fn io(what: &str, e: std::io::Error) -> Error {
-    Error::Storage {
-        source: crate::error::StorageError::new(std::io::Error::new(
-            e.kind(),
-            format!("{what}: {e}"),
-        )),
-    }
-}
-
 /// The creation's steps, for the white-box test that fails or cuts short each one
-/// (`tests/engine/a_failed_first_open_leaves_an_openable_path.rs`); nothing outside that
+/// (`tests/engine/a_cut_short_first_open_leaves_an_openable_path.rs`); nothing outside that
 /// build.
 #[cfg(feature = "__internal_whitebox")]
 pub mod fault {

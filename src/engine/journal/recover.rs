@@ -133,7 +133,7 @@ fn format_error(e: FormatError) -> Error {
     }
 }
 
-fn io(what: &str, e: impl Into<std::io::Error>) -> Error {
+pub(crate) fn io(what: &str, e: impl Into<std::io::Error>) -> Error {
     let e = e.into();
     Error::Storage {
         source: crate::error::StorageError::new(std::io::Error::new(
@@ -226,16 +226,8 @@ fn create(
                 let _ = std::fs::remove_file(&tmp);
                 return Err(e);
             }
-            if let Some(dir) = path.parent() {
-                let dir = if dir.as_os_str().is_empty() {
-                    Path::new(".")
-                } else {
-                    dir
-                };
-                File::open(dir)
-                    .and_then(|d| d.sync_all())
-                    .map_err(|e| io("syncing the journal's directory", e))?;
-            }
+            crate::engine::create::sync_parent(&path)
+                .map_err(|e| io("syncing the journal's directory", e))?;
             Ok(Box::new(b))
         }
     }
